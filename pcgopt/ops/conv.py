@@ -1,0 +1,180 @@
+"""Convolution and pooling on NCHW tensors."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numpy.lib.stride_tricks import sliding_window_view
+
+from pcgopt.errors import ShapeError
+from pcgopt.ops.elementwise import require_float, same_dtype
+from pcgopt.ops.linalg import ACTIVATION_CHOICES, activation_flops, apply_activation
+from pcgopt.ops.params import Param, ParamType
+from pcgopt.ops.spec import AxisKind, ComputeOp, LoopAxis, Signature
+from pcgopt.shapes import ParallelTensorShape
+
+
+def _out_extent(op: str, size: int, kernel: int, stride: int, pad: int, what: str) -> int:
+    out = (size + 2 * pad - kernel) // stride + 1
+    if out < 1:
+        raise ShapeError(
+            f"{op}: {what} of {size} with padding {pad} is smaller than the kernel ({kernel})"
+        )
+    return out
+
+
+def _windows(x: np.ndarray, kernel, stride, padding, fill: float) -> np.ndarray:
+    """(N, C, H', W', kh, kw) views of the padded input."""
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill)
+    return sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
+
+
+class Conv2D(ComputeOp):
+    """2-D convolution: x [N, C, H, W], w [O, C/groups, kh, kw], bias [O] (optional)
+    -> [N, O, H', W'].
+
+    Splits: the batch; output channels (groups = 1; x must be copied); input channels, leaving
+    partial sums (groups = 1, no bias, no activation); groups (grouped and depthwise convs:
+    x's and w's channels split together, by divisors of ``groups``); and the spatial dimensions of
+    a 1x1, stride-1, unpadded conv. Spatial splits of larger kernels need halo exchange, which
+    no PCG operator expresses yet.
+    """
+
+    name = "conv2d"
+    input_names = ("x", "w", "bias")
+    optional_inputs = 1
+    params = (
+        Param("stride", ParamType.POS_PAIR, (1, 1)),
+        Param("padding", ParamType.PAIR, (0, 0)),
+        Param("groups", ParamType.POS_INT, 1),
+        Param("activation", ParamType.STR, "none", ACTIVATION_CHOICES),
+    )
+
+    def infer_logical(self, params, inputs):
+        x, w = inputs[:2]
+        same_dtype(self.name, self.input_names, inputs)
+        require_float(self.name, "x", x)
+        if x.rank != 4 or w.rank != 4:
+            raise ShapeError(
+                f"conv2d needs x [N, C, H, W] and w [O, C/groups, kh, kw], got {x} and {w}"
+            )
+        n, c, h, wd = x.sizes
+        o, cg, kh, kw = w.sizes
+        g = params["groups"]
+        if c % g or o % g:
+            raise ShapeError(
+                f"conv2d: groups={g} must divide input channels {c} and output channels {o}"
+            )
+        if cg != c // g:
+            raise ShapeError(
+                f"conv2d: w has {cg} input channels per group; x has {c} channels in {g} "
+                f"groups, so {c // g}"
+            )
+        if len(inputs) == 3 and inputs[2].sizes != (o,):
+            raise ShapeError(f"conv2d: bias must be [{o}], got {inputs[2]}")
+        (sh, sw), (ph, pw) = params["stride"], params["padding"]
+        oh = _out_extent(self.name, h, kh, sh, ph, "height")
+        ow = _out_extent(self.name, wd, kw, sw, pw, "width")
+        return (ParallelTensorShape.of((n, o, oh, ow), x.dtype),)
+
+    def _is_linear(self, params, n_inputs):
+        return n_inputs == 2 and params["activation"] == "none"
+
+    def signature(self, params, in_sizes, out_sizes):
+        has_bias = len(in_sizes) == 3
+        b = lambda dim: (dim,) if has_bias else ()  # noqa: E731
+        kh, kw = in_sizes[1][2:]
+        axes = [LoopAxis("batch", AxisKind.PARALLEL, (0, None, *b(None)), (0,))]
+        linear = self._is_linear(params, len(in_sizes))
+        if params["groups"] == 1:
+            axes.append(LoopAxis("out_channel", AxisKind.PARALLEL, (None, 0, *b(0)), (1,)))
+            if linear:
+                axes.append(LoopAxis("in_channel", AxisKind.REDUCE, (1, 1, *b(None))))
+        else:
+            axes.append(
+                LoopAxis("group", AxisKind.PARALLEL, (1, 0, *b(0)), (1,), size=params["groups"])
+            )
+        if (kh, kw) == (1, 1) and params["stride"] == (1, 1) and params["padding"] == (0, 0):
+            axes.append(LoopAxis("height", AxisKind.PARALLEL, (2, None, *b(None)), (2,)))
+            axes.append(LoopAxis("width", AxisKind.PARALLEL, (3, None, *b(None)), (3,)))
+        return Signature(tuple(axes), linear_in=(0, 1) if linear else ())
+
+    def reference(self, params, x, w, bias=None):
+        return (self._conv(params, x, w, bias, params["groups"]),)
+
+    def local(self, params, ctx, x, w, bias=None):
+        # A group split leaves each task a whole number of groups: read it off the block shapes.
+        return (self._conv(params, x, w, bias, x.shape[1] // w.shape[1]),)
+
+    @staticmethod
+    def _conv(params, x, w, bias, groups):
+        n = x.shape[0]
+        o, cg, kh, kw = w.shape
+        win = _windows(x, (kh, kw), params["stride"], params["padding"], 0.0)
+        oh, ow = win.shape[2], win.shape[3]
+        win = win.reshape(n, groups, cg, oh, ow, kh, kw)
+        wg = w.reshape(groups, o // groups, cg, kh, kw)
+        y = np.einsum("ngchwij,gocij->ngohw", win, wg, optimize=True).reshape(n, o, oh, ow)
+        if bias is not None:
+            y = y + bias[None, :, None, None]
+        return apply_activation(params["activation"], y)
+
+    def flops(self, params, in_sizes, out_sizes):
+        out = math.prod(out_sizes[0])
+        _, cg, kh, kw = in_sizes[1]
+        bias = out if len(in_sizes) == 3 else 0
+        return 2 * out * cg * kh * kw + bias + activation_flops(params["activation"], out)
+
+
+class Pool2D(ComputeOp):
+    """Max or average pooling over H and W of x [N, C, H, W]. Average pooling counts padding
+    as zeros (PyTorch's default), which keeps it linear."""
+
+    name = "pool2d"
+    input_names = ("x",)
+    params = (
+        Param("kernel", ParamType.POS_PAIR),
+        Param("stride", ParamType.POS_PAIR, None, doc="defaults to the kernel"),
+        Param("padding", ParamType.PAIR, (0, 0)),
+        Param("mode", ParamType.STR, "max", ("max", "avg")),
+    )
+
+    def _stride(self, params):
+        return params["stride"] or params["kernel"]
+
+    def infer_logical(self, params, inputs):
+        (x,) = inputs
+        require_float(self.name, "x", x)
+        if x.rank != 4:
+            raise ShapeError(f"pool2d needs x [N, C, H, W], got {x}")
+        (kh, kw), (sh, sw), (ph, pw) = params["kernel"], self._stride(params), params["padding"]
+        if ph * 2 > kh or pw * 2 > kw:
+            raise ShapeError(
+                f"pool2d: padding {params['padding']} exceeds half the kernel {params['kernel']}"
+            )
+        n, c, h, w = x.sizes
+        oh = _out_extent(self.name, h, kh, sh, ph, "height")
+        ow = _out_extent(self.name, w, kw, sw, pw, "width")
+        return (ParallelTensorShape.of((n, c, oh, ow), x.dtype),)
+
+    def signature(self, params, in_sizes, out_sizes):
+        axes = (
+            LoopAxis("batch", AxisKind.PARALLEL, (0,), (0,)),
+            LoopAxis("channel", AxisKind.PARALLEL, (1,), (1,)),
+        )
+        return Signature(axes, linear_in=(0,) if params["mode"] == "avg" else ())
+
+    def reference(self, params, x):
+        fill = -np.inf if params["mode"] == "max" else 0.0
+        if np.issubdtype(x.dtype, np.integer) and params["mode"] == "max":
+            fill = np.iinfo(x.dtype).min
+        win = _windows(x, params["kernel"], self._stride(params), params["padding"], fill)
+        if params["mode"] == "max":
+            return (win.max(axis=(-2, -1)),)
+        return (win.mean(axis=(-2, -1)),)
+
+    def flops(self, params, in_sizes, out_sizes):
+        kh, kw = params["kernel"]
+        return math.prod(out_sizes[0]) * kh * kw

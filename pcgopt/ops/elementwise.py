@@ -1,0 +1,195 @@
+"""Elementwise operators: activations, Dropout, Scale, and broadcasting Add / Mul."""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from typing import ClassVar
+
+import numpy as np
+
+from pcgopt.errors import ShapeError
+from pcgopt.ops.params import Param, ParamType
+from pcgopt.ops.spec import AxisKind, ComputeOp, LoopAxis, Signature
+from pcgopt.shapes import ParallelTensorShape
+from pcgopt.sharded import ShardedArray
+
+
+def require_float(op: str, name: str, shape: ParallelTensorShape) -> None:
+    if shape.dtype.is_integer:
+        raise ShapeError(f"{op} needs a floating-point {name}, got {shape.dtype.value}")
+
+
+def same_dtype(op: str, names: tuple[str, ...], shapes: tuple[ParallelTensorShape, ...]) -> None:
+    dtypes = {s.dtype for s in shapes}
+    if len(dtypes) > 1:
+        listed = ", ".join(f"{n}: {s.dtype.value}" for n, s in zip(names, shapes, strict=False))
+        raise ShapeError(f"{op} needs inputs of one dtype, got {listed}")
+
+
+def identity_axes(rank: int, n_inputs: int = 1, n_outputs: int = 1) -> tuple[LoopAxis, ...]:
+    """One PARALLEL axis per dimension, the same dimension in every input and output."""
+    return tuple(
+        LoopAxis(f"d{k}", AxisKind.PARALLEL, (k,) * n_inputs, (k,) * n_outputs) for k in range(rank)
+    )
+
+
+class UnaryElementwise(ComputeOp):
+    """Base of ``y = f(x)`` applied to every element."""
+
+    input_names = ("x",)
+    #: f(a + b) = f(a) + f(b): partial sums may flow through.
+    linear: ClassVar[bool] = False
+    flops_per_element: ClassVar[int] = 1
+
+    @abstractmethod
+    def fn(self, params, x: np.ndarray) -> np.ndarray: ...
+
+    def infer_logical(self, params, inputs):
+        require_float(self.name, "input", inputs[0])
+        return (inputs[0].unpartitioned(),)
+
+    def signature(self, params, in_sizes, out_sizes):
+        return Signature(identity_axes(len(in_sizes[0])), linear_in=(0,) if self.linear else ())
+
+    def reference(self, params, x):
+        return (self.fn(params, x),)
+
+    def evaluate(self, params, inputs, outputs):
+        # Every element is independent, so all shards are computed in one numpy call.
+        return (ShardedArray(outputs[0], self.fn(params, inputs[0].data)),)
+
+    def flops(self, params, in_sizes, out_sizes):
+        return self.flops_per_element * math.prod(out_sizes[0])
+
+
+class ReLU(UnaryElementwise):
+    """max(x, 0)."""
+
+    name = "relu"
+
+    def fn(self, params, x):
+        return np.maximum(x, 0)
+
+
+class GELU(UnaryElementwise):
+    """GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (as in GPT-2/Megatron)."""
+
+    name = "gelu"
+    flops_per_element = 8
+
+    def fn(self, params, x):
+        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+
+
+class Sigmoid(UnaryElementwise):
+    """1 / (1 + exp(-x))."""
+
+    name = "sigmoid"
+    flops_per_element = 4
+
+    def fn(self, params, x):
+        return 0.5 * (1.0 + np.tanh(0.5 * x))  # the same function, without overflow in exp
+
+
+class Tanh(UnaryElementwise):
+    """tanh(x)."""
+
+    name = "tanh"
+    flops_per_element = 4
+
+    def fn(self, params, x):
+        return np.tanh(x)
+
+
+class Dropout(UnaryElementwise):
+    """Dropout. Its reference semantics is the identity (the expectation of the random mask),
+    so that graphs with dropout can be checked for equivalence; ``rate`` matters for costs."""
+
+    name = "dropout"
+    linear = True
+    params = (Param("rate", ParamType.FLOAT, 0.1),)
+
+    def fn(self, params, x):
+        return x.copy()
+
+
+class Scale(UnaryElementwise):
+    """x * factor, for a constant factor (e.g. 1/sqrt(head_dim) in attention)."""
+
+    name = "scale"
+    linear = True
+    params = (Param("factor", ParamType.FLOAT),)
+
+    def fn(self, params, x):
+        return x * params["factor"]
+
+
+def broadcast_sizes(op: str, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """numpy broadcasting of two shapes, with an error naming both."""
+    rank = max(len(a), len(b))
+    a1, b1 = (1,) * (rank - len(a)) + a, (1,) * (rank - len(b)) + b
+    out = []
+    for k, (x, y) in enumerate(zip(a1, b1, strict=True)):
+        if x != y and 1 not in (x, y):
+            raise ShapeError(
+                f"{op}: sizes {list(a)} and {list(b)} do not broadcast (dimension {k} of the "
+                f"result: {x} vs {y})"
+            )
+        out.append(max(x, y))
+    return tuple(out)
+
+
+class BinaryElementwise(ComputeOp):
+    """Base of ``z = f(x, y)`` with numpy broadcasting."""
+
+    input_names = ("x", "y")
+    linear_inputs: ClassVar[tuple[int, ...]] = ()
+    jointly_linear: ClassVar[bool] = False
+
+    @abstractmethod
+    def fn(self, x: np.ndarray, y: np.ndarray) -> np.ndarray: ...
+
+    def infer_logical(self, params, inputs):
+        x, y = inputs
+        same_dtype(self.name, self.input_names, inputs)
+        return (ParallelTensorShape.of(broadcast_sizes(self.name, x.sizes, y.sizes), x.dtype),)
+
+    def signature(self, params, in_sizes, out_sizes):
+        out = out_sizes[0]
+        axes = []
+        for k, size in enumerate(out):
+            dims = []
+            for s in in_sizes:
+                j = k - (len(out) - len(s))
+                # A dimension broadcast from size 1 does not vary along the axis.
+                dims.append(j if j >= 0 and (s[j] == size) else None)
+            axes.append(LoopAxis(f"d{k}", AxisKind.PARALLEL, tuple(dims), (k,), size=size))
+        return Signature(tuple(axes), self.linear_inputs, self.jointly_linear)
+
+    def reference(self, params, x, y):
+        return (self.fn(x, y),)
+
+    def flops(self, params, in_sizes, out_sizes):
+        return math.prod(out_sizes[0])
+
+
+class Add(BinaryElementwise):
+    """x + y (broadcasting)."""
+
+    name = "add"
+    linear_inputs = (0, 1)
+    jointly_linear = True  # (x1 + x2) + (y1 + y2) = (x1 + y1) + (x2 + y2)
+
+    def fn(self, x, y):
+        return x + y
+
+
+class Mul(BinaryElementwise):
+    """x * y (broadcasting)."""
+
+    name = "mul"
+    linear_inputs = (0, 1)  # bilinear: (x1 + x2) * y = x1 * y + x2 * y
+
+    def fn(self, x, y):
+        return x * y

@@ -1,0 +1,185 @@
+"""Layout operators: Concat, Split, Transpose, Reshape. They move data, compute nothing, and are
+linear, so partial sums pass through them."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pcgopt.errors import ShapeError
+from pcgopt.ops.elementwise import same_dtype
+from pcgopt.ops.params import Param, ParamType
+from pcgopt.ops.spec import AxisKind, ComputeOp, LoopAxis, Signature
+from pcgopt.shapes import ParallelTensorShape
+
+
+class Concat(ComputeOp):
+    """Concatenation along ``axis``; the other dimensions must agree. The concatenated
+    dimension cannot be split (blocks of the parts are not blocks of the whole)."""
+
+    name = "concat"
+    input_names = ("inputs",)
+    variadic = True
+    params = (Param("axis", ParamType.AXIS),)
+
+    def input_name(self, i: int) -> str:
+        return f"inputs[{i}]"
+
+    def infer_logical(self, params, inputs):
+        same_dtype(self.name, tuple(self.input_name(i) for i in range(len(inputs))), inputs)
+        axis, first = params["axis"], inputs[0]
+        for i, s in enumerate(inputs[1:], 1):
+            if s.rank != first.rank or any(
+                a != b
+                for k, (a, b) in enumerate(zip(s.sizes, first.sizes, strict=True))
+                if k != axis
+            ):
+                raise ShapeError(
+                    f"concat along axis {axis}: inputs[{i}] {list(s.sizes)} does not match "
+                    f"inputs[0] {list(first.sizes)} outside that axis"
+                )
+        sizes = list(first.sizes)
+        sizes[axis] = sum(s.sizes[axis] for s in inputs)
+        return (ParallelTensorShape.of(sizes, first.dtype),)
+
+    def signature(self, params, in_sizes, out_sizes):
+        n = len(in_sizes)
+        axes = tuple(
+            LoopAxis(f"d{k}", AxisKind.PARALLEL, (k,) * n, (k,))
+            for k in range(len(out_sizes[0]))
+            if k != params["axis"]
+        )
+        return Signature(axes, linear_in=tuple(range(n)), joint=True)
+
+    def reference(self, params, *xs):
+        return (np.concatenate(xs, axis=params["axis"]),)
+
+
+class Split(ComputeOp):
+    """Splits ``axis`` into consecutive parts of the given ``sizes``; one output per part."""
+
+    name = "split"
+    input_names = ("x",)
+    params = (Param("axis", ParamType.AXIS), Param("sizes", ParamType.SHAPE))
+
+    def num_outputs(self, params):
+        return len(params["sizes"])
+
+    def infer_logical(self, params, inputs):
+        (x,) = inputs
+        axis, sizes = params["axis"], params["sizes"]
+        if sum(sizes) != x.sizes[axis]:
+            raise ShapeError(
+                f"split sizes {list(sizes)} add up to {sum(sizes)}, but axis {axis} of the input "
+                f"has size {x.sizes[axis]}"
+            )
+        outs = []
+        for part in sizes:
+            s = list(x.sizes)
+            s[axis] = part
+            outs.append(ParallelTensorShape.of(s, x.dtype))
+        return tuple(outs)
+
+    def signature(self, params, in_sizes, out_sizes):
+        n_out = len(out_sizes)
+        axes = tuple(
+            LoopAxis(f"d{k}", AxisKind.PARALLEL, (k,), (k,) * n_out)
+            for k in range(len(in_sizes[0]))
+            if k != params["axis"]
+        )
+        return Signature(axes, linear_in=(0,))
+
+    def reference(self, params, x):
+        cuts = np.cumsum(params["sizes"])[:-1]
+        return tuple(np.split(x, cuts, axis=params["axis"]))
+
+
+class Transpose(ComputeOp):
+    """Permutes dimensions: output dimension j is input dimension ``perm[j]``."""
+
+    name = "transpose"
+    input_names = ("x",)
+    params = (Param("perm", ParamType.AXES),)
+
+    def infer_logical(self, params, inputs):
+        (x,) = inputs
+        perm = params["perm"]
+        if sorted(perm) != list(range(x.rank)):
+            raise ShapeError(
+                f"transpose: perm {list(perm)} is not a permutation of 0..{x.rank - 1}"
+            )
+        return (ParallelTensorShape.of(tuple(x.sizes[p] for p in perm), x.dtype),)
+
+    def signature(self, params, in_sizes, out_sizes):
+        axes = tuple(
+            LoopAxis(f"d{p}", AxisKind.PARALLEL, (p,), (j,)) for j, p in enumerate(params["perm"])
+        )
+        return Signature(axes, linear_in=(0,))
+
+    def reference(self, params, x):
+        return (np.transpose(x, params["perm"]).copy(),)
+
+
+def reshape_groups(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[range, range]]:
+    """Pairs the dimensions of two shapes of equal size into the smallest runs of equal product:
+    ``(2, 6) -> (2, 2, 3)`` gives ``[(range(0, 1), range(0, 1)), (range(1, 2), range(1, 3))]``."""
+    groups, i, j = [], 0, 0
+    while i < len(a) or j < len(b):
+        si, sj, pa, pb = i, j, 1, 1
+        if i < len(a):
+            pa, i = a[i], i + 1
+        if j < len(b):
+            pb, j = b[j], j + 1
+        while pa != pb:
+            if pa < pb:
+                pa, i = pa * a[i], i + 1
+            else:
+                pb, j = pb * b[j], j + 1
+        groups.append((range(si, i), range(sj, j)))
+    return groups
+
+
+def _outer(dims: range, sizes: tuple[int, ...]) -> int | None:
+    """The most significant dimension of a run that is not of size 1."""
+    return next((d for d in dims if sizes[d] > 1), None)
+
+
+class Reshape(ComputeOp):
+    """Reshape (row-major) to ``shape``.
+
+    Within each run of dimensions that reshape into each other, only the outermost may be
+    split, by a divisor of both sides' outermost sizes: [B, S, H] -> [B, S, heads, H/heads] keeps
+    splits of B and S, and a split of H becomes a split of heads.
+    """
+
+    name = "reshape"
+    input_names = ("x",)
+    params = (Param("shape", ParamType.SHAPE),)
+
+    def infer_logical(self, params, inputs):
+        (x,) = inputs
+        shape = params["shape"]
+        if math.prod(shape) != x.numel:
+            raise ShapeError(
+                f"cannot reshape {list(x.sizes)} ({x.numel} elements) to {list(shape)} "
+                f"({math.prod(shape)} elements)"
+            )
+        return (ParallelTensorShape.of(shape, x.dtype),)
+
+    def signature(self, params, in_sizes, out_sizes):
+        a, b = in_sizes[0], out_sizes[0]
+        axes = []
+        for ga, gb in reshape_groups(a, b):
+            oa, ob = _outer(ga, a), _outer(gb, b)
+            if oa is not None and ob is not None:
+                axes.append(
+                    LoopAxis(f"d{oa}", AxisKind.PARALLEL, (oa,), (ob,), size=math.gcd(a[oa], b[ob]))
+                )
+        return Signature(tuple(axes), linear_in=(0,))
+
+    def reference(self, params, x):
+        return (x.reshape(params["shape"]),)
+
+    def local(self, params, ctx, x):
+        return (x.reshape(ctx.out_sizes[0]),)

@@ -1,0 +1,210 @@
+"""Parallelization operators: the only operators that move data between devices.
+
+The four primitives change one thing about a parallel tensor:
+
+* Partition(dim, degree): splits every block of ``dim`` into ``degree`` blocks;
+* Combine(dim, degree): concatenates runs of ``degree`` adjacent blocks of ``dim``;
+* Replicate(degree): makes ``degree`` copies of every shard;
+* Reduce(degree): sums runs of ``degree`` adjacent partial sums.
+
+Partition/Combine and Replicate/Reduce are each other's backward. The fused collectives are
+defined as compositions of the primitives (:meth:`ParallelOp.steps`), so their meaning is the
+composition by construction:
+
+* AllReduce(d) = Replicate(d) . Reduce(d)
+* ReduceScatter(dim, d) = Partition(dim, d) . Reduce(d)
+* AllGather(dim, d) = Replicate(d) . Combine(dim, d)
+* AllToAll(src, dst, d) = Partition(dst, d) . Combine(src, d)
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+
+from pcgopt.errors import DegreeError
+from pcgopt.ops.params import Param, ParamType
+from pcgopt.ops.spec import OpKind, OpSpec
+from pcgopt.shapes import ParallelTensorShape
+from pcgopt.sharded import ShardedArray, merge_dim, split_dim, sum_partials
+
+Step = tuple[str, int, int]  # (primitive, dim or -1, degree)
+
+
+def _partition_shape(s: ParallelTensorShape, dim: int, degree: int) -> ParallelTensorShape:
+    d = s.dims[dim]
+    if d.size % (d.degree * degree):
+        raise DegreeError(
+            f"cannot split dimension {dim} (size {d.size}, already split {d.degree} ways) "
+            f"{degree} more ways: {d.degree * degree} does not divide {d.size}"
+        )
+    return s.with_degree(dim, d.degree * degree)
+
+
+def _combine_shape(s: ParallelTensorShape, dim: int, degree: int) -> ParallelTensorShape:
+    d = s.dims[dim]
+    if d.degree % degree:
+        raise DegreeError(
+            f"cannot combine dimension {dim} by {degree}: it is split {d.degree} ways, and "
+            f"{degree} does not divide {d.degree}"
+        )
+    return s.with_degree(dim, d.degree // degree)
+
+
+def _reduce_shape(s: ParallelTensorShape, degree: int) -> ParallelTensorShape:
+    if s.sum_degree % degree:
+        if s.sum_degree == 1 and s.copy_degree > 1:
+            why = (
+                f"the input {s} holds {s.copy_degree} identical copies, not partial sums; summing "
+                "copies would multiply the tensor"
+            )
+        else:
+            why = f"the input {s} holds {s.sum_degree} partial sum(s)"
+        raise DegreeError(f"cannot reduce {degree} partial sums: {why}")
+    return s.with_replicas(sum_degree=s.sum_degree // degree)
+
+
+def _apply_shape(s: ParallelTensorShape, step: Step) -> ParallelTensorShape:
+    kind, dim, degree = step
+    if kind == "partition":
+        return _partition_shape(s, dim, degree)
+    if kind == "combine":
+        return _combine_shape(s, dim, degree)
+    if kind == "replicate":
+        return s.with_replicas(copy_degree=s.copy_degree * degree)
+    return _reduce_shape(s, degree)
+
+
+def _apply_data(data, step: Step):
+    kind, dim, degree = step
+    if kind == "partition":
+        return split_dim(data, dim, degree)
+    if kind == "combine":
+        return merge_dim(data, dim, degree)
+    if kind == "replicate":
+        return data  # copies are not stored twice
+    return sum_partials(data, degree)
+
+
+class ParallelOp(OpSpec):
+    """Base: a parallel operator is a sequence of primitive steps."""
+
+    kind = OpKind.PARALLEL
+    input_names = ("x",)
+
+    @abstractmethod
+    def steps(self, params) -> tuple[Step, ...]: ...
+
+    def infer(self, params, inputs):
+        (s,) = inputs
+        for step in self.steps(params):
+            s = _apply_shape(s, step)
+        return (s,)
+
+    def evaluate(self, params, inputs, outputs):
+        data = inputs[0].data
+        for step in self.steps(params):
+            data = _apply_data(data, step)
+        return (ShardedArray(outputs[0], data),)
+
+    def reference(self, params, x):
+        return (x.copy(),)  # the logical tensor is unchanged; only its distribution is
+
+
+_DIM = Param("dim", ParamType.AXIS)
+_DEGREE = Param("degree", ParamType.POS_INT)
+
+
+class Partition(ParallelOp):
+    """Splits dimension ``dim`` ``degree`` more ways."""
+
+    name = "partition"
+    params = (_DIM, _DEGREE)
+
+    def steps(self, params):
+        return (("partition", params["dim"], params["degree"]),)
+
+
+class Combine(ParallelOp):
+    """Joins ``degree`` adjacent blocks of dimension ``dim`` (the inverse of Partition)."""
+
+    name = "combine"
+    params = (_DIM, _DEGREE)
+
+    def steps(self, params):
+        return (("combine", params["dim"], params["degree"]),)
+
+
+class Replicate(ParallelOp):
+    """Makes ``degree`` identical copies of every shard."""
+
+    name = "replicate"
+    params = (_DEGREE,)
+
+    def steps(self, params):
+        return (("replicate", -1, params["degree"]),)
+
+
+class Reduce(ParallelOp):
+    """Sums runs of ``degree`` adjacent partial sums (the backward of Replicate)."""
+
+    name = "reduce"
+    params = (_DEGREE,)
+
+    def steps(self, params):
+        return (("reduce", -1, params["degree"]),)
+
+
+class AllReduce(ParallelOp):
+    """Reduce(degree), then Replicate(degree): every member of a group gets the sum."""
+
+    name = "all_reduce"
+    params = (_DEGREE,)
+
+    def steps(self, params):
+        return (("reduce", -1, params["degree"]), ("replicate", -1, params["degree"]))
+
+
+class ReduceScatter(ParallelOp):
+    """Reduce(degree), then Partition(dim, degree): each member gets one block of the sum."""
+
+    name = "reduce_scatter"
+    params = (_DIM, _DEGREE)
+
+    def steps(self, params):
+        return (("reduce", -1, params["degree"]), ("partition", params["dim"], params["degree"]))
+
+
+class AllGather(ParallelOp):
+    """Combine(dim, degree), then Replicate(degree): every member gets all blocks."""
+
+    name = "all_gather"
+    params = (_DIM, _DEGREE)
+
+    def steps(self, params):
+        return (("combine", params["dim"], params["degree"]), ("replicate", -1, params["degree"]))
+
+
+class AllToAll(ParallelOp):
+    """Combine(src_dim, degree), then Partition(dst_dim, degree): re-splits a tensor along
+    another dimension."""
+
+    name = "all_to_all"
+    params = (
+        Param("src_dim", ParamType.AXIS),
+        Param("dst_dim", ParamType.AXIS),
+        _DEGREE,
+    )
+
+    def infer(self, params, inputs):
+        if params["src_dim"] == params["dst_dim"]:
+            raise DegreeError(
+                f"all_to_all needs two different dimensions, got src_dim = dst_dim = "
+                f"{params['src_dim']}"
+            )
+        return super().infer(params, inputs)
+
+    def steps(self, params):
+        return (
+            ("combine", params["src_dim"], params["degree"]),
+            ("partition", params["dst_dim"], params["degree"]),
+        )

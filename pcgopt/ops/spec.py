@@ -1,0 +1,448 @@
+"""The operator spec: the one place an operator is defined.
+
+An :class:`OpSpec` holds an operator's name, inputs, parameters, shape inference, FLOP and byte
+counts and numpy reference semantics. Every other table in pcgopt (the builder's methods, JSON,
+Z3 axioms, the egglog language, costs) is derived from the registry of specs.
+
+Compute operators do not write their parallel behaviour by hand. They declare a
+:class:`Signature`: the loop axes of the computation (like the letters of an einsum), which input
+and output dimensions each axis indexes, whether splitting it gives independent blocks
+(``PARALLEL``) or partial sums (``REDUCE``), and in which inputs the operator is linear. From
+that, :func:`infer_parallel` derives the output's parallel shape (degrees, copies, partial sums,
+with errors that say what to insert), and :func:`evaluate_parallel` derives the shard semantics:
+every task applies the operator's local function to its input blocks.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from pcgopt.errors import ArityError, DegreeError, ShapeError
+from pcgopt.ops.params import Param, Params, canonical_params, normalize_axes
+from pcgopt.shapes import ParallelTensorShape
+from pcgopt.sharded import ShardedArray
+
+Sizes = tuple[int, ...]
+
+
+class OpKind(enum.Enum):
+    SOURCE = "source"  # Input, Weight: no inputs
+    COMPUTE = "compute"  # tensor algebra
+    PARALLEL = "parallel"  # changes how a tensor is distributed; moves data
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class AxisKind(enum.Enum):
+    PARALLEL = "parallel"  # blocks are independent: split inputs give split outputs
+    REDUCE = "reduce"  # summed over: split inputs give partial sums in the outputs
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, slots=True)
+class LoopAxis:
+    """One loop axis of a compute operator.
+
+    ``inputs[i]`` / ``outputs[o]`` is the dimension of input ``i`` / output ``o`` this axis
+    indexes, or None when that tensor does not vary along it (it must then be copied across the
+    axis's splits). A degree must divide ``size``; ``size`` defaults to the dimensions' sizes and
+    is smaller when only coarser splits are exact (for instance the groups of a grouped conv).
+    """
+
+    name: str
+    kind: AxisKind
+    inputs: tuple[int | None, ...]
+    outputs: tuple[int | None, ...] = ()
+    size: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind is AxisKind.REDUCE and any(d is not None for d in self.outputs):
+            raise ValueError(f"reduce axis {self.name!r} cannot index an output")
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """How a compute operator may be parallelized (see the module docstring).
+
+    ``linear_in``: inputs the operator is linear in, so they may hold partial sums. With
+    ``joint=False`` the operator is multilinear in them (MatMul, Mul): partial sums of different
+    inputs multiply out, and every other input must be copied once per partial sum. With
+    ``joint=True`` it is linear in all inputs together (Add, Concat): all inputs must hold the
+    same number of partial sums, which are paired up.
+    """
+
+    axes: tuple[LoopAxis, ...]
+    linear_in: tuple[int, ...] = ()
+    joint: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class LocalContext:
+    """What a task knows besides its input blocks: where its blocks start along each split axis,
+    the sizes of its output blocks, and the global (unsplit) sizes of its inputs."""
+
+    offsets: Mapping[str, int]
+    out_sizes: tuple[Sizes, ...]
+    global_in_sizes: tuple[Sizes, ...] = field(default=())
+
+    def offset(self, axis: str) -> int:
+        return self.offsets.get(axis, 0)
+
+
+class OpSpec:
+    """Base of every operator spec. Subclasses set the class attributes and override methods.
+
+    Specs are stateless singletons: all per-node information is in the node's ``Params``.
+    """
+
+    name: ClassVar[str]
+    kind: ClassVar[OpKind]
+    #: Names of the inputs, for messages and docs. With ``variadic`` the last one repeats.
+    input_names: ClassVar[tuple[str, ...]] = ()
+    #: How many trailing inputs may be left out.
+    optional_inputs: ClassVar[int] = 0
+    variadic: ClassVar[bool] = False
+    params: ClassVar[tuple[Param, ...]] = ()
+
+    # -- structure ----------------------------------------------------------------------------
+
+    @property
+    def doc(self) -> str:
+        return (type(self).__doc__ or "").strip()
+
+    @property
+    def min_inputs(self) -> int:
+        return len(self.input_names) - self.optional_inputs
+
+    @property
+    def max_inputs(self) -> int | None:
+        return None if self.variadic else len(self.input_names)
+
+    def check_arity(self, n: int) -> None:
+        lo, hi = self.min_inputs, self.max_inputs
+        if n < lo or (hi is not None and n > hi):
+            if hi is None:
+                want = f"at least {lo}"
+            elif lo == hi:
+                want = str(lo)
+            else:
+                want = f"{lo} to {hi}"
+            names = ", ".join(self.input_names) + (", ..." if self.variadic else "")
+            raise ArityError(f"{self.name} takes {want} input(s) ({names}), got {n}")
+
+    def make_params(
+        self,
+        raw: Mapping[str, Any] | None = None,
+        inputs: Sequence[ParallelTensorShape] = (),
+    ) -> Params:
+        """Checked, canonical parameters; with ``inputs``, axes are made non-negative against
+        the rank of the first input."""
+        params = canonical_params(self.params, raw or {}, self.name)
+        if inputs:
+            params = normalize_axes(self.params, params, inputs[0].rank)
+        return params
+
+    def num_outputs(self, params: Params) -> int:
+        return 1
+
+    def input_name(self, i: int) -> str:
+        if i < len(self.input_names):
+            return self.input_names[i]
+        return f"{self.input_names[-1]}{i - len(self.input_names) + 1}"
+
+    # -- semantics ----------------------------------------------------------------------------
+
+    def infer(
+        self, params: Params, inputs: tuple[ParallelTensorShape, ...]
+    ) -> tuple[ParallelTensorShape, ...]:
+        """Output parallel shapes. Raises ShapeError / DegreeError saying what is wrong."""
+        raise NotImplementedError
+
+    def evaluate(
+        self,
+        params: Params,
+        inputs: tuple[ShardedArray, ...],
+        outputs: tuple[ParallelTensorShape, ...],
+    ) -> tuple[ShardedArray, ...]:
+        """Shard semantics: output shards from input shards (``outputs`` from :meth:`infer`)."""
+        raise NotImplementedError
+
+    def reference(self, params: Params, *arrays: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Logical semantics on whole (unsharded) tensors."""
+        raise NotImplementedError
+
+    # -- counts -------------------------------------------------------------------------------
+
+    def flops(self, params: Params, in_sizes: Sequence[Sizes], out_sizes: Sequence[Sizes]) -> int:
+        """Forward floating-point operations on tensors of these sizes (pass shard sizes for
+        per-device work). A multiply-add counts 2."""
+        return 0
+
+    def bytes_accessed(
+        self,
+        params: Params,
+        inputs: Sequence[ParallelTensorShape],
+        outputs: Sequence[ParallelTensorShape],
+        *,
+        per_shard: bool = True,
+    ) -> int:
+        """Bytes read and written by one forward execution (per shard by default)."""
+        attr = "shard_nbytes" if per_shard else "nbytes"
+        return sum(getattr(s, attr) for s in (*inputs, *outputs))
+
+    def __repr__(self) -> str:
+        return f"<op {self.name}>"
+
+
+class ComputeOp(OpSpec):
+    """A tensor-algebra operator whose parallel behaviour follows from its :class:`Signature`."""
+
+    kind = OpKind.COMPUTE
+
+    def infer_logical(
+        self, params: Params, inputs: tuple[ParallelTensorShape, ...]
+    ) -> tuple[ParallelTensorShape, ...]:
+        """Unpartitioned output shapes from the inputs' sizes and dtypes."""
+        raise NotImplementedError
+
+    def signature(
+        self, params: Params, in_sizes: tuple[Sizes, ...], out_sizes: tuple[Sizes, ...]
+    ) -> Signature:
+        raise NotImplementedError
+
+    def local(
+        self, params: Params, ctx: LocalContext, *blocks: np.ndarray
+    ) -> tuple[np.ndarray, ...]:
+        """One task's computation on its input blocks. Most operators compute the same thing as
+        on whole tensors; those that need their block's position (an embedding shard looking up
+        only its rows) override this."""
+        return self.reference(params, *blocks)
+
+    def infer(self, params, inputs):
+        logical = self.infer_logical(params, inputs)
+        sig = self.signature(params, _sizes(inputs), _sizes(logical))
+        return infer_parallel(self, sig, inputs, logical)
+
+    def evaluate(self, params, inputs, outputs):
+        sig = self.signature(params, _sizes([x.shape for x in inputs]), _sizes(outputs))
+        return evaluate_parallel(self, params, sig, inputs, outputs)
+
+
+def _sizes(shapes: Sequence[ParallelTensorShape]) -> tuple[Sizes, ...]:
+    return tuple(s.sizes for s in shapes)
+
+
+# --------------------------------------------------------------------------------------------
+# The parallel engine
+# --------------------------------------------------------------------------------------------
+
+
+def axis_degrees(
+    op: OpSpec, sig: Signature, inputs: Sequence[ParallelTensorShape]
+) -> dict[str, int]:
+    """The degree of every loop axis, read off the inputs; checks that they agree, that they
+    divide the axis size, and that no input dimension outside the axes is split."""
+    degrees: dict[str, int] = {}
+    covered: list[set[int]] = [set() for _ in inputs]
+    for ax in sig.axes:
+        first: tuple[int, int] | None = None
+        degree = 1
+        for i, dim in enumerate(ax.inputs):
+            if dim is None:
+                continue
+            covered[i].add(dim)
+            d = inputs[i].dims[dim].degree
+            if first is None:
+                first, degree = (i, dim), d
+            elif d != degree:
+                fi, fd = first
+                raise DegreeError(
+                    f"{op.input_name(fi)} dimension {fd} is split {degree} ways but "
+                    f"{op.input_name(i)} dimension {dim} is split {d} ways; both index the "
+                    f"{ax.name!r} axis of {op.name} and must be split alike"
+                )
+        if ax.size is not None and ax.size % degree:
+            raise DegreeError(
+                f"the {ax.name!r} axis of {op.name} can be split only by divisors of {ax.size}, "
+                f"not {degree}"
+            )
+        degrees[ax.name] = degree
+    for i, shape in enumerate(inputs):
+        for dim, pd in enumerate(shape.dims):
+            if pd.degree > 1 and dim not in covered[i]:
+                splittable = sorted(covered[i])
+                raise DegreeError(
+                    f"{op.input_name(i)} dimension {dim} is split {pd.degree} ways, but {op.name} "
+                    f"cannot split that dimension (splittable dimensions of "
+                    f"{op.input_name(i)}: {splittable or 'none'}); Combine it first"
+                )
+    return degrees
+
+
+def _partial_degrees(
+    op: OpSpec, sig: Signature, inputs: Sequence[ParallelTensorShape]
+) -> tuple[int, ...]:
+    sums = tuple(s.sum_degree for s in inputs)
+    linear = set(sig.linear_in)
+    for i, s in enumerate(sums):
+        if s > 1 and i not in linear:
+            raise DegreeError(
+                f"{op.input_name(i)} holds {s} partial sums, but {op.name} is not linear in "
+                f"{op.input_name(i)}; Reduce it first"
+            )
+    if sig.joint and len(set(sums)) > 1:
+        listed = ", ".join(f"{op.input_name(i)}: {s}" for i, s in enumerate(sums))
+        raise DegreeError(
+            f"{op.name} adds its inputs, so they must hold the same number of partial sums "
+            f"(got {listed})"
+        )
+    return sums
+
+
+def infer_parallel(
+    op: OpSpec,
+    sig: Signature,
+    inputs: Sequence[ParallelTensorShape],
+    logical: Sequence[ParallelTensorShape],
+) -> tuple[ParallelTensorShape, ...]:
+    """Output parallel shapes of a compute operator from its signature (module docstring)."""
+    degrees = axis_degrees(op, sig, inputs)
+    sums = _partial_degrees(op, sig, inputs)
+    linear = set(sig.linear_in)
+    reduce_degree = math.prod(degrees[a.name] for a in sig.axes if a.kind is AxisKind.REDUCE)
+    # Jointly linear inputs pair their partial sums up; multilinear ones multiply out.
+    in_partial = (sums[0] if sums else 1) if sig.joint else math.prod(sums[i] for i in linear)
+    out_sum = in_partial * reduce_degree
+
+    extra_copies: int | None = None
+    for i, shape in enumerate(inputs):
+        reasons = []
+        need = 1
+        for ax in sig.axes:
+            if ax.inputs[i] is None and degrees[ax.name] > 1:
+                need *= degrees[ax.name]
+                reasons.append(f"the {ax.name!r} axis is split {degrees[ax.name]} ways")
+        if not sig.joint:
+            for j in linear:
+                if j != i and sums[j] > 1:
+                    need *= sums[j]
+                    reasons.append(f"{op.input_name(j)} holds {sums[j]} partial sums")
+        if shape.copy_degree % need:
+            raise DegreeError(
+                f"{op.input_name(i)} must be copied a multiple of {need} times "
+                f"({'; '.join(reasons)}), but it has {shape.copy_degree} cop"
+                f"{'y' if shape.copy_degree == 1 else 'ies'}; Replicate it"
+            )
+        extra = shape.copy_degree // need
+        if extra_copies is None:
+            extra_copies = extra
+        elif extra != extra_copies:
+            raise DegreeError(
+                f"{op.input_name(0)} carries {extra_copies} redundant cop"
+                f"{'y' if extra_copies == 1 else 'ies'} but {op.input_name(i)} carries {extra}; "
+                f"the inputs of {op.name} must be replicated consistently"
+            )
+    copies = extra_copies or 1
+
+    outs = []
+    for o, out in enumerate(logical):
+        out_degrees = [1] * out.rank
+        for ax in sig.axes:
+            if o < len(ax.outputs) and ax.outputs[o] is not None:
+                out_degrees[ax.outputs[o]] = degrees[ax.name]
+        outs.append(
+            ParallelTensorShape.of(
+                out.sizes, out.dtype, degrees=out_degrees, copy_degree=copies, sum_degree=out_sum
+            )
+        )
+    return tuple(outs)
+
+
+def evaluate_parallel(
+    op: ComputeOp,
+    params: Params,
+    sig: Signature,
+    inputs: Sequence[ShardedArray],
+    outputs: Sequence[ParallelTensorShape],
+) -> tuple[ShardedArray, ...]:
+    """Shard semantics of a compute operator: one local computation per task.
+
+    The tasks are the product of the inputs' partial-sum indices (paired when the operator is
+    jointly linear) and the block indices of every split axis. Output partial-sum index: the
+    inputs' partial indices first (in input order), then the indices of split reduce axes.
+    """
+    shapes = [x.shape for x in inputs]
+    degrees = axis_degrees(op, sig, shapes)
+    split_axes = [a for a in sig.axes if degrees[a.name] > 1]
+    if sig.joint:
+        partial_ranges = [shapes[0].sum_degree] if shapes and shapes[0].sum_degree > 1 else []
+        partial_owner: list[tuple[int, ...]] = [tuple(range(len(inputs)))] if partial_ranges else []
+    else:
+        partial_owner = [(i,) for i in sig.linear_in if shapes[i].sum_degree > 1]
+        partial_ranges = [shapes[i[0]].sum_degree for i in partial_owner]
+    reduce_split = [a for a in split_axes if a.kind is AxisKind.REDUCE]
+    out_sum_grid = (*partial_ranges, *(degrees[a.name] for a in reduce_split))
+
+    results: list[np.ndarray | None] = [None] * len(outputs)
+    ranges = [range(n) for n in (*partial_ranges, *(degrees[a.name] for a in split_axes))]
+    ctx_sizes = tuple(tuple(s.block_sizes) for s in outputs)
+    global_in_sizes = tuple(s.sizes for s in shapes)
+    for task in itertools.product(*ranges):
+        p_idx, a_idx = task[: len(partial_ranges)], task[len(partial_ranges) :]
+        axis_index = {a.name: k for a, k in zip(split_axes, a_idx, strict=True)}
+        blocks = []
+        for i, x in enumerate(inputs):
+            s = 0
+            for owners, k in zip(partial_owner, p_idx, strict=True):
+                if i in owners:
+                    s = k
+            blk = [0] * x.shape.rank
+            for a in split_axes:
+                if a.inputs[i] is not None:
+                    blk[a.inputs[i]] = axis_index[a.name]
+            blocks.append(x.block(s, tuple(blk)))
+        offsets = {
+            a.name: axis_index[a.name] * ((a.size or _axis_extent(a, shapes)) // degrees[a.name])
+            for a in split_axes
+        }
+        ctx = LocalContext(offsets, ctx_sizes, global_in_sizes)
+        local_out = op.local(params, ctx, *blocks)
+        red_idx = tuple(axis_index[a.name] for a in reduce_split)
+        sum_index = (
+            int(np.ravel_multi_index((*p_idx, *red_idx), out_sum_grid)) if out_sum_grid else 0
+        )
+        for o, (val, out_shape) in enumerate(zip(local_out, outputs, strict=True)):
+            val = np.asarray(val)
+            if val.shape != out_shape.block_sizes:
+                raise ShapeError(
+                    f"{op.name}: local computation produced a block of shape {val.shape}, "
+                    f"expected {out_shape.block_sizes} for {out_shape} (a bug in the operator spec)"
+                )
+            if results[o] is None:
+                results[o] = np.zeros(
+                    (out_shape.sum_degree, *out_shape.degrees, *out_shape.block_sizes),
+                    dtype=val.dtype,
+                )
+            blk = [0] * out_shape.rank
+            for a in split_axes:
+                if o < len(a.outputs) and a.outputs[o] is not None:
+                    blk[a.outputs[o]] = axis_index[a.name]
+            results[o][(sum_index, *blk)] = val
+    return tuple(ShardedArray(s, r) for s, r in zip(outputs, results, strict=True))
+
+
+def _axis_extent(ax: LoopAxis, shapes: Sequence[ParallelTensorShape]) -> int:
+    for i, dim in enumerate(ax.inputs):
+        if dim is not None:
+            return shapes[i].sizes[dim]
+    raise ValueError(f"axis {ax.name!r} indexes no input")
