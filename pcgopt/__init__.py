@@ -1,0 +1,63 @@
+"""pcgopt: joint algebraic and parallelization optimization of DNN training graphs.
+
+A model is a parallel computation graph (:class:`PCG`): operators plus parallelization
+operators (Partition, Combine, Replicate, Reduce and fused collectives) on parallel tensors
+(:class:`ParallelTensorShape`). :func:`evaluate` is its meaning; :func:`equivalent` checks that
+two PCGs compute the same thing.
+"""
+
+from pcgopt.builder import PCGBuilder, Tensor
+from pcgopt.errors import (
+    ArityError,
+    CycleError,
+    DanglingEdgeError,
+    DegreeError,
+    DuplicateNameError,
+    EvaluationError,
+    NotEquivalentError,
+    ParameterError,
+    PCGError,
+    SchemaError,
+    ShapeError,
+    UnknownOperatorError,
+)
+from pcgopt.evaluate import Evaluation, assert_equivalent, equivalent, evaluate, random_feeds
+from pcgopt.graph import PCG, Node, TensorRef
+from pcgopt.ops import OPERATORS, OpKind, OpSpec, get_op
+from pcgopt.shapes import DType, ParallelDim, ParallelTensorShape
+from pcgopt.sharded import ShardedArray
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "OPERATORS",
+    "PCG",
+    "ArityError",
+    "CycleError",
+    "DType",
+    "DanglingEdgeError",
+    "DegreeError",
+    "DuplicateNameError",
+    "Evaluation",
+    "EvaluationError",
+    "Node",
+    "NotEquivalentError",
+    "OpKind",
+    "OpSpec",
+    "PCGBuilder",
+    "PCGError",
+    "ParallelDim",
+    "ParallelTensorShape",
+    "ParameterError",
+    "SchemaError",
+    "ShapeError",
+    "ShardedArray",
+    "Tensor",
+    "TensorRef",
+    "UnknownOperatorError",
+    "assert_equivalent",
+    "equivalent",
+    "evaluate",
+    "get_op",
+    "random_feeds",
+]
