@@ -1,0 +1,67 @@
+"""PCGBuilder: one method per operator, errors at the line that makes them."""
+
+import pytest
+
+from pcgopt import OPERATORS, DegreeError, DuplicateNameError, PCGBuilder, PCGError, ShapeError
+
+
+def test_every_operator_is_a_builder_method():
+    b = PCGBuilder()
+    names = dir(b)
+    for op, spec in OPERATORS.items():
+        assert callable(getattr(b, op))
+        if spec.kind.name != "SOURCE":
+            assert op in names
+    assert b.matmul.__doc__ == OPERATORS["matmul"].doc
+
+
+def test_unknown_attribute():
+    with pytest.raises(AttributeError, match="no attribute or operator 'frobnicate'"):
+        PCGBuilder().frobnicate  # noqa: B018
+
+
+def test_names_are_generated_and_scoped():
+    b = PCGBuilder()
+    x = b.input((2, 3))
+    with b.scope("layer0"), b.scope("attn"):
+        y = b.relu(x)
+        w = b.weight((3,), name="bias")
+    assert x.ref.node == "input_1"
+    assert y.ref.node == "layer0/attn/relu_1"
+    assert w.ref.node == "layer0/attn/bias"
+
+
+def test_duplicate_names_are_rejected():
+    b = PCGBuilder()
+    b.input((2,), name="x")
+    with pytest.raises(DuplicateNameError, match="'x' already exists"):
+        b.weight((2,), name="x")
+
+
+def test_errors_name_the_node_being_added():
+    b = PCGBuilder()
+    x = b.input((4, 6), name="x")
+    with pytest.raises(ShapeError, match=r"node 'mm' \(matmul\): matmul: contraction sizes differ"):
+        b.matmul(x, b.weight((5, 2)), name="mm")
+    partial = b.matmul(
+        b.partition(x, dim=1, degree=2), b.partition(b.weight((6, 2)), dim=0, degree=2)
+    )
+    with pytest.raises(DegreeError, match=r"node 'r' \(relu\): x holds 2 partial sums"):
+        b.relu(partial, name="r")
+    with pytest.raises(DegreeError, match=r"node 'reduce_1' .* identical copies"):
+        b.reduce(b.replicate(x, degree=2), degree=2)
+
+
+def test_foreign_tensors_are_rejected():
+    a, b = PCGBuilder(), PCGBuilder()
+    x = a.input((2,))
+    with pytest.raises(PCGError, match="not a tensor of this builder"):
+        b.relu(x)
+
+
+def test_multi_output_operators_return_tuples():
+    b = PCGBuilder()
+    parts = b.split(b.input((4, 6)), axis=1, sizes=(2, 4))
+    assert [repr(p.shape) for p in parts] == ["f32[4, 2]", "f32[4, 4]"]
+    g = b.build(parts)
+    assert len(g.outputs) == 2

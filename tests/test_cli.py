@@ -1,0 +1,74 @@
+"""The pcgopt command line."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pcgopt import PCG
+from pcgopt.cli import main
+
+
+def test_summary_of_a_zoo_model(capsys):
+    assert main(["summary", "bert_large", "--small", "--rows", "3"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("PCG: 99 nodes")
+    assert "... 96 more nodes" in out
+
+
+def test_summary_with_overrides_and_outputs(tmp_path, capsys):
+    j, d = tmp_path / "g.json", tmp_path / "g.dot"
+    assert (
+        main(["summary", "mnist_mlp", "--set", "batch=8", "--json", str(j), "--dot", str(d)]) == 0
+    )
+    g = PCG.from_json(j.read_text())
+    assert repr(g.shape("x")) == "f32[8, 784]"
+    assert d.read_text().startswith("digraph")
+    assert main(["summary", str(j)]) == 0
+    assert "f32[8, 784]" in capsys.readouterr().out
+
+
+def test_errors_are_one_line_without_a_traceback(tmp_path, capsys):
+    assert main(["summary", "gpt5"]) == 2
+    assert "'gpt5' is neither a zoo model" in capsys.readouterr().err
+    bad = tmp_path / "bad.json"
+    bad.write_text(
+        json.dumps(
+            {
+                "format": "pcgopt.pcg",
+                "version": 1,
+                "nodes": [{"name": "x", "op": "relu", "inputs": ["y"]}],
+            }
+        )
+    )
+    assert main(["summary", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pcgopt summary: error: node 'x' (relu): input 0 reads y")
+    assert main(["summary", "mnist_mlp", "--set", "depth=3"]) == 2
+    assert "unexpected keyword argument 'depth'" in capsys.readouterr().err
+
+
+def test_models_and_ops(capsys):
+    assert main(["models"]) == 0
+    assert "resnext50" in capsys.readouterr().out
+    assert main(["ops"]) == 0
+    assert "parallel (8): partition, combine" in capsys.readouterr().out
+    assert main(["ops", "partition"]) == 0
+    assert "degree: a positive int, required" in capsys.readouterr().out
+
+
+def test_equivalent(tmp_path, capsys):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    main(["summary", "mnist_mlp", "--small", "--json", str(a)])
+    main(["summary", "mnist_mlp", "--small", "--set", "hidden=9", "--json", str(b)])
+    capsys.readouterr()
+    assert main(["equivalent", str(a), str(a)]) == 0
+    assert main(["equivalent", str(a), str(b)]) == 1
+    assert "not equivalent" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args", [["-m", "pcgopt", "models"]])
+def test_module_entry_point(args):
+    done = subprocess.run([sys.executable, *args], capture_output=True, text=True, check=True)
+    assert "mnist_mlp" in done.stdout
