@@ -1,0 +1,3 @@
+from pcgopt.cli import main
+
+raise SystemExit(main())

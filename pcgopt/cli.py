@@ -1,0 +1,153 @@
+"""The ``pcgopt`` command line.
+
+    pcgopt summary MODEL [--small] [--set KEY=VALUE ...] [--rows N] [--json OUT] [--dot OUT]
+    pcgopt models
+    pcgopt ops [NAME]
+    pcgopt equivalent A.json B.json [--logical] [--trials N]
+
+MODEL is a zoo name (``pcgopt models`` lists them) or a PCG JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from pcgopt.errors import NotEquivalentError, PCGError
+from pcgopt.evaluate import assert_equivalent
+from pcgopt.graph import PCG
+from pcgopt.models import ZOO
+from pcgopt.ops import OPERATORS, get_op
+
+
+class UsageError(Exception):
+    """A mistake in the command line or its files; printed without a traceback."""
+
+
+def load_model(spec: str, *, small: bool = False, overrides: Sequence[str] = ()) -> PCG:
+    """A zoo model by name (with ``KEY=VALUE`` size overrides, values in JSON) or a PCG file."""
+    path = Path(spec)
+    if spec in ZOO:
+        kwargs = {}
+        for item in overrides:
+            key, sep, value = item.partition("=")
+            if not sep:
+                raise UsageError(f"--set takes KEY=VALUE, got {item!r}")
+            try:
+                kwargs[key] = json.loads(value)
+            except json.JSONDecodeError:
+                kwargs[key] = value
+            if isinstance(kwargs[key], list):
+                kwargs[key] = tuple(kwargs[key])
+        try:
+            return ZOO[spec].build(small=small, **kwargs)
+        except TypeError as e:
+            raise UsageError(f"{spec}: {e}") from None
+    if path.suffix == ".json" or path.exists():
+        if overrides or small:
+            raise UsageError("--set and --small apply to zoo models, not to PCG files")
+        try:
+            return PCG.from_json(path.read_text())
+        except OSError as e:
+            raise UsageError(f"cannot read {spec}: {e.strerror}") from None
+    raise UsageError(f"{spec!r} is neither a zoo model ({', '.join(ZOO)}) nor a PCG JSON file")
+
+
+def _summary(args: argparse.Namespace) -> int:
+    pcg = load_model(args.model, small=args.small, overrides=args.set)
+    print(pcg.summary(max_rows=args.rows))
+    if args.json:
+        Path(args.json).write_text(pcg.to_json())
+        print(f"wrote {args.json}")
+    if args.dot:
+        Path(args.dot).write_text(pcg.to_dot())
+        print(f"wrote {args.dot}")
+    return 0
+
+
+def _models(args: argparse.Namespace) -> int:
+    width = max(map(len, ZOO))
+    for name, entry in ZOO.items():
+        doc = (entry.builder.__doc__ or "").strip().splitlines()[0]
+        print(f"{name.ljust(width)}  {entry.source}: {doc}")
+    return 0
+
+
+def _ops(args: argparse.Namespace) -> int:
+    if args.name:
+        spec = get_op(args.name)
+        print(
+            f"{spec.name} ({spec.kind.value}), inputs: {', '.join(spec.input_names) or 'none'}"
+            f"{' ...' if spec.variadic else ''}"
+        )
+        for p in spec.params:
+            default = "required" if p.required else f"default {p.default!r}"
+            print(
+                f"  {p.name}: {p.type.value}, {default}"
+                + (f"; one of {p.choices}" if p.choices else "")
+            )
+        print()
+        print(spec.doc)
+        return 0
+    for kind in ("source", "compute", "parallel"):
+        names = [n for n, s in OPERATORS.items() if s.kind.value == kind]
+        print(f"{kind} ({len(names)}): {', '.join(names)}")
+    return 0
+
+
+def _equivalent(args: argparse.Namespace) -> int:
+    a, b = load_model(args.a), load_model(args.b)
+    try:
+        assert_equivalent(a, b, trials=args.trials, compare="logical" if args.logical else "shards")
+    except NotEquivalentError as e:
+        print(f"not equivalent: {e}")
+        return 1
+    print(f"equivalent on {args.trials} random input(s)")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pcgopt", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("summary", help="build or load a PCG and print its summary")
+    p.add_argument("model", help="zoo name or PCG JSON file")
+    p.add_argument("--small", action="store_true", help="the zoo model's small test variant")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a zoo model size, e.g. --set layers=2 (repeatable)",
+    )
+    p.add_argument("--rows", type=int, default=40, help="node rows to print (default 40)")
+    p.add_argument("--json", metavar="OUT", help="also write the PCG as JSON")
+    p.add_argument("--dot", metavar="OUT", help="also write a Graphviz picture description")
+    p.set_defaults(run=_summary)
+
+    p = sub.add_parser("models", help="list the model zoo")
+    p.set_defaults(run=_models)
+
+    p = sub.add_parser("ops", help="list operators, or describe one")
+    p.add_argument("name", nargs="?")
+    p.set_defaults(run=_ops)
+
+    p = sub.add_parser("equivalent", help="check two PCGs compute the same outputs")
+    p.add_argument("a")
+    p.add_argument("b")
+    p.add_argument("--logical", action="store_true", help="compare logical tensors, not shards")
+    p.add_argument("--trials", type=int, default=3)
+    p.set_defaults(run=_equivalent)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except (UsageError, PCGError) as e:
+        print(f"pcgopt {args.command}: error: {e}", file=sys.stderr)
+        return 2
