@@ -19,6 +19,11 @@ from pcgopt.models import mnist_mlp
 B, CI, H, CO = 8, 12, 8, 4  # Unity Figure 1's MLP at test size
 
 
+def sources(b):
+    """The MLP's input and weights, named as in the model."""
+    return b.input((B, CI), name="x"), b.weight((CI, H), name="w1"), b.weight((H, CO), name="w2")
+
+
 def original():
     return mnist_mlp(batch=B, in_features=CI, hidden=H, out_features=CO)
 
@@ -26,11 +31,7 @@ def original():
 def figure_2a(d=2):
     """Sequential plan: MatMul+ReLU fused, then data parallelism (weights copied)."""
     b = PCGBuilder()
-    x, w1, w2 = (
-        b.input((B, CI), name="x"),
-        b.weight((CI, H), name="w1"),
-        b.weight((H, CO), name="w2"),
-    )
+    x, w1, w2 = sources(b)
     xp = b.partition(x, dim=0, degree=d)
     h = b.linear(xp, b.replicate(w1, degree=d), activation="relu")
     y = b.matmul(h, b.replicate(w2, degree=d))
@@ -40,11 +41,7 @@ def figure_2a(d=2):
 def figure_2b(d=2):
     """Joint plan: ReLU not fused; model parallelism then reduction parallelism."""
     b = PCGBuilder()
-    x, w1, w2 = (
-        b.input((B, CI), name="x"),
-        b.weight((CI, H), name="w1"),
-        b.weight((H, CO), name="w2"),
-    )
+    x, w1, w2 = sources(b)
     h = b.relu(b.matmul(b.replicate(x, degree=d), b.partition(w1, dim=1, degree=d)))
     y = b.matmul(h, b.partition(w2, dim=0, degree=d))
     assert repr(y.shape) == f"f32[{B}, {CO}] r{d}(partial)"
@@ -59,11 +56,7 @@ def test_unity_figure_2_plans_are_equivalent_to_the_model(degree):
 
 def test_a_different_computation_is_not_equivalent():
     b = PCGBuilder()
-    x, w1, w2 = (
-        b.input((B, CI), name="x"),
-        b.weight((CI, H), name="w1"),
-        b.weight((H, CO), name="w2"),
-    )
+    x, w1, w2 = sources(b)
     wrong = b.build(b.matmul(b.tanh(b.matmul(x, w1)), w2))
     assert not equivalent(original(), wrong)
     with pytest.raises(
@@ -82,11 +75,7 @@ def test_different_sources_are_not_equivalent():
 
 def test_shard_comparison_sees_layouts_logical_comparison_does_not():
     b = PCGBuilder()
-    x, w1, w2 = (
-        b.input((B, CI), name="x"),
-        b.weight((CI, H), name="w1"),
-        b.weight((H, CO), name="w2"),
-    )
+    x, w1, w2 = sources(b)
     h = b.relu(b.matmul(b.partition(x, dim=0, degree=2), b.replicate(w1, degree=2)))
     split_output = b.build(b.matmul(h, b.replicate(w2, degree=2)))
     assert not equivalent(original(), split_output)
