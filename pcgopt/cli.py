@@ -101,7 +101,9 @@ def _ops(args: argparse.Namespace) -> int:
 def _equivalent(args: argparse.Namespace) -> int:
     a, b = load_model(args.a), load_model(args.b)
     try:
-        assert_equivalent(a, b, trials=args.trials, compare="logical" if args.logical else "shards")
+        assert_equivalent(
+            a, b, trials=args.trials, compare="logical" if args.logical else "parallel"
+        )
     except NotEquivalentError as e:
         print(f"not equivalent: {e}")
         return 1
@@ -138,7 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("equivalent", help="check two PCGs compute the same outputs")
     p.add_argument("a")
     p.add_argument("b")
-    p.add_argument("--logical", action="store_true", help="compare logical tensors, not shards")
+    p.add_argument(
+        "--logical", action="store_true", help="compare values only, not how they are distributed"
+    )
     p.add_argument("--trials", type=int, default=3)
     p.set_defaults(run=_equivalent)
     return parser

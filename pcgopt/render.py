@@ -24,12 +24,12 @@ def _non_default_params(node: Node) -> str:
 
 def forward_flops(pcg: PCG) -> int:
     """Forward FLOPs of the whole (logical) computation."""
-    total = 0
-    for n in pcg.nodes:
-        ins = tuple(pcg.shape(r).sizes for r in n.inputs)
-        outs = tuple(s.sizes for s in pcg.output_shapes(n.name))
-        total += OPERATORS[n.op].flops(n.params, ins, outs)
-    return total
+    return sum(
+        OPERATORS[n.op].flops(
+            n.params, pcg.input_shapes(n.name), pcg.output_shapes(n.name), per_shard=False
+        )
+        for n in pcg.nodes
+    )
 
 
 def _si(x: float) -> str:

@@ -6,8 +6,11 @@ degrees ``d0..dn-1`` and block sizes ``b0..bn-1`` is stored as one array of shap
 ``(i0, ..., in-1)`` of partial sum ``s``. Copies are identical by definition, so they are not
 stored twice; :meth:`ShardedArray.shard` hands out the same block for every copy index.
 
-Device order. Shard (device) index ``k`` of a tensor unravels, in C order, to
-``(s, c, i0, ..., in-1)`` over ``(S, copy_degree, d0, ..., dn-1)``.
+Shard order. Shard index ``k`` of a tensor unravels, in C order, to ``(s, c, i0, ..., in-1)``
+over ``(S, copy_degree, d0, ..., dn-1)``. A shard index is a position in the tensor's own grid,
+not a device: a PCG fixes what every shard holds, and the machine mapping (``pcgopt.extract``)
+decides which device holds it. Where a consumer's tasks cannot run where the producer left its
+shards, the mapping pays for moving them.
 
 Block conventions shared by every operator:
 
@@ -149,6 +152,20 @@ def sum_partials(data: np.ndarray, factor: int) -> np.ndarray:
     """Reduce layout change: sums each run of ``factor`` adjacent partial sums."""
     s = data.shape[0]
     return data.reshape(s // factor, factor, *data.shape[1:]).sum(axis=1)
+
+
+def spread_partials(data: np.ndarray, factor: int) -> np.ndarray:
+    """Each partial sum becomes ``factor`` adjacent ones: itself, then zeros (the inverse of
+    :func:`sum_partials` on such data)."""
+    out = np.zeros((data.shape[0], factor, *data.shape[1:]), dtype=data.dtype)
+    out[:, 0] = data
+    return out.reshape(data.shape[0] * factor, *data.shape[1:])
+
+
+def interleave_partials(datas: list[np.ndarray]) -> np.ndarray:
+    """Stacks tensors of one layout as partial sums: partial ``s * n + i`` is partial ``s`` of
+    input ``i`` (so Reduce(n) pairs them up, as Add does)."""
+    return np.stack(datas, axis=1).reshape(datas[0].shape[0] * len(datas), *datas[0].shape[1:])
 
 
 def num_blocks(shape: ParallelTensorShape) -> int:

@@ -53,7 +53,7 @@ def test_models_and_ops(capsys):
     assert main(["models"]) == 0
     assert "resnext50" in capsys.readouterr().out
     assert main(["ops"]) == 0
-    assert "parallel (8): partition, combine" in capsys.readouterr().out
+    assert "parallel (11): partition, combine" in capsys.readouterr().out
     assert main(["ops", "partition"]) == 0
     assert "degree: a positive int, required" in capsys.readouterr().out
 

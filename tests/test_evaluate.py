@@ -73,7 +73,7 @@ def test_different_sources_are_not_equivalent():
         assert_equivalent(original(), other)
 
 
-def test_shard_comparison_sees_layouts_logical_comparison_does_not():
+def test_parallel_shapes_must_agree_unless_comparing_logical_values():
     b = PCGBuilder()
     x, w1, w2 = sources(b)
     h = b.relu(b.matmul(b.partition(x, dim=0, degree=2), b.replicate(w1, degree=2)))
@@ -82,7 +82,7 @@ def test_shard_comparison_sees_layouts_logical_comparison_does_not():
     assert equivalent(original(), split_output, compare="logical")
 
 
-def test_partial_sums_are_compared_shard_by_shard():
+def test_how_partial_sums_are_split_matters_only_when_comparing_shards():
     def reduction_parallel(swap_halves):
         b = PCGBuilder()
         x, w = b.input((4, 8), name="x"), b.weight((8, 3), name="w")
@@ -95,8 +95,11 @@ def test_partial_sums_are_compared_shard_by_shard():
 
     a, b = reduction_parallel(False), reduction_parallel(True)
     assert a.shape(a.outputs[0]) == b.shape(b.outputs[0])
-    assert not equivalent(a, b)
+    # Interchangeable: every reader of partial sums only sees their sum ...
+    assert equivalent(a, b)
     assert equivalent(a, b, compare="logical")
+    # ... but not the same storage.
+    assert not equivalent(a, b, compare="shards")
 
 
 def test_random_feeds_depend_on_names_not_order():

@@ -23,11 +23,14 @@ from pcgopt.ops.parallel import (
     AllReduce,
     AllToAll,
     Combine,
+    DiscardCopies,
     ParallelOp,
     Partition,
     Reduce,
     ReduceScatter,
     Replicate,
+    StackPartial,
+    ToPartial,
 )
 from pcgopt.ops.params import Param, Params, ParamType
 from pcgopt.ops.reduction import ReduceMax, ReduceMean, ReduceSum
@@ -83,6 +86,9 @@ _SPECS: tuple[OpSpec, ...] = (
     Combine(),
     Replicate(),
     Reduce(),
+    DiscardCopies(),
+    ToPartial(),
+    StackPartial(),
     AllReduce(),
     AllGather(),
     ReduceScatter(),

@@ -24,6 +24,28 @@ def _out_extent(op: str, size: int, kernel: int, stride: int, pad: int, what: st
     return out
 
 
+def spatial_axes(
+    params, in_hw: tuple[int, int], out_hw: tuple[int, int], kernel: tuple[int, int], n_inputs: int
+) -> tuple[list[LoopAxis], list[tuple[int, int, str]]]:
+    """Height and width axes where blocks are exact: no padding, windows that do not overlap
+    (kernel <= stride) and that tile the input (size = stride * output size). Elsewhere, a note
+    for the error message."""
+    axes, notes = [], []
+    for k, name in ((0, "height"), (1, "width")):
+        size, out, kern = in_hw[k], out_hw[k], kernel[k]
+        stride, pad = params["stride"][k], params["padding"][k]
+        if pad == 0 and kern <= stride and size == stride * out:
+            rest = (None,) * (n_inputs - 1)
+            axes.append(LoopAxis(name, AxisKind.PARALLEL, (2 + k, *rest), (2 + k,), size=out))
+        else:
+            why = (
+                f"its windows (kernel {kern}, stride {stride}, padding {pad}) overlap or "
+                "straddle block edges, which would need a halo exchange (no operator for it yet)"
+            )
+            notes.append((0, 2 + k, why))
+    return axes, notes
+
+
 def _windows(x: np.ndarray, kernel, stride, padding, fill: float) -> np.ndarray:
     """(N, C, H', W', kh, kw) views of the padded input."""
     (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
@@ -37,9 +59,9 @@ class Conv2D(ComputeOp):
 
     Splits: the batch; output channels (groups = 1; x must be copied); input channels, leaving
     partial sums (groups = 1, no bias, no activation); groups (grouped and depthwise convs:
-    x's and w's channels split together, by divisors of ``groups``); and the spatial dimensions of
-    a 1x1, stride-1, unpadded conv. Spatial splits of larger kernels need halo exchange, which
-    no PCG operator expresses yet.
+    x's and w's channels split together, by divisors of ``groups``); and height and width where
+    windows do not overlap (1x1 convs, patchifying convs with kernel <= stride, no padding).
+    Spatial splits of overlapping windows need a halo exchange, which no operator expresses yet.
     """
 
     name = "conv2d"
@@ -85,21 +107,26 @@ class Conv2D(ComputeOp):
     def signature(self, params, in_sizes, out_sizes):
         has_bias = len(in_sizes) == 3
         b = lambda dim: (dim,) if has_bias else ()  # noqa: E731
-        kh, kw = in_sizes[1][2:]
         axes = [LoopAxis("batch", AxisKind.PARALLEL, (0, None, *b(None)), (0,))]
         linear = self._is_linear(params, len(in_sizes))
+        notes = []
         if params["groups"] == 1:
             axes.append(LoopAxis("out_channel", AxisKind.PARALLEL, (None, 0, *b(0)), (1,)))
             if linear:
                 axes.append(LoopAxis("in_channel", AxisKind.REDUCE, (1, 1, *b(None))))
+            else:
+                why = "with a bias or an activation, conv2d cannot leave partial sums"
+                notes += [(0, 1, why), (1, 1, why)]
         else:
             axes.append(
                 LoopAxis("group", AxisKind.PARALLEL, (1, 0, *b(0)), (1,), size=params["groups"])
             )
-        if (kh, kw) == (1, 1) and params["stride"] == (1, 1) and params["padding"] == (0, 0):
-            axes.append(LoopAxis("height", AxisKind.PARALLEL, (2, None, *b(None)), (2,)))
-            axes.append(LoopAxis("width", AxisKind.PARALLEL, (3, None, *b(None)), (3,)))
-        return Signature(tuple(axes), linear_in=(0, 1) if linear else ())
+        spatial, spatial_notes = spatial_axes(
+            params, in_sizes[0][2:], out_sizes[0][2:], in_sizes[1][2:], len(in_sizes)
+        )
+        return Signature(
+            (*axes, *spatial), linear_in=(0, 1) if linear else (), notes=(*notes, *spatial_notes)
+        )
 
     def reference(self, params, x, w, bias=None):
         return (self._conv(params, x, w, bias, params["groups"]),)
@@ -121,7 +148,7 @@ class Conv2D(ComputeOp):
             y = y + bias[None, :, None, None]
         return apply_activation(params["activation"], y)
 
-    def flops(self, params, in_sizes, out_sizes):
+    def count_flops(self, params, in_sizes, out_sizes):
         out = math.prod(out_sizes[0])
         _, cg, kh, kw = in_sizes[1]
         bias = out if len(in_sizes) == 3 else 0
@@ -160,11 +187,22 @@ class Pool2D(ComputeOp):
         return (ParallelTensorShape.of((n, c, oh, ow), x.dtype),)
 
     def signature(self, params, in_sizes, out_sizes):
-        axes = (
+        axes = [
             LoopAxis("batch", AxisKind.PARALLEL, (0,), (0,)),
             LoopAxis("channel", AxisKind.PARALLEL, (1,), (1,)),
+        ]
+        spatial, notes = spatial_axes(
+            {**params, "stride": self._stride(params)},
+            in_sizes[0][2:],
+            out_sizes[0][2:],
+            params["kernel"],
+            1,
         )
-        return Signature(axes, linear_in=(0,) if params["mode"] == "avg" else ())
+        return Signature(
+            (*axes, *spatial),
+            linear_in=(0,) if params["mode"] == "avg" else (),
+            notes=tuple(notes),
+        )
 
     def reference(self, params, x):
         fill = -np.inf if params["mode"] == "max" else 0.0
@@ -175,6 +213,6 @@ class Pool2D(ComputeOp):
             return (win.max(axis=(-2, -1)),)
         return (win.mean(axis=(-2, -1)),)
 
-    def flops(self, params, in_sizes, out_sizes):
+    def count_flops(self, params, in_sizes, out_sizes):
         kh, kw = params["kernel"]
         return math.prod(out_sizes[0]) * kh * kw

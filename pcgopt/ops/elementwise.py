@@ -12,7 +12,7 @@ from pcgopt.errors import ShapeError
 from pcgopt.ops.params import Param, ParamType
 from pcgopt.ops.spec import AxisKind, ComputeOp, LoopAxis, Signature
 from pcgopt.shapes import ParallelTensorShape
-from pcgopt.sharded import ShardedArray
+from pcgopt.sharded import ShardedArray, to_blocks
 
 
 def require_float(op: str, name: str, shape: ParallelTensorShape) -> None:
@@ -59,7 +59,7 @@ class UnaryElementwise(ComputeOp):
         # Every element is independent, so all shards are computed in one numpy call.
         return (ShardedArray(outputs[0], self.fn(params, inputs[0].data)),)
 
-    def flops(self, params, in_sizes, out_sizes):
+    def count_flops(self, params, in_sizes, out_sizes):
         return self.flops_per_element * math.prod(out_sizes[0])
 
 
@@ -102,16 +102,39 @@ class Tanh(UnaryElementwise):
         return np.tanh(x)
 
 
+def dropout_mask(rate: float, seed: int, sizes: tuple[int, ...]) -> np.ndarray:
+    """The kept-and-rescaled mask of a dropout: 1/(1-rate) where kept, 0 where dropped."""
+    rng = np.random.default_rng([0xD409, seed, *sizes])
+    return np.where(rng.random(sizes) >= rate, 1.0 / (1.0 - rate), 0.0)
+
+
 class Dropout(UnaryElementwise):
-    """Dropout. Its reference semantics is the identity (the expectation of the random mask),
-    so that graphs with dropout can be checked for equivalence; ``rate`` matters for costs."""
+    """Dropout with a mask fixed by ``seed``: each element is kept (and scaled by 1/(1-rate))
+    or zeroed according to its position in the logical tensor.
+
+    Because the mask depends only on the seed and the element's position, every block, copy and
+    partial sum of an element sees the same mask: the operator is linear and commutes with
+    splits, but it is never the identity (rewrites cannot drop it). Devices running it must
+    share the dropout random stream, as Megatron-LM's model-parallel RNG does.
+    """
 
     name = "dropout"
     linear = True
-    params = (Param("rate", ParamType.FLOAT, 0.1),)
+    params = (Param("rate", ParamType.FLOAT, 0.1), Param("seed", ParamType.NONNEG_INT, 0))
+
+    def infer_logical(self, params, inputs):
+        if not 0.0 <= params["rate"] < 1.0:
+            raise ShapeError(f"dropout rate must be in [0, 1), got {params['rate']}")
+        return super().infer_logical(params, inputs)
 
     def fn(self, params, x):
-        return x.copy()
+        return x * dropout_mask(params["rate"], params["seed"], x.shape)
+
+    def evaluate(self, params, inputs, outputs):
+        (x,) = inputs
+        mask = dropout_mask(params["rate"], params["seed"], x.shape.sizes)
+        blocks = to_blocks(mask[None], x.shape.degrees)  # the mask laid out like the shards
+        return (ShardedArray(outputs[0], x.data * blocks),)
 
 
 class Scale(UnaryElementwise):
@@ -170,7 +193,7 @@ class BinaryElementwise(ComputeOp):
     def reference(self, params, x, y):
         return (self.fn(x, y),)
 
-    def flops(self, params, in_sizes, out_sizes):
+    def count_flops(self, params, in_sizes, out_sizes):
         return math.prod(out_sizes[0])
 
 

@@ -4,8 +4,6 @@ rows it holds and contributes zeros for the others. That is DLRM's model-paralle
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from pcgopt.errors import EvaluationError, ShapeError
@@ -20,6 +18,26 @@ def _check_inputs(op: str, indices: ParallelTensorShape, table: ParallelTensorSh
         raise ShapeError(f"{op}: table must be [rows, dim], got {table}")
     if table.dtype.is_integer:
         raise ShapeError(f"{op}: table must be floating-point, got {table.dtype.value}")
+
+
+def _gathered_rows(inputs, per_shard: bool) -> tuple[float, int]:
+    """(rows read, elements per row) of one task (or the whole operator): a gather reads the
+    looked-up rows, not the table; a shard holding a block of the rows expects that share of its
+    lookups to land in it."""
+    idx, table = inputs
+    if not per_shard:
+        return float(idx.numel), table.sizes[1]
+    hit = table.block_sizes[0] / table.sizes[0]
+    return idx.shard_numel * hit, table.block_sizes[1]
+
+
+def _gather_bytes(inputs, outputs, per_shard: bool) -> int:
+    rows, width = _gathered_rows(inputs, per_shard)
+    idx, table = inputs
+    moved = (idx.shard_nbytes if per_shard else idx.nbytes) + sum(
+        o.shard_nbytes if per_shard else o.nbytes for o in outputs
+    )
+    return moved + int(rows * width * table.dtype.itemsize)
 
 
 def _lookup(indices: np.ndarray, table: np.ndarray, first_row: int, total_rows: int) -> np.ndarray:
@@ -60,8 +78,8 @@ class Embedding(ComputeOp):
     def local(self, params, ctx: LocalContext, indices, table):
         return (_lookup(indices, table, ctx.offset("rows"), ctx.global_in_sizes[1][0]),)
 
-    def flops(self, params, in_sizes, out_sizes):
-        return 0  # a gather: memory-bound, no arithmetic
+    def bytes_accessed(self, params, inputs, outputs, *, per_shard=True):
+        return _gather_bytes(inputs, outputs, per_shard)
 
 
 class EmbeddingBag(ComputeOp):
@@ -94,5 +112,9 @@ class EmbeddingBag(ComputeOp):
         rows = _lookup(indices, table, ctx.offset("rows"), ctx.global_in_sizes[1][0])
         return (rows.sum(axis=1),)
 
-    def flops(self, params, in_sizes, out_sizes):
-        return math.prod(in_sizes[0]) * in_sizes[1][1]  # one add per looked-up element
+    def flops(self, params, inputs, outputs, *, per_shard=True):
+        rows, width = _gathered_rows(inputs, per_shard)
+        return int(rows * width)  # one add per gathered element
+
+    def bytes_accessed(self, params, inputs, outputs, *, per_shard=True):
+        return _gather_bytes(inputs, outputs, per_shard)

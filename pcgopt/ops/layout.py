@@ -50,7 +50,9 @@ class Concat(ComputeOp):
             for k in range(len(out_sizes[0]))
             if k != params["axis"]
         )
-        return Signature(axes, linear_in=tuple(range(n)), joint=True)
+        why = "blocks of the parts are not blocks of the concatenation"
+        notes = tuple((i, params["axis"], why) for i in range(n))
+        return Signature(axes, linear_in=tuple(range(n)), joint=True, notes=notes)
 
     def reference(self, params, *xs):
         return (np.concatenate(xs, axis=params["axis"]),)
@@ -88,7 +90,8 @@ class Split(ComputeOp):
             for k in range(len(in_sizes[0]))
             if k != params["axis"]
         )
-        return Signature(axes, linear_in=(0,))
+        why = "it is the axis being split into parts"
+        return Signature(axes, linear_in=(0,), notes=((0, params["axis"], why),))
 
     def reference(self, params, x):
         cuts = np.cumsum(params["sizes"])[:-1]
@@ -169,14 +172,19 @@ class Reshape(ComputeOp):
 
     def signature(self, params, in_sizes, out_sizes):
         a, b = in_sizes[0], out_sizes[0]
-        axes = []
+        axes, notes = [], []
         for ga, gb in reshape_groups(a, b):
             oa, ob = _outer(ga, a), _outer(gb, b)
             if oa is not None and ob is not None:
                 axes.append(
                     LoopAxis(f"d{oa}", AxisKind.PARALLEL, (oa,), (ob,), size=math.gcd(a[oa], b[ob]))
                 )
-        return Signature(tuple(axes), linear_in=(0,))
+            why = (
+                f"it is not the outermost of dimensions {list(ga)}, which reshape together into "
+                f"output dimensions {list(gb)}"
+            )
+            notes += [(0, d, why) for d in ga if d != oa]
+        return Signature(tuple(axes), linear_in=(0,), notes=tuple(notes))
 
     def reference(self, params, x):
         return (x.reshape(params["shape"]),)

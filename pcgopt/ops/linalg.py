@@ -62,7 +62,7 @@ class MatMul(ComputeOp):
     def reference(self, params, a, b):
         return (a @ b,)
 
-    def flops(self, params, in_sizes, out_sizes):
+    def count_flops(self, params, in_sizes, out_sizes):
         return 2 * math.prod(out_sizes[0]) * in_sizes[0][-1]
 
 
@@ -100,7 +100,7 @@ class BatchMatMul(ComputeOp):
     def reference(self, params, a, b):
         return (np.matmul(a, b),)
 
-    def flops(self, params, in_sizes, out_sizes):
+    def count_flops(self, params, in_sizes, out_sizes):
         return 2 * math.prod(out_sizes[0]) * in_sizes[0][-1]
 
 
@@ -141,7 +141,11 @@ class Linear(ComputeOp):
         if self._is_linear(params, len(in_sizes)):
             axes.append(LoopAxis("k", AxisKind.REDUCE, (rx - 1, 0)))
             return Signature(tuple(axes), linear_in=(0, 1))
-        return Signature(tuple(axes))
+        why = (
+            "with a bias or an activation, linear is not linear in x and w, so its contraction "
+            "cannot leave partial sums; split k on the unfused matmul instead"
+        )
+        return Signature(tuple(axes), notes=((0, rx - 1, why), (1, 0, why)))
 
     def reference(self, params, x, w, bias=None):
         y = x @ w
@@ -149,7 +153,7 @@ class Linear(ComputeOp):
             y = y + bias
         return (apply_activation(params["activation"], y),)
 
-    def flops(self, params, in_sizes, out_sizes):
+    def count_flops(self, params, in_sizes, out_sizes):
         out = math.prod(out_sizes[0])
         bias = out if len(in_sizes) == 3 else 0
         return 2 * out * in_sizes[0][-1] + bias + activation_flops(params["activation"], out)

@@ -57,7 +57,7 @@ class BatchNorm(ComputeOp):
         inv = scale / np.sqrt(var + params["eps"])
         return ((x - mean.reshape(shape)) * inv.reshape(shape) + bias.reshape(shape),)
 
-    def flops(self, params, in_sizes, out_sizes):
+    def count_flops(self, params, in_sizes, out_sizes):
         return 2 * math.prod(out_sizes[0])
 
 
@@ -86,11 +86,13 @@ class LayerNorm(ComputeOp):
         return (x.unpartitioned(),)
 
     def signature(self, params, in_sizes, out_sizes):
-        lead = len(in_sizes[0]) - params["normalized_dims"]
+        rank = len(in_sizes[0])
+        lead = rank - params["normalized_dims"]
         axes = tuple(
             LoopAxis(f"d{k}", AxisKind.PARALLEL, (k, None, None), (k,)) for k in range(lead)
         )
-        return Signature(axes)
+        why = "layer_norm normalizes over it (its statistics need the whole dimension)"
+        return Signature(axes, notes=tuple((0, k, why) for k in range(lead, rank)))
 
     def reference(self, params, x, gamma, beta):
         axes = tuple(range(x.ndim - params["normalized_dims"], x.ndim))
@@ -98,7 +100,7 @@ class LayerNorm(ComputeOp):
         var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
         return ((x - mean) / np.sqrt(var + params["eps"]) * gamma + beta,)
 
-    def flops(self, params, in_sizes, out_sizes):
+    def count_flops(self, params, in_sizes, out_sizes):
         return 8 * math.prod(out_sizes[0])
 
 
@@ -119,11 +121,12 @@ class Softmax(ComputeOp):
             for k in range(len(in_sizes[0]))
             if k != params["axis"]
         )
-        return Signature(axes)
+        why = "softmax normalizes along it"
+        return Signature(axes, notes=((0, params["axis"], why),))
 
     def reference(self, params, x):
         z = np.exp(x - x.max(axis=params["axis"], keepdims=True))
         return (z / z.sum(axis=params["axis"], keepdims=True),)
 
-    def flops(self, params, in_sizes, out_sizes):
+    def count_flops(self, params, in_sizes, out_sizes):
         return 5 * math.prod(out_sizes[0])

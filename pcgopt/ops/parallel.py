@@ -1,13 +1,18 @@
 """Parallelization operators: the only operators that move data between devices.
 
-The four primitives change one thing about a parallel tensor:
+The primitives change one thing about a parallel tensor:
 
 * Partition(dim, degree): splits every block of ``dim`` into ``degree`` blocks;
 * Combine(dim, degree): concatenates runs of ``degree`` adjacent blocks of ``dim``;
 * Replicate(degree): makes ``degree`` copies of every shard;
-* Reduce(degree): sums runs of ``degree`` adjacent partial sums.
+* Reduce(degree): sums runs of ``degree`` adjacent partial sums;
+* DiscardCopies(degree): keeps one in every ``degree`` copies (no data moves);
+* ToPartial(degree): turns every ``degree`` copies into ``degree`` partial sums, the first
+  keeping the value and the others zero (AutoDDL's free Broadcast -> Partial-sum; no data moves).
 
-Partition/Combine and Replicate/Reduce are each other's backward. The fused collectives are
+Partition/Combine and Replicate/Reduce are each other's backward, as are DiscardCopies and
+ToPartial. StackPartial(n inputs) makes the inputs the partial sums of one tensor (no data
+moves), so that Add = Reduce . StackPartial (Unity Figure 11b). The fused collectives are
 defined as compositions of the primitives (:meth:`ParallelOp.steps`), so their meaning is the
 composition by construction:
 
@@ -21,11 +26,18 @@ from __future__ import annotations
 
 from abc import abstractmethod
 
-from pcgopt.errors import DegreeError
+from pcgopt.errors import DegreeError, ShapeError
 from pcgopt.ops.params import Param, ParamType
 from pcgopt.ops.spec import OpKind, OpSpec
 from pcgopt.shapes import ParallelTensorShape
-from pcgopt.sharded import ShardedArray, merge_dim, split_dim, sum_partials
+from pcgopt.sharded import (
+    ShardedArray,
+    interleave_partials,
+    merge_dim,
+    split_dim,
+    spread_partials,
+    sum_partials,
+)
 
 Step = tuple[str, int, int]  # (primitive, dim or -1, degree)
 
@@ -44,8 +56,8 @@ def _combine_shape(s: ParallelTensorShape, dim: int, degree: int) -> ParallelTen
     d = s.dims[dim]
     if d.degree % degree:
         raise DegreeError(
-            f"cannot combine dimension {dim} by {degree}: it is split {d.degree} ways, and "
-            f"{degree} does not divide {d.degree}"
+            f"cannot combine dimension {dim} by {degree}: it is split {d.degree} "
+            f"way{'s' if d.degree > 1 else ''}, and {degree} does not divide {d.degree}"
         )
     return s.with_degree(dim, d.degree // degree)
 
@@ -63,6 +75,15 @@ def _reduce_shape(s: ParallelTensorShape, degree: int) -> ParallelTensorShape:
     return s.with_replicas(sum_degree=s.sum_degree // degree)
 
 
+def _take_copies(s: ParallelTensorShape, degree: int, what: str) -> ParallelTensorShape:
+    if s.copy_degree % degree:
+        raise DegreeError(
+            f"cannot {what} {degree} copies: the input {s} holds {s.copy_degree} "
+            f"cop{'y' if s.copy_degree == 1 else 'ies'}"
+        )
+    return s.with_replicas(copy_degree=s.copy_degree // degree)
+
+
 def _apply_shape(s: ParallelTensorShape, step: Step) -> ParallelTensorShape:
     kind, dim, degree = step
     if kind == "partition":
@@ -71,6 +92,11 @@ def _apply_shape(s: ParallelTensorShape, step: Step) -> ParallelTensorShape:
         return _combine_shape(s, dim, degree)
     if kind == "replicate":
         return s.with_replicas(copy_degree=s.copy_degree * degree)
+    if kind == "discard":
+        return _take_copies(s, degree, "discard")
+    if kind == "to_partial":
+        s = _take_copies(s, degree, "turn into partial sums")
+        return s.with_replicas(sum_degree=s.sum_degree * degree)
     return _reduce_shape(s, degree)
 
 
@@ -80,8 +106,10 @@ def _apply_data(data, step: Step):
         return split_dim(data, dim, degree)
     if kind == "combine":
         return merge_dim(data, dim, degree)
-    if kind == "replicate":
+    if kind in ("replicate", "discard"):
         return data  # copies are not stored twice
+    if kind == "to_partial":
+        return spread_partials(data, degree)
     return sum_partials(data, degree)
 
 
@@ -152,6 +180,57 @@ class Reduce(ParallelOp):
 
     def steps(self, params):
         return (("reduce", -1, params["degree"]),)
+
+
+class DiscardCopies(ParallelOp):
+    """Keeps one in every ``degree`` copies (the inverse of Replicate; no data moves)."""
+
+    name = "discard_copies"
+    params = (_DEGREE,)
+
+    def steps(self, params):
+        return (("discard", -1, params["degree"]),)
+
+
+class ToPartial(ParallelOp):
+    """Turns every ``degree`` copies into ``degree`` partial sums: one keeps the value, the
+    others become zero (no data moves). Reduce(degree) . ToPartial(degree) = DiscardCopies."""
+
+    name = "to_partial"
+    params = (_DEGREE,)
+
+    def steps(self, params):
+        return (("to_partial", -1, params["degree"]),)
+
+
+class StackPartial(OpSpec):
+    """Makes ``n`` tensors of one parallel shape the partial sums of one tensor (their sum):
+    partial ``s * n + i`` is partial ``s`` of input ``i``. No data moves: each input stays where
+    it is. Add(x, y) = Reduce(2) . StackPartial(x, y), Unity's Figure 11b."""
+
+    name = "stack_partial"
+    kind = OpKind.PARALLEL
+    input_names = ("inputs",)
+    variadic = True
+
+    def input_name(self, i: int) -> str:
+        return f"inputs[{i}]"
+
+    def infer(self, params, inputs):
+        first = inputs[0]
+        for i, s in enumerate(inputs[1:], 1):
+            if s != first:
+                raise ShapeError(
+                    f"stack_partial needs inputs of one parallel shape; inputs[0] is {first}, "
+                    f"inputs[{i}] is {s}"
+                )
+        return (first.with_replicas(sum_degree=first.sum_degree * len(inputs)),)
+
+    def evaluate(self, params, inputs, outputs):
+        return (ShardedArray(outputs[0], interleave_partials([x.data for x in inputs])),)
+
+    def reference(self, params, *xs):
+        return (sum(xs[1:], xs[0].copy()),)
 
 
 class AllReduce(ParallelOp):

@@ -42,9 +42,21 @@ class AxisReduction(ComputeOp):
             else:
                 loop.append(LoopAxis(f"d{k}", AxisKind.PARALLEL, (k,), (j,)))
                 j += 1
-        return Signature(tuple(loop), linear_in=(0,) if self.linear else ())
+        notes = (
+            ()
+            if self.linear
+            else tuple(
+                (
+                    0,
+                    k,
+                    f"{self.name} is not a sum, so a split reduced axis cannot leave partial sums",
+                )
+                for k in axes
+            )
+        )
+        return Signature(tuple(loop), linear_in=(0,) if self.linear else (), notes=notes)
 
-    def flops(self, params, in_sizes, out_sizes):
+    def count_flops(self, params, in_sizes, out_sizes):
         return math.prod(in_sizes[0])
 
 

@@ -84,6 +84,12 @@ class Signature:
     axes: tuple[LoopAxis, ...]
     linear_in: tuple[int, ...] = ()
     joint: bool = False
+    #: Why particular input dimensions cannot be split: ``((input, dim, reason), ...)``, for
+    #: error messages.
+    notes: tuple[tuple[int, int, str], ...] = ()
+
+    def note(self, i: int, dim: int) -> str | None:
+        return next((text for j, d, text in self.notes if (j, d) == (i, dim)), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,9 +189,24 @@ class OpSpec:
 
     # -- counts -------------------------------------------------------------------------------
 
-    def flops(self, params: Params, in_sizes: Sequence[Sizes], out_sizes: Sequence[Sizes]) -> int:
-        """Forward floating-point operations on tensors of these sizes (pass shard sizes for
-        per-device work). A multiply-add counts 2."""
+    def flops(
+        self,
+        params: Params,
+        inputs: Sequence[ParallelTensorShape],
+        outputs: Sequence[ParallelTensorShape],
+        *,
+        per_shard: bool = True,
+    ) -> int:
+        """Forward floating-point operations of one task (per shard, the default) or of the whole
+        operator. A multiply-add counts 2."""
+        if per_shard:
+            return self.count_flops(params, _blocks(inputs), _blocks(outputs))
+        return self.count_flops(params, _sizes(inputs), _sizes(outputs))
+
+    def count_flops(
+        self, params: Params, in_sizes: Sequence[Sizes], out_sizes: Sequence[Sizes]
+    ) -> int:
+        """Forward FLOPs on tensors of these sizes; operators override this."""
         return 0
 
     def bytes_accessed(
@@ -242,6 +263,10 @@ def _sizes(shapes: Sequence[ParallelTensorShape]) -> tuple[Sizes, ...]:
     return tuple(s.sizes for s in shapes)
 
 
+def _blocks(shapes: Sequence[ParallelTensorShape]) -> tuple[Sizes, ...]:
+    return tuple(s.block_sizes for s in shapes)
+
+
 # --------------------------------------------------------------------------------------------
 # The parallel engine
 # --------------------------------------------------------------------------------------------
@@ -280,11 +305,14 @@ def axis_degrees(
     for i, shape in enumerate(inputs):
         for dim, pd in enumerate(shape.dims):
             if pd.degree > 1 and dim not in covered[i]:
+                why = sig.note(i, dim)
                 splittable = sorted(covered[i])
                 raise DegreeError(
                     f"{op.input_name(i)} dimension {dim} is split {pd.degree} ways, but {op.name} "
-                    f"cannot split that dimension (splittable dimensions of "
-                    f"{op.input_name(i)}: {splittable or 'none'}); Combine it first"
+                    f"cannot split that dimension"
+                    + (f": {why}" if why else "")
+                    + f" (splittable dimensions of {op.input_name(i)}: {splittable or 'none'}); "
+                    f"Combine it first"
                 )
     return degrees
 
@@ -303,8 +331,9 @@ def _partial_degrees(
     if sig.joint and len(set(sums)) > 1:
         listed = ", ".join(f"{op.input_name(i)}: {s}" for i, s in enumerate(sums))
         raise DegreeError(
-            f"{op.name} adds its inputs, so they must hold the same number of partial sums "
-            f"(got {listed})"
+            f"{op.name} is linear in its inputs together, so they must hold the same number of "
+            f"partial sums (got {listed}); Reduce the partial ones, or turn copies of the others "
+            f"into partial sums (Replicate, then ToPartial)"
         )
     return sums
 
@@ -350,7 +379,8 @@ def infer_parallel(
             raise DegreeError(
                 f"{op.input_name(0)} carries {extra_copies} redundant cop"
                 f"{'y' if extra_copies == 1 else 'ies'} but {op.input_name(i)} carries {extra}; "
-                f"the inputs of {op.name} must be replicated consistently"
+                f"the inputs of {op.name} must be replicated consistently (DiscardCopies or "
+                f"Replicate one of them)"
             )
     copies = extra_copies or 1
 

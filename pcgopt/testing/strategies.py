@@ -349,6 +349,9 @@ DEFAULT_PCG_OPS = (
     "all_gather",
     "reduce_scatter",
     "all_to_all",
+    "discard_copies",
+    "to_partial",
+    "stack_partial",
 )
 
 
@@ -379,7 +382,7 @@ def _try_add(draw, b: PCGBuilder, tensors: list[Tensor], op: str, degrees: Seque
         if w_copies > 1:
             w = b.replicate(w, degree=w_copies)
         args = (t, w)
-    elif op in ("add", "mul", "concat"):
+    elif op in ("add", "mul", "concat", "stack_partial"):
         other = _pick(draw, tensors, lambda u: u.shape == s)
         args = (t, other)
         if op == "concat":
@@ -392,7 +395,7 @@ def _try_add(draw, b: PCGBuilder, tensors: list[Tensor], op: str, degrees: Seque
         if s.rank == 0:
             return
         params = {"dim": draw(st.integers(0, s.rank - 1)), "degree": degree}
-    elif op in ("replicate", "reduce", "all_reduce"):
+    elif op in ("replicate", "reduce", "all_reduce", "discard_copies", "to_partial"):
         params = {"degree": degree}
     elif op == "all_to_all":
         if s.rank < 2:

@@ -1,5 +1,6 @@
 """Parallel shape rules of compute operators: what is legal, what is rejected and why, counts."""
 
+import numpy as np
 import pytest
 
 from pcgopt import DegreeError, ShapeError, get_op
@@ -52,6 +53,16 @@ def infer(op, *shapes, **params):
         ("conv2d", ("f32[1, 8/2, 5, 5]", "f32[4/2, 2, 3, 3]"), {"groups": 4}, "f32[1, 4/2, 3, 3]"),
         ("reduce_sum", ("f32[4, 6/3]",), {"axes": (1,)}, "f32[4] r3(partial)"),
         ("split", ("f32[4/2, 6]",), {"axis": 1, "sizes": (2, 4)}, "f32[4/2, 2]"),
+        # spatial parallelism where windows do not overlap: pooling 2x2/2, patchifying convs
+        ("pool2d", ("f32[2, 3, 8/2, 8]",), {"kernel": 2}, "f32[2, 3, 4/2, 4]"),
+        (
+            "conv2d",
+            ("f32[2, 3, 8/4, 8/2]", "f32[5, 3, 2, 2] r8"),
+            {"stride": 2},
+            "f32[2, 5, 4/4, 4/2]",
+        ),
+        ("conv2d", ("f32[2, 3, 8/2, 8]", "f32[5, 3, 1, 1] r2"), {}, "f32[2, 5, 8/2, 8]"),
+        ("dropout", ("f32[8/2] r3(partial)",), {"rate": 0.5}, "f32[8/2] r3(partial)"),
     ],
 )
 def test_legal_parallelizations(op, inputs, params, expected):
@@ -68,14 +79,12 @@ def test_legal_parallelizations(op, inputs, params, expected):
         ("matmul", ("f32[64, 784/2]", "f32[784, 512]"), {}, "both index the 'k' axis"),
         ("matmul", ("f32[64/2, 784] r2", "f32[784, 512] r2"), {}, "replicated consistently"),
         ("softmax", ("f32[8, 6/2]",), {"axis": 1}, "cannot split that dimension"),
-        ("conv2d", ("f32[1, 2, 6/2, 6]", "f32[2, 2, 3, 3]"), {}, "cannot split that dimension"),
-        ("linear", ("f32[4, 6/2]", "f32[6/2, 3]", "f32[3]"), {}, "cannot split that dimension"),
-        (
-            "linear",
-            ("f32[4, 6/2]", "f32[6/2, 3]"),
-            {"activation": "relu"},
-            "cannot split that dimension",
-        ),
+        ("conv2d", ("f32[1, 2, 6/2, 6]", "f32[2, 2, 3, 3]"), {}, "need a halo exchange"),
+        ("pool2d", ("f32[1, 2, 6/2, 6]",), {"kernel": 3, "stride": 1}, "overlap or straddle"),
+        ("linear", ("f32[4, 6/2]", "f32[6/2, 3]", "f32[3]"), {}, "split k on the unfused matmul"),
+        ("linear", ("f32[4, 6/2]", "f32[6/2, 3]"), {"activation": "relu"}, "unfused matmul"),
+        ("layer_norm", ("f32[4, 6/2]", "f32[6]", "f32[6]"), {}, "layer_norm normalizes over it"),
+        ("reshape", ("f32[4, 6/2]",), {"shape": (24,)}, "not the outermost of dimensions"),
         ("conv2d", ("f32[1, 6/3, 5, 5]", "f32[6/3, 3, 3, 3]"), {"groups": 2}, "divisors of 2"),
         ("reduce_max", ("f32[4, 6/2]",), {"axes": (1,)}, "cannot split that dimension"),
         ("concat", ("f32[4/2]", "f32[4/2]"), {"axis": 0}, "cannot split that dimension"),
@@ -101,6 +110,7 @@ def test_illegal_parallelizations_say_what_to_do(op, inputs, params, message):
         ("conv2d", ("f32[1, 4, 2, 2]", "f32[6, 4, 3, 3]"), {}, "smaller than the kernel"),
         ("layer_norm", ("f32[4, 5]", "f32[4]", "f32[5]"), {}, "gamma must be"),
         ("relu", ("i64[4]",), {}, "floating-point"),
+        ("dropout", ("f32[4]",), {"rate": 1.0}, r"rate must be in \[0, 1\)"),
     ],
 )
 def test_shape_errors(op, inputs, params, message):
@@ -108,17 +118,40 @@ def test_shape_errors(op, inputs, params, message):
         infer(op, *inputs, **params)
 
 
+def counts(op, *shapes, per_shard=True, **params):
+    """(FLOPs, bytes) of one task, or of the whole operator."""
+    spec = get_op(op)
+    ins = tuple(S.parse(s) for s in shapes)
+    p = spec.make_params(params, ins)
+    outs = spec.infer(p, ins)
+    return (
+        spec.flops(p, ins, outs, per_shard=per_shard),
+        spec.bytes_accessed(p, ins, outs, per_shard=per_shard),
+    )
+
+
 def test_flop_counts():
-    mm = get_op("matmul")
-    assert mm.flops(mm.make_params(), ((64, 784), (784, 512)), ((64, 512),)) == 2 * 64 * 784 * 512
-    conv = get_op("conv2d")
-    p = conv.make_params({"groups": 2})
-    # each output element: 2 * (C/groups) * kh * kw
-    assert conv.flops(p, ((1, 4, 5, 5), (6, 2, 3, 3)), ((1, 6, 3, 3),)) == 2 * 54 * 2 * 9
-    lin = get_op("linear")
-    p = lin.make_params({"activation": "relu"})
+    assert counts("matmul", "f32[64, 784]", "f32[784, 512]")[0] == 2 * 64 * 784 * 512
+    # per shard: the contraction split 4 ways
+    assert counts("matmul", "f32[64, 784/4]", "f32[784/4, 512]")[0] == 2 * 64 * 196 * 512
+    assert counts("matmul", "f32[64, 784/4]", "f32[784/4, 512]", per_shard=False)[0] == (
+        2 * 64 * 784 * 512
+    )
+    # conv: each output element costs 2 * (C/groups) * kh * kw
+    assert counts("conv2d", "f32[1, 4, 5, 5]", "f32[6, 2, 3, 3]", groups=2)[0] == 2 * 54 * 2 * 9
     out = 8 * 3
-    assert lin.flops(p, ((8, 5), (5, 3), (3,)), ((8, 3),)) == 2 * out * 5 + out + out
+    assert counts("linear", "f32[8, 5]", "f32[5, 3]", "f32[3]", activation="relu")[0] == (
+        2 * out * 5 + out + out
+    )
+
+
+def test_a_gather_reads_the_rows_it_looks_up_not_the_table():
+    flops, nbytes = counts("embedding_bag", "i64[8, 3]", "f32[1000, 4]")
+    assert flops == 8 * 3 * 4
+    assert nbytes == 8 * 3 * 8 + 8 * 4 * 4 + 8 * 3 * 4 * 4  # indices, output, gathered rows
+    # rows split 4 ways: each shard expects a quarter of the lookups to hit its rows
+    flops, nbytes = counts("embedding_bag", "i64[8, 3] r4", "f32[1000/4, 4]")
+    assert flops == 8 * 3 * 4 // 4
 
 
 def test_bytes_accessed_is_per_shard_by_default():
@@ -126,3 +159,14 @@ def test_bytes_accessed_is_per_shard_by_default():
     x = S.parse("f32[8/2, 4]")
     assert relu.bytes_accessed(relu.make_params(), (x,), (x,)) == 2 * 4 * 4 * 4
     assert relu.bytes_accessed(relu.make_params(), (x,), (x,), per_shard=False) == 2 * 8 * 4 * 4
+
+
+def test_dropout_is_a_fixed_mask_not_the_identity():
+    spec = get_op("dropout")
+    p = spec.make_params({"rate": 0.5, "seed": 3})
+    x = np.ones((64,))
+    (y,) = spec.reference(p, x)
+    assert set(np.unique(y)) == {0.0, 2.0}  # kept elements are rescaled by 1/(1-rate)
+    np.testing.assert_array_equal(spec.reference(p, x)[0], y)  # deterministic
+    (z,) = spec.reference(spec.make_params({"rate": 0.5, "seed": 4}), x)
+    assert not np.array_equal(y, z)

@@ -5,7 +5,14 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from pcgopt import DegreeError, PCGBuilder, ShardedArray, assert_equivalent, get_op
+from pcgopt import (
+    DegreeError,
+    PCGBuilder,
+    ShapeError,
+    ShardedArray,
+    assert_equivalent,
+    get_op,
+)
 from pcgopt.shapes import ParallelTensorShape
 from pcgopt.testing.strategies import parallel_shapes
 
@@ -111,6 +118,33 @@ def test_all_to_all_is_combine_then_partition(x, data):
     )
 
 
+@given(sharded())
+def test_reduce_after_to_partial_discards_copies(x):
+    k = x.shape.copy_degree
+    assume(k > 1)
+    same(
+        apply("reduce", apply("to_partial", x, degree=k), degree=k),
+        apply("discard_copies", x, degree=k),
+    )
+    same(apply("discard_copies", apply("replicate", x, degree=3), degree=3), x)
+
+
+def test_add_is_reduce_of_stacked_partial_sums():
+    """Unity Figure 11b: Add -> StackPartial + Reduce, so a Replicate after it fuses into an
+    AllReduce."""
+
+    def graph(stacked: bool):
+        b = PCGBuilder()
+        x, y = b.input((4, 6), name="x"), b.input((4, 6), name="y")
+        if not stacked:
+            return b.build(b.replicate(b.add(x, y), degree=2))
+        s = b.stack_partial(x, y)
+        assert repr(s.shape) == "f32[4, 6] r2(partial)"
+        return b.build(b.all_reduce(s, degree=2))
+
+    assert_equivalent(graph(False), graph(True))
+
+
 @pytest.mark.parametrize("degree", [2, 3, 4])
 @given(m=st.sampled_from([1, 2, 5]), n=st.sampled_from([1, 3, 4]), k=st.sampled_from([1, 2, 3]))
 def test_reduce_of_partial_sum_matmul_shards_is_the_matmul(degree, m, n, k):
@@ -157,17 +191,27 @@ def test_copies_are_the_same_shard_in_device_order():
         ("reduce", "f32[4] r2(partial)", {"degree": 4}, "holds 2 partial sum"),
         ("partition", "f32[6/2]", {"dim": 0, "degree": 2}, "4 does not divide 6"),
         ("combine", "f32[8/2]", {"dim": 0, "degree": 4}, "4 does not divide 2"),
-        ("all_gather", "f32[8]", {"dim": 0, "degree": 2}, "it is split 1 ways"),
+        ("all_gather", "f32[8]", {"dim": 0, "degree": 2}, "it is split 1 way, and"),
         (
             "all_to_all",
             "f32[8/2, 4]",
             {"src_dim": 1, "dst_dim": 1, "degree": 2},
             "two different dimensions",
         ),
+        ("discard_copies", "f32[8] r2", {"degree": 4}, "cannot discard 4 copies: .* holds 2"),
+        ("to_partial", "f32[8] r3(partial)", {"degree": 3}, "holds 1 copy"),
     ],
 )
 def test_illegal_parallel_operators_are_rejected(op, shape, params, message):
+    """Each bad configuration is rejected with a message that says why."""
     spec = get_op(op)
     s = ParallelTensorShape.parse(shape)
     with pytest.raises(DegreeError, match=message):
         spec.infer(spec.make_params(params, (s,)), (s,))
+
+
+def test_stack_partial_needs_one_parallel_shape():
+    b = PCGBuilder()
+    x = b.input((4,), name="x")
+    with pytest.raises(ShapeError, match=r"inputs\[1\] is f32\[4/2\]"):
+        b.stack_partial(x, b.partition(x, dim=0, degree=2))
