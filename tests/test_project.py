@@ -28,9 +28,11 @@ def test_ci_runs_the_readme_test_command():
     assert readme_commands()[1] in ci
 
 
-def test_readme_example_runs():
-    block = re.search(r"```python\n(.+?)\n```", (ROOT / "README.md").read_text(), re.S).group(1)
-    exec(compile(block, "README.md", "exec"), {})
+def test_readme_examples_run():
+    blocks = re.findall(r"```python\n(.+?)\n```", (ROOT / "README.md").read_text(), re.S)
+    assert len(blocks) >= 2
+    for block in blocks:
+        exec(compile(block, "README.md", "exec"), {})
 
 
 @pytest.mark.slow

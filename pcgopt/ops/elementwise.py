@@ -187,7 +187,7 @@ class BinaryElementwise(ComputeOp):
                 j = k - (len(out) - len(s))
                 # A dimension broadcast from size 1 does not vary along the axis.
                 dims.append(j if j >= 0 and (s[j] == size) else None)
-            axes.append(LoopAxis(f"d{k}", AxisKind.PARALLEL, tuple(dims), (k,), size=size))
+            axes.append(LoopAxis(f"d{k}", AxisKind.PARALLEL, tuple(dims), (k,)))
         return Signature(tuple(axes), self.linear_inputs, self.jointly_linear)
 
     def reference(self, params, x, y):

@@ -1,0 +1,71 @@
+"""python -m pcgopt.verify."""
+
+import json
+import subprocess
+import sys
+
+from pcgopt.rewrite import Rule, dump_rules
+from pcgopt.verify.__main__ import main
+
+
+def rule_file(tmp_path):
+    rules = [
+        Rule.parse(
+            "relu_rows",
+            "relu(partition(x, dim=0, degree=k))",
+            "partition(relu(x), dim=0, degree=k)",
+            {"x": "[m, n]"},
+        ),
+        Rule.parse(
+            "relu_additive",
+            "relu(add(x, y))",
+            "add(relu(x), relu(y))",
+            {"x": "[m, n]", "y": "[m, n]"},
+        ),
+    ]
+    path = tmp_path / "rules.json"
+    path.write_text(dump_rules(rules))
+    return path
+
+
+def test_summary_and_json(tmp_path, capsys):
+    out = tmp_path / "verdicts.json"
+    assert (
+        main([str(rule_file(tmp_path)), "--workers", "1", "--timeout", "2", "--json", str(out)])
+        == 0
+    )
+    text = capsys.readouterr().out
+    assert "proved                1" in text
+    assert "refuted               1" in text
+    assert "relu_additive: at {x:" in text
+    verdicts = json.loads(out.read_text())["verdicts"]
+    assert [v["status"] for v in verdicts] == ["proved", "refuted"]
+
+
+def test_parallel_workers_and_fixed_symbols(tmp_path):
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pcgopt.verify",
+            str(rule_file(tmp_path)),
+            "--workers",
+            "2",
+            "--timeout",
+            "2",
+            "--fix",
+            "k=3",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode == 0, done.stderr
+    assert "proved                1" in done.stdout
+    assert "2/2" in done.stderr  # the progress display
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"format": "something else"}')
+    assert main([str(bad)]) == 2
+    assert "not a pcgopt rule file" in capsys.readouterr().err

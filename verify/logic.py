@@ -1,0 +1,128 @@
+"""Terms as Z3 terms over an uninterpreted tensor sort: the logical half of a rule.
+
+Every compute operator becomes an uninterpreted Z3 function of its parameters (integers; reals
+for floats; choice indices for strings) and its tensor arguments. Parallelization operators do
+not change the tensor a value stands for, so they are *erased*: Partition, Combine, Replicate,
+Reduce, DiscardCopies, ToPartial and the fused collectives become their input, and StackPartial
+becomes the sum of its inputs. These erasures are axioms like any other (``verify.axioms``,
+each checked against the reference evaluator); applying them by rewriting is just fast. What
+erasure forgets, the distribution, is the shape half (``verify.shapes``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import z3
+
+from pcgopt.ops import OPERATORS, ParallelOp
+from pcgopt.ops.parallel import StackPartial
+from pcgopt.ops.params import ParamType
+from pcgopt.rewrite import Expr, Prod, SizeOf, Sum, Sym, Var
+from pcgopt.shapes import DType
+
+TENSOR = z3.DeclareSort("Tensor")
+#: ``size(x, d)``: the logical size of tensor ``x`` along dimension ``d``.
+SIZE = z3.Function("size", TENSOR, z3.IntSort(), z3.IntSort())
+
+_INT_TYPES = (ParamType.INT, ParamType.POS_INT, ParamType.NONNEG_INT, ParamType.AXIS)
+_TUPLE_TYPES = (ParamType.INTS, ParamType.SHAPE, ParamType.PAIR, ParamType.POS_PAIR, ParamType.AXES)
+
+
+def erased_name(op: str) -> str | None:
+    """``None`` for operators erased to their first input; the operator itself otherwise."""
+    spec = OPERATORS[op]
+    return None if isinstance(spec, ParallelOp) else op
+
+
+@dataclass
+class Encoder:
+    """Builds Z3 terms; one Z3 function per operator and parameter arity (shared by all rules
+    and axioms encoded with the same encoder)."""
+
+    functions: dict[tuple, z3.FuncDeclRef] = field(default_factory=dict)
+    #: Parallel operators erased while encoding, for reporting.
+    erased: set[str] = field(default_factory=set)
+
+    def tensor(self, name: str) -> z3.ExprRef:
+        return z3.Const(name, TENSOR)
+
+    def encode(
+        self,
+        expr: Expr,
+        tensors: Mapping[str, z3.ExprRef],
+        symbols: Mapping[str, z3.ArithRef],
+    ) -> z3.ExprRef:
+        if isinstance(expr, Var):
+            return tensors[expr.name]
+        spec = OPERATORS[expr.op]
+        if isinstance(spec, ParallelOp):
+            self.erased.add(expr.op)
+            return self.encode(expr.args[0], tensors, symbols)
+        args = [self.encode(a, tensors, symbols) for a in expr.args]
+        if isinstance(spec, StackPartial):
+            self.erased.add(expr.op)
+            total = args[0]
+            for a in args[1:]:
+                total = self._add(total, a)
+            return total
+        values, shape_key = [], []
+        for p in spec.params:
+            v = expr.params.get(p.name, None if p.required else p.default)
+            enc = self._param(p, v, tensors, symbols)
+            shape_key.append(len(enc))
+            values += enc
+        key = (expr.op, expr.index, len(args), tuple(shape_key))
+        f = self.function(key, len(args), [v.sort() for v in values])
+        return f(*values, *args)
+
+    def _add(self, a: z3.ExprRef, b: z3.ExprRef) -> z3.ExprRef:
+        return self.function(("add", 0, 2, ()), 2, [])(a, b)
+
+    def function(self, key: tuple, n_tensors: int, param_sorts: list) -> z3.FuncDeclRef:
+        if key not in self.functions:
+            op, index, n, shape = key
+            name = op + (f"_{n}" if OPERATORS[op].variadic else "")
+            name += "".join(f"_{k}" for k in shape if k != 1)
+            name += f"#{index}" if index else ""
+            self.functions[key] = z3.Function(name, *param_sorts, *([TENSOR] * n_tensors), TENSOR)
+        return self.functions[key]
+
+    def _param(self, p, v, tensors, symbols) -> list[z3.ExprRef]:
+        if p.type in _TUPLE_TYPES:
+            if v is None:
+                return [z3.IntVal(-1)]
+            return [self._int(x, tensors, symbols) for x in v]
+        if p.type in _INT_TYPES:
+            return [z3.IntVal(-1) if v is None else self._int(v, tensors, symbols)]
+        if p.type is ParamType.FLOAT:
+            return [symbols[v.name] if isinstance(v, Sym) else z3.RealVal(repr(float(v)))]
+        if p.type is ParamType.BOOL:
+            return [z3.IntVal(int(v))]
+        if p.type is ParamType.STR:
+            return [z3.IntVal(p.choices.index(v) if p.choices else hash(v))]
+        if p.type is ParamType.DTYPE:
+            return [z3.IntVal(list(DType).index(DType.of(v)))]
+        raise ValueError(f"no Z3 encoding for parameter type {p.type!r}")
+
+    def _int(self, v, tensors, symbols) -> z3.ArithRef:
+        if isinstance(v, bool):
+            return z3.IntVal(int(v))
+        if isinstance(v, int):
+            return z3.IntVal(v)
+        if isinstance(v, Sym):
+            return symbols[v.name]
+        if isinstance(v, SizeOf):
+            return SIZE(tensors[v.tensor], self._int(v.dim, tensors, symbols))
+        if isinstance(v, Prod):
+            out = z3.IntVal(1)
+            for f in v.factors:
+                out = out * self._int(f, tensors, symbols)
+            return out
+        if isinstance(v, Sum):
+            out = z3.IntVal(0)
+            for t in v.terms:
+                out = out + self._int(t, tensors, symbols)
+            return out
+        raise ValueError(f"no Z3 encoding for integer parameter {v!r}")

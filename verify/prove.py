@@ -1,0 +1,414 @@
+"""``verify_rule``: prove a rewrite rule, or refute it with a counterexample.
+
+A rule ``lhs => rhs`` holds when, for all inputs and symbol values that make both sides
+well-formed, the outputs have the same parallel shapes and the same values. The proof has two
+halves, each about one of these:
+
+* values (:mod:`verify.logic`): erase the parallel operators (they do not change the tensor a
+  value stands for) and prove the remaining terms equal in Z3 from the algebraic axioms
+  (:mod:`verify.axioms`); the unsat core names the axioms used;
+* parallel shapes (:mod:`verify.shapes`): in the symbolic model derived from the operator specs,
+  prove that both sides well-formed implies equal shapes, for every value of every degree.
+
+This split is sound because of two facts about the reference evaluator that the test suite
+checks for every operator: a parallelization operator's logical result is its input (its
+sum, for StackPartial), and a compute operator's sharded result stands for its numpy result on
+the logical inputs, for every legal distribution.
+
+Independently, concrete instances are evaluated on the reference evaluator. A difference
+refutes the rule with a counterexample; a difference on a rule Z3 proved means an axiom is
+wrong, and the verdict says so (``axiom_conflict``). That is what keeps the verifier from being
+fooled by its own axioms.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import z3
+
+from pcgopt.errors import PCGError
+from pcgopt.rewrite import Instance, Rule, Term, infer_side, int_symbols, real_symbols, walk
+from pcgopt.shapes import ParallelTensorShape
+from pcgopt.verify.axioms import AXIOMS, Axiom, SizeAxiom
+from pcgopt.verify.instances import compare, instances
+from pcgopt.verify.logic import SIZE, TENSOR, Encoder
+from pcgopt.verify.shapes import Unsupported, new_model, parallel_operator_names, side
+
+Status = Literal["proved", "refuted", "unknown"]
+POWERS_OF_TWO = (1, 2, 4, 8, 16, 32, 64)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the verifier concluded about one rule."""
+
+    rule: str
+    status: Status
+    #: For a proof: ``"all"`` degrees, or ``"powers of two up to 64"`` when only that was shown.
+    degrees: str | None = None
+    #: Axioms the proof drew on: Z3's unsat core over the algebraic axioms (not minimized), then
+    #: the erasures of the parallel operators the rule uses.
+    axioms: tuple[str, ...] = ()
+    #: For a refutation: where the sides differ (inputs, symbols, and what differs).
+    counterexample: str | None = None
+    #: Z3 proved the values equal but the evaluator disagrees: an axiom is wrong.
+    axiom_conflict: bool = False
+    #: Refuted because no distribution makes both sides well-formed (rather than because they
+    #: compute different things): in pcgopt's typed semantics the rule never applies.
+    never_well_formed: bool = False
+    #: Concrete instances evaluated on the reference evaluator.
+    checked: int = 0
+    seconds: float = 0.0
+    notes: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# --------------------------------------------------------------------------------------------
+# the value half
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Prover:
+    """Z3 encodings of the axioms, built once and shared by every rule checked with it."""
+
+    axioms: Sequence[Axiom | SizeAxiom] = AXIOMS
+    encoder: Encoder = field(default_factory=Encoder)
+    _formulas: dict[str, tuple[z3.BoolRef, frozenset[str]]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for a in self.axioms:
+            if isinstance(a, Axiom) and a.erasure:
+                continue
+            self._formulas[a.name] = (self._quantified(a), _ops_of(a.rule))
+
+    def _symbols(self, rule: Rule) -> dict[str, z3.ArithRef]:
+        reals = real_symbols((*rule.lhs, *rule.rhs))
+        return {s: (z3.Real(s) if s in reals else z3.Int(s)) for s in sorted(rule.symbols)}
+
+    def _quantified(self, a: Axiom | SizeAxiom) -> z3.BoolRef:
+        rule = a.rule
+        tensors = {v: z3.Const(f"{a.name}.{v}", TENSOR) for v in rule.inputs}
+        symbols = self._symbols(rule)
+        extra = set()
+        for left, _, right in a.parsed_conditions:
+            extra |= set(int_symbols(left)) | set(int_symbols(right))
+        if isinstance(a, SizeAxiom):
+            extra |= set(int_symbols(a.parsed[0])) | set(int_symbols(a.parsed[1]))
+        for name in sorted(extra - set(symbols)):
+            symbols[name] = z3.Int(f"{a.name}.{name}")
+        enc_int = lambda v: self.encoder._int(v, tensors, symbols)  # noqa: E731
+        lhs = [self.encoder.encode(e, tensors, symbols) for e in rule.lhs]
+        if isinstance(a, SizeAxiom):
+            dim, value = a.parsed
+            trigger = SIZE(lhs[0], enc_int(dim))
+            body = trigger == enc_int(value)
+            candidates = [trigger]
+        else:
+            rhs = [self.encoder.encode(e, tensors, symbols) for e in rule.rhs]
+            body = z3.And([a_ == b_ for a_, b_ in zip(lhs, rhs, strict=True)])
+            candidates = [lhs[0], rhs[0]]
+        conds = [
+            enc_int(left) == enc_int(right) if rel == "==" else enc_int(left) != enc_int(right)
+            for left, rel, right in a.parsed_conditions
+        ]
+        if conds:
+            body = z3.Implies(z3.And(conds), body)
+        variables = [*tensors.values(), *symbols.values()]
+        patterns = [
+            t for t in candidates if not z3.is_const(t) and all(_occurs(v, t) for v in variables)
+        ]
+        return (
+            z3.ForAll(variables, body, patterns=patterns)
+            if patterns
+            else z3.ForAll(variables, body)
+        )
+
+    def prove_values(self, rule: Rule, timeout_s: float) -> tuple[bool | None, tuple[str, ...]]:
+        """(True, axioms) when Z3 proves the erased sides equal; (None, ()) when it cannot."""
+        tensors = {v: z3.Const(v, TENSOR) for v in rule.inputs}
+        symbols = self._symbols(rule)
+        self.encoder.erased.clear()
+        lhs = [self.encoder.encode(e, tensors, symbols) for e in rule.lhs]
+        rhs = [self.encoder.encode(e, tensors, symbols) for e in rule.rhs]
+        if all(a.eq(b) for a, b in zip(lhs, rhs, strict=True)):
+            return True, ()
+        s = z3.Solver()
+        s.set("timeout", int(timeout_s * 1000))
+        s.set("unsat_core", True)
+        s.add(_declared_sizes(rule, tensors))
+        relevant = _relevant(_ops_of(rule), {n: ops for n, (_, ops) in self._formulas.items()})
+        for name in relevant:
+            s.assert_and_track(self._formulas[name][0], z3.Bool(f"axiom:{name}"))
+        s.add(z3.Not(z3.And([a == b for a, b in zip(lhs, rhs, strict=True)])))
+        if s.check() == z3.unsat:
+            core = sorted(str(c).removeprefix("axiom:") for c in s.unsat_core())
+            return True, tuple(core)
+        return None, ()
+
+
+def _declared_sizes(rule: Rule, tensors: Mapping[str, z3.ExprRef]) -> list[z3.BoolRef]:
+    """What the declarations say about sizes: a letter is one size wherever it appears, a
+    number is that size; every size is positive."""
+    facts = []
+    for name, decl in rule.inputs.items():
+        for d, dim in enumerate(decl.dims):
+            size = SIZE(tensors[name], z3.IntVal(d))
+            facts.append(
+                size == (z3.IntVal(dim) if isinstance(dim, int) else z3.Int(f"size:{dim}"))
+            )
+            facts.append(size >= 1)
+    return facts
+
+
+def _occurs(v: z3.ExprRef, t: z3.ExprRef) -> bool:
+    if t.eq(v):
+        return True
+    return any(_occurs(v, c) for c in t.children())
+
+
+def _ops_of(rule: Rule) -> frozenset[str]:
+    ops = set()
+    for e in (*rule.lhs, *rule.rhs):
+        for sub in walk(e):
+            if isinstance(sub, Term) and sub.op not in parallel_operator_names():
+                ops.add(sub.op)
+    if any(
+        isinstance(s, Term) and s.op == "stack_partial"
+        for e in rule.lhs + rule.rhs
+        for s in walk(e)
+    ):
+        ops.add("add")
+    return frozenset(ops)
+
+
+def _relevant(ops: frozenset[str], axiom_ops: Mapping[str, frozenset[str]]) -> list[str]:
+    """Axioms over the rule's operators and those the axioms lead to (a closure), so that Z3
+    is not distracted by unrelated ones."""
+    have = set(ops)
+    chosen: set[str] = set()
+    changed = True
+    while changed:
+        changed = False
+        for name, used in axiom_ops.items():
+            if name not in chosen and used & have:
+                chosen.add(name)
+                if not used <= have:
+                    have |= used
+                    changed = True
+    return sorted(chosen)
+
+
+# --------------------------------------------------------------------------------------------
+# the shape half
+# --------------------------------------------------------------------------------------------
+
+
+def _shape_obligation(rule: Rule, bounded: bool) -> tuple[z3.Solver, object, tuple]:
+    sizes = rule.example_sizes()
+    example = {s: 2 for s in rule.symbols}
+    m = new_model(sizes, sorted(rule.symbols), {k: d.dtype for k, d in rule.inputs.items()})
+    l_out, l_valid = side(m, rule.lhs, example)
+    r_out, r_valid = side(m, rule.rhs, example)
+    s = z3.Solver()
+    s.add(m.positive + l_valid + r_valid)
+    if bounded:
+        for f in [f for sh in m.inputs.values() for f in sh.fields()] + list(m.symbols.values()):
+            s.add(z3.Or([f == p for p in POWERS_OF_TWO]))
+    return s, m, (l_out, r_out)
+
+
+def prove_shapes(rule: Rule, timeout_s: float = 5.0) -> tuple[str | None, Instance | None, str]:
+    """``(degrees, counterexample, note)``: degrees is "all" or "powers of two up to 64" when
+    both sides well-formed imply equal parallel shapes; otherwise a concrete counterexample
+    (when one exists at sizes that make it real) or None."""
+    try:
+        for bounded in (False, True):
+            s, m, (l_out, r_out) = _shape_obligation(rule, bounded)
+            s.set("timeout", int(timeout_s * 1000))
+            differ = z3.Not(z3.And([a.equal(b) for a, b in zip(l_out, r_out, strict=True)]))
+            s.add(differ)
+            result = s.check()
+            if result == z3.unsat:
+                return ("all" if not bounded else "powers of two up to 64"), None, ""
+            if result == z3.sat:
+                inst = _concretize(rule, m, s)
+                if inst is not None and _shapes_differ(rule, inst):
+                    return None, inst, "parallel shapes differ"
+        return None, None, "the shape model found no proof (and no concrete counterexample)"
+    except Unsupported as e:
+        return None, None, f"shape model: {e}"
+
+
+def _concretize(rule: Rule, m, solver: z3.Solver) -> Instance | None:
+    """A concrete instance from a model of the shape obligation, with sizes scaled so that every
+    degree divides them; small values preferred."""
+    fields = [f for sh in m.inputs.values() for f in sh.fields()] + list(m.symbols.values())
+    solver.push()
+    for f in fields:
+        solver.add(f <= 8)
+    if solver.check() != z3.sat:
+        solver.pop()
+        if solver.check() != z3.sat:
+            return None
+    model = solver.model()
+    solver.pop()
+    values = [model.eval(f, model_completion=True).as_long() for f in fields]
+    scale = math.lcm(*values) if values else 1
+    scale = math.lcm(scale, *(v for v in values))
+    letters = {k: v * scale * max(values or [1]) for k, v in rule.letter_sizes().items()}
+    sizes = rule.example_sizes(letters)
+    shapes = {}
+    for name, sh in m.inputs.items():
+        degs = [model.eval(d, model_completion=True).as_long() for d in sh.degrees]
+        shapes[name] = ParallelTensorShape.of(
+            sizes[name],
+            rule.inputs[name].dtype,
+            degrees=degs,
+            copy_degree=model.eval(sh.copies, model_completion=True).as_long(),
+            sum_degree=model.eval(sh.partial, model_completion=True).as_long(),
+        )
+    symbols = {k: model.eval(v, model_completion=True).as_long() for k, v in m.symbols.items()}
+    return Instance(shapes, symbols)
+
+
+def _shapes_differ(rule: Rule, inst: Instance) -> bool:
+    try:
+        return infer_side(rule.lhs, inst) != infer_side(rule.rhs, inst)
+    except PCGError:
+        return False  # the model's counterexample needs sizes no tensor has
+
+
+def _never_both_well_formed(rule: Rule) -> str | None:
+    """If no distribution makes both sides well-formed, a witness: an instance where the left
+    side is well-formed and what goes wrong on the right."""
+    try:
+        s, _, _ = _shape_obligation(rule, False)
+    except Unsupported:
+        return None
+    s.set("timeout", 5000)
+    if s.check() != z3.unsat:
+        return None
+    sizes = rule.example_sizes()
+    m2 = new_model(sizes, sorted(rule.symbols), {k: d.dtype for k, d in rule.inputs.items()})
+    _, l_valid = side(m2, rule.lhs, {k: 2 for k in rule.symbols})
+    s2 = z3.Solver()
+    s2.add(m2.positive + l_valid)
+    s2.set("timeout", 5000)
+    if s2.check() != z3.sat:
+        return "neither side is ever well-formed"
+    inst = _concretize(rule, m2, s2)
+    if inst is None:
+        return "the two sides are never well-formed together"
+    try:
+        infer_side(rule.rhs, inst)
+    except PCGError as e:
+        return f"at {inst}, the left side is well-formed but the right is not: {e.message}"
+    return f"the two sides are never well-formed together (e.g. at {inst})"
+
+
+# --------------------------------------------------------------------------------------------
+# verify_rule
+# --------------------------------------------------------------------------------------------
+
+
+@functools.cache
+def default_prover() -> Prover:
+    """The prover over all axioms (building the Z3 encodings takes a moment; done once)."""
+    return Prover()
+
+
+def verify_rule(
+    rule: Rule,
+    timeout_s: float = 10.0,
+    *,
+    checks: int = 12,
+    seed: int = 0,
+    prover: Prover | None = None,
+) -> Verdict:
+    """Proves ``rule`` for all degrees (or powers of two up to 64), or refutes it with a
+    counterexample, or says it could do neither (``unknown``). See the module docstring."""
+    start = time.perf_counter()
+    prover = prover or default_prover()
+    notes: list[str] = []
+
+    insts = instances(rule, count=checks, seed=seed)
+    for k, inst in enumerate(insts):
+        mismatch = compare(rule, inst, seed=seed + k)
+        if mismatch is not None:
+            # Would the axioms "prove" this false rule? Then one of them is wrong. A real
+            # conflict shows up fast; a false rule otherwise just times out.
+            proved, _ = prover.prove_values(rule, min(timeout_s, 2.0))
+            shapes_ok = "parallel shapes" not in mismatch.reason
+            return Verdict(
+                rule.name,
+                "refuted",
+                counterexample=str(mismatch),
+                axiom_conflict=bool(proved and shapes_ok),
+                checked=k + 1,
+                seconds=time.perf_counter() - start,
+            )
+    if not insts:
+        why = _never_both_well_formed(rule)
+        if why is not None:
+            return Verdict(
+                rule.name,
+                "refuted",
+                counterexample=why,
+                never_well_formed=True,
+                seconds=time.perf_counter() - start,
+            )
+        notes.append("no concrete instance with both sides well-formed was found")
+
+    degrees, shape_cex, shape_note = prove_shapes(rule, timeout_s=min(timeout_s, 5.0))
+    if shape_cex is not None:
+        l_shapes, r_shapes = infer_side(rule.lhs, shape_cex), infer_side(rule.rhs, shape_cex)
+        return Verdict(
+            rule.name,
+            "refuted",
+            counterexample=f"at {shape_cex}: parallel shapes differ: {list(l_shapes)} on the "
+            f"left, {list(r_shapes)} on the right",
+            checked=len(insts),
+            seconds=time.perf_counter() - start,
+        )
+    if shape_note:
+        notes.append(shape_note)
+
+    proved, used = prover.prove_values(rule, timeout_s)
+    erased = tuple(
+        sorted(f"{op}_keeps_value" for op in prover.encoder.erased if op != "stack_partial")
+    )
+    if "stack_partial" in prover.encoder.erased:
+        erased += ("stack_partial_is_sum",)
+    if proved and degrees is not None and insts:
+        return Verdict(
+            rule.name,
+            "proved",
+            degrees=degrees,
+            axioms=used + erased,
+            checked=len(insts),
+            seconds=time.perf_counter() - start,
+            notes=tuple(notes),
+        )
+    if not proved:
+        notes.append(f"Z3 did not prove the values equal within {timeout_s:g} s")
+    return Verdict(
+        rule.name,
+        "unknown",
+        checked=len(insts),
+        seconds=time.perf_counter() - start,
+        notes=tuple(notes),
+    )
+
+
+def verify_rules(rules: Iterable[Rule], timeout_s: float = 10.0, **kwargs) -> list[Verdict]:
+    prover = Prover()
+    return [verify_rule(r, timeout_s, prover=prover, **kwargs) for r in rules]
