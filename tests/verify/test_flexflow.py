@@ -1,6 +1,7 @@
 """FlexFlow's peer rules: translation, and the verdicts on all of them."""
 
 import json
+import os
 from collections import Counter
 from pathlib import Path
 
@@ -10,11 +11,22 @@ from pcgopt.verify import Prover, verify_rule
 from pcgopt.verify.__main__ import fix_symbols
 from pcgopt.verify.flexflow import NotTranslatable, translate_collection, translate_rule
 
-PEER_FILE = (
-    Path(__file__).resolve().parents[3] / "shared" / "peers" / "flexflow_graph_subst_3_v2.json"
-)
+
+def _peer_file() -> Path:
+    """FlexFlow's rule file lives in the workspace's shared/ folder, not in this repository:
+    $PCGOPT_PEERS, else shared/ beside the checkout, else the workspace's /work/shared."""
+    name = "flexflow_graph_subst_3_v2.json"
+    candidates = [Path(os.environ["PCGOPT_PEERS"]) / name] if "PCGOPT_PEERS" in os.environ else []
+    candidates += [
+        Path(__file__).resolve().parents[3] / "shared" / "peers" / name,
+        Path("/work/shared/peers") / name,
+    ]
+    return next((p for p in candidates if p.exists()), candidates[0])
+
+
+PEER_FILE = _peer_file()
 needs_peer_file = pytest.mark.skipif(
-    not PEER_FILE.exists(), reason="the peer rule file is not here"
+    not PEER_FILE.exists(), reason=f"FlexFlow's rule file is not at {PEER_FILE}"
 )
 
 #: Valid at degree 2 only: they use "Add = concat on the replica dimension + Reduce(k)", and two
