@@ -13,8 +13,9 @@ multi-output operator. Equal subterms are one value, so a term pattern is a DAG.
 A :class:`Rule` says that its left terms equal its right terms, output by output, wherever both
 sides are well-formed: same parallel shapes and same values (``pcgopt.equivalent``'s default).
 Its tensor variables are declared with lettered dimensions, as in an einsum: ``"[m, k]"`` and
-``"[k, n]"`` are matrices whose ``k`` sizes agree; a number fixes a size (``"[1, n]"``), and a
-dtype may lead (``"i64[b, l]"``).
+``"[k, n]"`` are matrices whose ``k`` sizes agree. A letter stands for any size of at least 2;
+a number fixes a size (``"[1, n]"`` broadcasts along its first dimension); a dtype may lead
+(``"i64[b, l]"``). A rule applies only to tensors that fit its declarations.
 
 >>> r = Rule.parse("relu_partition", "relu(partition(x, dim=0, degree=k))",
 ...                "partition(relu(x), dim=0, degree=k)", {"x": "[m, n]"})
@@ -362,7 +363,7 @@ class TensorDecl:
             raise RuleError(f"cannot read tensor declaration {text!r}; expected e.g. '[m, k]'")
         dims: list[str | int] = []
         for part in (p.strip() for p in m.group(2).split(",") if p.strip()):
-            if part.isdigit():
+            if part.isdigit() and int(part) > 0:
                 dims.append(int(part))
             elif part.isidentifier():
                 dims.append(part)
@@ -577,6 +578,59 @@ def evaluate_side(
         return memo[e][e.index]
 
     return tuple(value(e) for e in exprs)
+
+
+# --------------------------------------------------------------------------------------------
+# symbolic sizes of terms
+# --------------------------------------------------------------------------------------------
+
+#: Operators whose output has the shape of their first input.
+_SAME_SHAPE = {
+    "relu",
+    "gelu",
+    "sigmoid",
+    "tanh",
+    "dropout",
+    "scale",
+    "softmax",
+    "add",
+    "mul",
+    "partition",
+    "combine",
+    "replicate",
+    "reduce",
+    "discard_copies",
+    "to_partial",
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "stack_partial",
+}
+
+
+def size_expr(expr: Expr, dim: int) -> IntExpr:
+    """The size of ``expr`` along ``dim`` in terms of its tensor variables' sizes, for the
+    operators rules are written with (elementwise, matrix products, layout, parallel)."""
+    if isinstance(expr, Var):
+        return SizeOf(expr.name, dim)
+    if expr.op in _SAME_SHAPE:
+        return size_expr(expr.args[0], dim)
+    if expr.op == "transpose":
+        return size_expr(expr.args[0], expr.params["perm"][dim])
+    if expr.op in ("matmul", "linear"):
+        if dim == 1:
+            return size_expr(expr.args[1], 1)
+        return size_expr(expr.args[0], dim)
+    if expr.op == "concat":
+        if dim == expr.params["axis"]:
+            return Sum(tuple(size_expr(a, dim) for a in expr.args))
+        return size_expr(expr.args[0], dim)
+    if expr.op == "split":
+        if dim == expr.params["axis"]:
+            return expr.params["sizes"][expr.index]
+        return size_expr(expr.args[0], dim)
+    raise RuleError(f"no symbolic size for {expr.op}")
 
 
 # --------------------------------------------------------------------------------------------

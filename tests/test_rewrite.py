@@ -77,6 +77,8 @@ def test_declarations():
     assert d.rank == 3 and d.sizes({"b": 4, "l": 7}) == (4, 1, 7) and repr(d) == "i64[b, 1, l]"
     with pytest.raises(RuleError, match="neither a letter nor a size"):
         TensorDecl.parse("[m, -1]")
+    with pytest.raises(RuleError, match="neither a letter nor a size"):
+        TensorDecl.parse("[m, 0]")
 
 
 def test_rule_files_round_trip():

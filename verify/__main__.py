@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from pcgopt.progress import Progress
 from pcgopt.rewrite import Rule, RuleError, load_rules
 from pcgopt.verify.prove import Verdict, verify_rule
 
@@ -46,35 +47,6 @@ def _work(args: tuple[dict, float, int]) -> dict:
     except Exception as e:  # a crash on one rule must not hide the others' verdicts
         verdict = Verdict(rule.name, "unknown", notes=(f"verifier error: {type(e).__name__}: {e}",))
     return verdict.to_dict()
-
-
-class Progress:
-    """A one-line progress display on stderr (a line every 10% when it is not a terminal)."""
-
-    def __init__(self, total: int) -> None:
-        self.total, self.done, self.counts = total, 0, Counter()
-        self.start = time.perf_counter()
-        self.tty = sys.stderr.isatty()
-        self.next_report = 0.1
-
-    def update(self, status: str) -> None:
-        self.done += 1
-        self.counts[status] += 1
-        frac = self.done / max(1, self.total)
-        line = (
-            f"[{'#' * int(frac * 30):<30}] {self.done}/{self.total}  "
-            + "  ".join(f"{k} {v}" for k, v in sorted(self.counts.items()))
-            + f"  {time.perf_counter() - self.start:.0f}s"
-        )
-        if self.tty:
-            print("\r" + line, end="", file=sys.stderr, flush=True)
-        elif frac >= self.next_report or self.done == self.total:
-            print(line, file=sys.stderr, flush=True)
-            self.next_report += 0.1
-
-    def close(self) -> None:
-        if self.tty:
-            print(file=sys.stderr)
 
 
 def load(path: Path, fmt: str) -> tuple[list[Rule], dict[str, str]]:
@@ -181,7 +153,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if fixed:
         rules = [fix_symbols(r, fixed) for r in rules]
     jobs = [(r.to_dict(), args.timeout, args.checks) for r in rules]
-    progress = Progress(len(jobs))
+    progress = Progress(len(jobs), "verifying")
     start = time.perf_counter()
     verdicts = []
     if args.workers > 1 and len(jobs) > 1:

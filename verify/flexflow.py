@@ -36,12 +36,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from pcgopt.rewrite import Expr, IntExpr, Rule, RuleError, SizeOf, Sum, Sym, Term, Var
+from pcgopt.rewrite import Expr, IntExpr, Rule, RuleError, Sym, Term, Var, size_expr
 
 DEGREE = Sym("k")
 DATA_INPUTS = (-1, -2, -3)
 ACTIVATIONS = {0: "none", 1: "sigmoid", 2: "relu", 3: "tanh"}
-EXAMPLE = {"b": 2, "c": 4, "o": 4}
 _SHAPE_PRESERVING = {
     "relu",
     "add",
@@ -130,33 +129,15 @@ def _concat_boundary(expr: Expr, axis: int) -> tuple[IntExpr, IntExpr]:
     e = expr
     while isinstance(e, Term):
         if e.op == "concat" and e.params["axis"] == axis:
-            return size_of(e.args[0], axis), size_of(e.args[1], axis)
-        if e.op in _SHAPE_PRESERVING or e.op == "linear":
-            e = e.args[0]
+            try:
+                return size_expr(e.args[0], axis), size_expr(e.args[1], axis)
+            except RuleError as err:
+                raise NotTranslatable(err.message) from None
+        if e.op in _SHAPE_PRESERVING or (e.op == "linear" and axis == 0):
+            e = e.args[0]  # linear keeps the rows of its input, not its columns
             continue
         break
     raise NotTranslatable("split of a tensor that no concat along the same axis built")
-
-
-def size_of(expr: Expr, dim: int) -> IntExpr:
-    """The size of a translated term along ``dim``, in terms of its inputs' sizes."""
-    if isinstance(expr, Var):
-        return SizeOf(expr.name, dim)
-    if expr.op in _SHAPE_PRESERVING:
-        return size_of(expr.args[0], dim)
-    if expr.op == "transpose":
-        return size_of(expr.args[0], expr.params["perm"][dim])
-    if expr.op == "linear":
-        return size_of(expr.args[0], 0) if dim == 0 else size_of(expr.args[1], 1)
-    if expr.op == "concat":
-        if dim == expr.params["axis"]:
-            return Sum((size_of(expr.args[0], dim), size_of(expr.args[1], dim)))
-        return size_of(expr.args[0], dim)
-    if expr.op == "split":
-        if dim == expr.params["axis"]:
-            return expr.params["sizes"][expr.index]
-        return size_of(expr.args[0], dim)
-    raise NotTranslatable(f"the size of {expr.op}")
 
 
 #: Operators that act on stacked replica slots the same way whether the slots are summed first.
@@ -247,11 +228,29 @@ def translate_rule(record: Mapping[str, Any]) -> Rule:
             "the right side reads inputs the left side does not have (no rewrite can supply "
             "them; the generator's Linear ignored the replica slot that held them)"
         )
-    inputs = {v: ("[b, c]" if int(v[1:]) <= len(DATA_INPUTS) else "[o, c]") for v in sorted(used)}
+    # The generator's weights were square; declare them [o, c] unless the rule only makes sense
+    # for square ones (then [c, c]): the most general statement of what was fingerprinted.
+    for weight, example in (("[o, c]", {"b": 2, "c": 4, "o": 6}), ("[c, c]", {"b": 2, "c": 4})):
+        inputs = {v: ("[b, c]" if int(v[1:]) <= len(DATA_INPUTS) else weight) for v in sorted(used)}
+        try:
+            rule = Rule(name, tuple(lhs), tuple(rhs), inputs, example)
+        except RuleError as e:
+            raise NotTranslatable(e.message) from None
+        if _well_formed(rule):
+            return rule
+    raise NotTranslatable("not well-formed at the generator's shapes")
+
+
+def _well_formed(rule: Rule) -> bool:
+    """Whether both sides are logically well-formed at the rule's example sizes."""
+    from pcgopt.errors import PCGError
+    from pcgopt.verify.logic import logical_ranks
+
     try:
-        return Rule(name, tuple(lhs), tuple(rhs), inputs, EXAMPLE)
-    except RuleError as e:
-        raise NotTranslatable(e.message) from None
+        logical_ranks((*rule.lhs, *rule.rhs), rule.example_sizes(), {s: 2 for s in rule.symbols})
+    except (PCGError, RuleError):
+        return False
+    return True
 
 
 def _vars(e: Expr):

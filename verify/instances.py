@@ -214,9 +214,11 @@ def instances(
     seed: int = 0,
     letters: Mapping[str, int] | None = None,
     dimensions: Sequence[str] = (),
+    scale: int = SCALE,
 ) -> list[Instance]:
-    """Concrete instances where both sides are well-formed (see the module docstring)."""
-    letters = {k: v * SCALE for k, v in (letters or rule.letter_sizes()).items()}
+    """Concrete instances where both sides are well-formed (see the module docstring). Sizes are
+    the letters' (default: the rule's example) times ``scale``."""
+    letters = {k: v * scale for k, v in (letters or rule.letter_sizes()).items()}
     sizes = rule.example_sizes(letters)
     out: list[Instance] = []
     assignments = structural_assignments(rule, sizes, conditions, seed=seed, dimensions=dimensions)

@@ -1,7 +1,9 @@
 """Terms as Z3 terms over an uninterpreted tensor sort: the logical half of a rule.
 
 Every compute operator becomes an uninterpreted Z3 function of its parameters (integers; reals
-for floats; choice indices for strings) and its tensor arguments. Parallelization operators do
+for floats; choice indices for strings) and its tensor arguments, one function per operator
+*and ranks of its arguments*: a fact about a matrix product of two matrices says nothing about
+one of a 3-D tensor and a matrix, so the two must not share a symbol. Parallelization operators do
 not change the tensor a value stands for, so they are *erased*: Partition, Combine, Replicate,
 Reduce, DiscardCopies, ToPartial and the fused collectives become their input, and StackPartial
 becomes the sum of its inputs. These erasures are axioms like any other (``verify.axioms``,
@@ -11,7 +13,7 @@ erasure forgets, the distribution, is the shape half (``verify.shapes``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import z3
@@ -19,8 +21,18 @@ import z3
 from pcgopt.ops import OPERATORS, ParallelOp
 from pcgopt.ops.parallel import StackPartial
 from pcgopt.ops.params import ParamType
-from pcgopt.rewrite import Expr, Prod, SizeOf, Sum, Sym, Var
-from pcgopt.shapes import DType
+from pcgopt.rewrite import (
+    Expr,
+    Instance,
+    Prod,
+    SizeOf,
+    Sum,
+    Sym,
+    Term,
+    Var,
+    concrete_params,
+)
+from pcgopt.shapes import DType, ParallelTensorShape
 
 TENSOR = z3.DeclareSort("Tensor")
 #: ``size(x, d)``: the logical size of tensor ``x`` along dimension ``d``.
@@ -53,19 +65,22 @@ class Encoder:
         expr: Expr,
         tensors: Mapping[str, z3.ExprRef],
         symbols: Mapping[str, z3.ArithRef],
+        ranks: Mapping[Expr, int],
     ) -> z3.ExprRef:
+        """``ranks`` gives the rank of every sub-expression (see :func:`logical_ranks`)."""
         if isinstance(expr, Var):
             return tensors[expr.name]
         spec = OPERATORS[expr.op]
         if isinstance(spec, ParallelOp):
             self.erased.add(expr.op)
-            return self.encode(expr.args[0], tensors, symbols)
-        args = [self.encode(a, tensors, symbols) for a in expr.args]
+            return self.encode(expr.args[0], tensors, symbols, ranks)
+        args = [self.encode(a, tensors, symbols, ranks) for a in expr.args]
+        arg_ranks = tuple(ranks[a] for a in expr.args)
         if isinstance(spec, StackPartial):
             self.erased.add(expr.op)
             total = args[0]
             for a in args[1:]:
-                total = self._add(total, a)
+                total = self._add(total, a, arg_ranks[0])
             return total
         values, shape_key = [], []
         for p in spec.params:
@@ -73,17 +88,17 @@ class Encoder:
             enc = self._param(p, v, tensors, symbols)
             shape_key.append(len(enc))
             values += enc
-        key = (expr.op, expr.index, len(args), tuple(shape_key))
+        key = (expr.op, expr.index, arg_ranks, tuple(shape_key))
         f = self.function(key, len(args), [v.sort() for v in values])
         return f(*values, *args)
 
-    def _add(self, a: z3.ExprRef, b: z3.ExprRef) -> z3.ExprRef:
-        return self.function(("add", 0, 2, ()), 2, [])(a, b)
+    def _add(self, a: z3.ExprRef, b: z3.ExprRef, rank: int) -> z3.ExprRef:
+        return self.function(("add", 0, (rank, rank), ()), 2, [])(a, b)
 
     def function(self, key: tuple, n_tensors: int, param_sorts: list) -> z3.FuncDeclRef:
         if key not in self.functions:
-            op, index, n, shape = key
-            name = op + (f"_{n}" if OPERATORS[op].variadic else "")
+            op, index, arg_ranks, shape = key
+            name = op + "_r" + "".join(map(str, arg_ranks))
             name += "".join(f"_{k}" for k in shape if k != 1)
             name += f"#{index}" if index else ""
             self.functions[key] = z3.Function(name, *param_sorts, *([TENSOR] * n_tensors), TENSOR)
@@ -126,3 +141,37 @@ class Encoder:
                 out = out + self._int(t, tensors, symbols)
             return out
         raise ValueError(f"no Z3 encoding for integer parameter {v!r}")
+
+
+def logical_ranks(
+    exprs: Sequence[Expr],
+    sizes: Mapping[str, tuple[int, ...]],
+    symbols: Mapping[str, int | float],
+) -> dict[Expr, int]:
+    """The rank of every sub-expression, from the specs' own logical shape inference at the
+    given sizes and symbol values (parallel operators keep the shape). Raises PCGError or
+    RuleError where the terms are not well-formed there."""
+    inst = Instance({k: ParallelTensorShape.of(v) for k, v in sizes.items()}, dict(symbols))
+    shapes: dict[Expr, tuple[ParallelTensorShape, ...]] = {}
+    ranks: dict[Expr, int] = {}
+
+    def go(e: Expr) -> ParallelTensorShape:
+        if isinstance(e, Var):
+            s = inst.shapes[e.name]
+        else:
+            key = Term(e.op, e.args, e.params, 0)
+            if key not in shapes:
+                args = tuple(go(a) for a in e.args)
+                spec = OPERATORS[e.op]
+                if isinstance(spec, ParallelOp | StackPartial):
+                    shapes[key] = (args[0],) * spec.num_outputs(e.params)
+                else:
+                    params = concrete_params(e, inst, args)
+                    shapes[key] = spec.infer_logical(params, args)
+            s = shapes[key][e.index]
+        ranks[e] = s.rank
+        return s
+
+    for e in exprs:
+        go(e)
+    return ranks

@@ -33,12 +33,12 @@ from typing import Literal
 import z3
 
 from pcgopt.errors import PCGError
-from pcgopt.rewrite import Instance, Rule, Term, infer_side, int_symbols, real_symbols, walk
+from pcgopt.rewrite import Instance, Rule, infer_side, int_symbols, real_symbols
 from pcgopt.shapes import ParallelTensorShape
 from pcgopt.verify.axioms import AXIOMS, Axiom, SizeAxiom
-from pcgopt.verify.instances import compare, instances
-from pcgopt.verify.logic import SIZE, TENSOR, Encoder
-from pcgopt.verify.shapes import Unsupported, new_model, parallel_operator_names, side
+from pcgopt.verify.instances import SCALE, compare, instances, structural_assignments
+from pcgopt.verify.logic import SIZE, TENSOR, Encoder, logical_ranks
+from pcgopt.verify.shapes import Unsupported, new_model, side
 
 Status = Literal["proved", "refuted", "unknown"]
 POWERS_OF_TWO = (1, 2, 4, 8, 16, 32, 64)
@@ -88,40 +88,41 @@ class Prover:
         for a in self.axioms:
             if isinstance(a, Axiom) and a.erasure:
                 continue
-            self._formulas[a.name] = (self._quantified(a), _ops_of(a.rule))
+            formula = self._quantified(a)
+            self._formulas[a.name] = (formula, _functions(formula))
 
-    def _symbols(self, rule: Rule) -> dict[str, z3.ArithRef]:
+    def _symbols(self, rule: Rule, prefix: str = "") -> dict[str, z3.ArithRef]:
         reals = real_symbols((*rule.lhs, *rule.rhs))
-        return {s: (z3.Real(s) if s in reals else z3.Int(s)) for s in sorted(rule.symbols)}
+        return {
+            s: (z3.Real(prefix + s) if s in reals else z3.Int(prefix + s))
+            for s in sorted(rule.symbols)
+        }
 
     def _quantified(self, a: Axiom | SizeAxiom) -> z3.BoolRef:
+        """The axiom for all tensors of its declared shapes (see the axioms module)."""
         rule = a.rule
         tensors = {v: z3.Const(f"{a.name}.{v}", TENSOR) for v in rule.inputs}
-        symbols = self._symbols(rule)
-        extra = set()
+        symbols = self._symbols(rule, f"{a.name}.")
         for left, _, right in a.parsed_conditions:
-            extra |= set(int_symbols(left)) | set(int_symbols(right))
-        if isinstance(a, SizeAxiom):
-            extra |= set(int_symbols(a.parsed[0])) | set(int_symbols(a.parsed[1]))
-        for name in sorted(extra - set(symbols)):
-            symbols[name] = z3.Int(f"{a.name}.{name}")
+            for name in sorted((set(int_symbols(left)) | set(int_symbols(right))) - set(symbols)):
+                symbols[name] = z3.Int(f"{a.name}.{name}")
         enc_int = lambda v: self.encoder._int(v, tensors, symbols)  # noqa: E731
-        lhs = [self.encoder.encode(e, tensors, symbols) for e in rule.lhs]
+        ranks = _axiom_ranks(a)
+        lhs = [self.encoder.encode(e, tensors, symbols, ranks) for e in rule.lhs]
         if isinstance(a, SizeAxiom):
-            dim, value = a.parsed
-            trigger = SIZE(lhs[0], enc_int(dim))
-            body = trigger == enc_int(value)
+            trigger = SIZE(lhs[0], z3.IntVal(a.dim))
+            body = trigger == enc_int(a.parsed_value)
             candidates = [trigger]
         else:
-            rhs = [self.encoder.encode(e, tensors, symbols) for e in rule.rhs]
+            rhs = [self.encoder.encode(e, tensors, symbols, ranks) for e in rule.rhs]
             body = z3.And([a_ == b_ for a_, b_ in zip(lhs, rhs, strict=True)])
             candidates = [lhs[0], rhs[0]]
-        conds = [
+        guards = _declaration_guards(rule, tensors)
+        guards += [
             enc_int(left) == enc_int(right) if rel == "==" else enc_int(left) != enc_int(right)
             for left, rel, right in a.parsed_conditions
         ]
-        if conds:
-            body = z3.Implies(z3.And(conds), body)
+        body = z3.Implies(z3.And(guards), body)
         variables = [*tensors.values(), *symbols.values()]
         patterns = [
             t for t in candidates if not z3.is_const(t) and all(_occurs(v, t) for v in variables)
@@ -136,37 +137,76 @@ class Prover:
         """(True, axioms) when Z3 proves the erased sides equal; (None, ()) when it cannot."""
         tensors = {v: z3.Const(v, TENSOR) for v in rule.inputs}
         symbols = self._symbols(rule)
+        try:
+            ranks = logical_ranks(
+                (*rule.lhs, *rule.rhs), rule.example_sizes(), {s: 2 for s in rule.symbols}
+            )
+        except (PCGError, KeyError, TypeError, ValueError):
+            return None, ()
         self.encoder.erased.clear()
-        lhs = [self.encoder.encode(e, tensors, symbols) for e in rule.lhs]
-        rhs = [self.encoder.encode(e, tensors, symbols) for e in rule.rhs]
+        lhs = [self.encoder.encode(e, tensors, symbols, ranks) for e in rule.lhs]
+        rhs = [self.encoder.encode(e, tensors, symbols, ranks) for e in rule.rhs]
         if all(a.eq(b) for a, b in zip(lhs, rhs, strict=True)):
             return True, ()
         s = z3.Solver()
         s.set("timeout", int(timeout_s * 1000))
         s.set("unsat_core", True)
-        s.add(_declared_sizes(rule, tensors))
-        relevant = _relevant(_ops_of(rule), {n: ops for n, (_, ops) in self._formulas.items()})
+        s.add(_declaration_guards(rule, tensors))
+        goal = z3.And([a == b for a, b in zip(lhs, rhs, strict=True)])
+        relevant = _relevant(_functions(goal), {n: fs for n, (_, fs) in self._formulas.items()})
         for name in relevant:
             s.assert_and_track(self._formulas[name][0], z3.Bool(f"axiom:{name}"))
-        s.add(z3.Not(z3.And([a == b for a, b in zip(lhs, rhs, strict=True)])))
+        s.add(z3.Not(goal))
         if s.check() == z3.unsat:
             core = sorted(str(c).removeprefix("axiom:") for c in s.unsat_core())
             return True, tuple(core)
         return None, ()
 
 
-def _declared_sizes(rule: Rule, tensors: Mapping[str, z3.ExprRef]) -> list[z3.BoolRef]:
-    """What the declarations say about sizes: a letter is one size wherever it appears, a
-    number is that size; every size is positive."""
-    facts = []
+def _axiom_ranks(a: Axiom | SizeAxiom) -> dict:
+    """Ranks of an axiom's sub-expressions, read at one instance of its declarations."""
+    rule = a.rule
+    sizes = rule.example_sizes()
+    for assignment in structural_assignments(rule, sizes, a.parsed_conditions, limit=1):
+        return logical_ranks(
+            (*rule.lhs, *rule.rhs), sizes, {**{s: 2 for s in rule.symbols}, **assignment}
+        )
+    raise ValueError(f"axiom {a.name}: no instance of its declarations is well-formed")
+
+
+def _declaration_guards(rule: Rule, tensors: Mapping[str, z3.ExprRef]) -> list[z3.BoolRef]:
+    """What the declarations say: where letters agree, sizes agree; every letter is a size of at
+    least 2, every number is that size."""
+    guards = []
+    first: dict[str, z3.ArithRef] = {}
     for name, decl in rule.inputs.items():
         for d, dim in enumerate(decl.dims):
             size = SIZE(tensors[name], z3.IntVal(d))
-            facts.append(
-                size == (z3.IntVal(dim) if isinstance(dim, int) else z3.Int(f"size:{dim}"))
-            )
-            facts.append(size >= 1)
-    return facts
+            if isinstance(dim, int):
+                guards.append(size == dim)
+            elif dim in first:
+                guards.append(size == first[dim])
+            else:
+                first[dim] = size
+                guards.append(size >= 2)
+    return guards
+
+
+def _functions(e: z3.ExprRef) -> frozenset[str]:
+    """Names of the uninterpreted functions a Z3 expression applies."""
+    out, seen, stack = set(), set(), [e]
+    while stack:
+        x = stack.pop()
+        if x.get_id() in seen:
+            continue
+        seen.add(x.get_id())
+        if z3.is_quantifier(x):
+            stack.append(x.body())
+            continue
+        if z3.is_app(x) and x.decl().kind() == z3.Z3_OP_UNINTERPRETED and x.num_args() > 0:
+            out.add(x.decl().name())
+        stack.extend(x.children())
+    return frozenset(out)
 
 
 def _occurs(v: z3.ExprRef, t: z3.ExprRef) -> bool:
@@ -175,34 +215,21 @@ def _occurs(v: z3.ExprRef, t: z3.ExprRef) -> bool:
     return any(_occurs(v, c) for c in t.children())
 
 
-def _ops_of(rule: Rule) -> frozenset[str]:
-    ops = set()
-    for e in (*rule.lhs, *rule.rhs):
-        for sub in walk(e):
-            if isinstance(sub, Term) and sub.op not in parallel_operator_names():
-                ops.add(sub.op)
-    if any(
-        isinstance(s, Term) and s.op == "stack_partial"
-        for e in rule.lhs + rule.rhs
-        for s in walk(e)
-    ):
-        ops.add("add")
-    return frozenset(ops)
-
-
-def _relevant(ops: frozenset[str], axiom_ops: Mapping[str, frozenset[str]]) -> list[str]:
-    """Axioms over the rule's operators and those the axioms lead to (a closure), so that Z3
-    is not distracted by unrelated ones."""
-    have = set(ops)
+def _relevant(
+    functions: frozenset[str], axiom_functions: Mapping[str, frozenset[str]]
+) -> list[str]:
+    """Axioms over the functions the goal applies and those the axioms lead to (a closure), so
+    that Z3 is not distracted by unrelated ones. ``size`` alone does not make an axiom relevant."""
+    have = set(functions) - {"size"}
     chosen: set[str] = set()
     changed = True
     while changed:
         changed = False
-        for name, used in axiom_ops.items():
-            if name not in chosen and used & have:
+        for name, used in axiom_functions.items():
+            if name not in chosen and (used - {"size"}) & have:
                 chosen.add(name)
                 if not used <= have:
-                    have |= used
+                    have |= used - {"size"}
                     changed = True
     return sorted(chosen)
 
@@ -213,7 +240,9 @@ def _relevant(ops: frozenset[str], axiom_ops: Mapping[str, frozenset[str]]) -> l
 
 
 def _shape_obligation(rule: Rule, bounded: bool) -> tuple[z3.Solver, object, tuple]:
-    sizes = rule.example_sizes()
+    # The structure is read at the sizes the concrete instances use, so that both halves speak
+    # about the same rule.
+    sizes = rule.example_sizes({k: v * SCALE for k, v in rule.letter_sizes().items()})
     example = {s: 2 for s in rule.symbols}
     m = new_model(sizes, sorted(rule.symbols), {k: d.dtype for k, d in rule.inputs.items()})
     l_out, l_valid = side(m, rule.lhs, example)
@@ -231,6 +260,10 @@ def prove_shapes(rule: Rule, timeout_s: float = 5.0) -> tuple[str | None, Instan
     both sides well-formed imply equal parallel shapes; otherwise a concrete counterexample
     (when one exists at sizes that make it real) or None."""
     try:
+        s, _, _ = _shape_obligation(rule, False)
+        s.set("timeout", int(timeout_s * 1000))
+        if s.check() == z3.unsat:
+            return None, None, "the shape model has no instance with both sides well-formed"
         for bounded in (False, True):
             s, m, (l_out, r_out) = _shape_obligation(rule, bounded)
             s.set("timeout", int(timeout_s * 1000))
@@ -262,9 +295,10 @@ def _concretize(rule: Rule, m, solver: z3.Solver) -> Instance | None:
     model = solver.model()
     solver.pop()
     values = [model.eval(f, model_completion=True).as_long() for f in fields]
-    scale = math.lcm(*values) if values else 1
-    scale = math.lcm(scale, *(v for v in values))
-    letters = {k: v * scale * max(values or [1]) for k, v in rule.letter_sizes().items()}
+    # Scaling every letter alike keeps the structure; this factor makes every product of
+    # degrees on a dimension divide its size.
+    scale = SCALE * math.prod(set(values))
+    letters = {k: v * scale for k, v in rule.letter_sizes().items()}
     sizes = rule.example_sizes(letters)
     shapes = {}
     for name, sh in m.inputs.items():
@@ -297,7 +331,7 @@ def _never_both_well_formed(rule: Rule) -> str | None:
     s.set("timeout", 5000)
     if s.check() != z3.unsat:
         return None
-    sizes = rule.example_sizes()
+    sizes = rule.example_sizes({k: v * SCALE for k, v in rule.letter_sizes().items()})
     m2 = new_model(sizes, sorted(rule.symbols), {k: d.dtype for k, d in rule.inputs.items()})
     _, l_valid = side(m2, rule.lhs, {k: 2 for k in rule.symbols})
     s2 = z3.Solver()
@@ -333,6 +367,7 @@ def verify_rule(
     checks: int = 12,
     seed: int = 0,
     prover: Prover | None = None,
+    conflict_timeout_s: float = 2.0,
 ) -> Verdict:
     """Proves ``rule`` for all degrees (or powers of two up to 64), or refutes it with a
     counterexample, or says it could do neither (``unknown``). See the module docstring."""
@@ -346,7 +381,7 @@ def verify_rule(
         if mismatch is not None:
             # Would the axioms "prove" this false rule? Then one of them is wrong. A real
             # conflict shows up fast; a false rule otherwise just times out.
-            proved, _ = prover.prove_values(rule, min(timeout_s, 2.0))
+            proved, _ = prover.prove_values(rule, min(timeout_s, conflict_timeout_s))
             shapes_ok = "parallel shapes" not in mismatch.reason
             return Verdict(
                 rule.name,

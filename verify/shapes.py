@@ -95,7 +95,8 @@ class Model:
         if isinstance(value, Sym):
             return self.symbols[value.name]
         if isinstance(value, SizeOf):
-            return z3.IntVal(resolve(value, {}, sizes))
+            # A degree that is a size would tie the proof to the example's sizes.
+            raise Unsupported(f"a degree given as a size ({value!r})")
         if isinstance(value, Prod):
             return math.prod((self.int_expr(f, sizes) for f in value.factors), start=z3.IntVal(1))
         raise Unsupported(f"unsupported integer parameter {value!r}")
@@ -196,6 +197,8 @@ def _concrete_params(e: Term, example: Instance, shapes) -> dict:
 def _compute(
     m: Model, spec: ComputeOp, e: Term, args, example: Instance, valid: list
 ) -> tuple[SymShape, ...]:
+    if spec.size_dependent_signature:
+        raise Unsupported(f"{e.op}'s parallel structure depends on sizes")
     for k, v in e.params.items():
         if isinstance(v, Sym | Prod):
             raise Unsupported(f"{e.op}.{k} is symbolic; the shape model needs it concrete")

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from pcgopt.rewrite import int_symbols, resolve
+from pcgopt.rewrite import infer_side, int_symbols, resolve
 from pcgopt.verify.axioms import Axiom, SizeAxiom
-from pcgopt.verify.instances import compare, instances
+from pcgopt.verify.instances import SCALE, compare, instances
 
 
 @dataclass(frozen=True)
@@ -33,12 +33,18 @@ def validate(
     letters: Mapping[str, int] | None = None,
     count: int = 8,
     seed: int = 0,
+    scale: int = SCALE,
 ) -> Validation:
-    """Evaluates ``axiom`` on up to ``count`` instances; ``ok`` when some were checked and none
-    failed."""
+    """Evaluates ``axiom`` on up to ``count`` instances (sizes: ``letters`` times ``scale``);
+    ``ok`` when some were checked and none failed."""
     if isinstance(axiom, Axiom):
         insts = instances(
-            axiom.rule, conditions=axiom.parsed_conditions, count=count, seed=seed, letters=letters
+            axiom.rule,
+            conditions=axiom.parsed_conditions,
+            count=count,
+            seed=seed,
+            letters=letters,
+            scale=scale,
         )
         failures = []
         for k, inst in enumerate(insts):
@@ -47,8 +53,7 @@ def validate(
                 failures.append(str(mismatch))
         return Validation(axiom.name, len(insts), tuple(failures))
 
-    dim, value = axiom.parsed
-    extra = (set(int_symbols(dim)) | set(int_symbols(value))) - axiom.rule.symbols
+    extra = set(int_symbols(axiom.parsed_value)) - axiom.rule.symbols
     for left, _, right in axiom.parsed_conditions:
         extra |= (set(int_symbols(left)) | set(int_symbols(right))) - axiom.rule.symbols
     insts = instances(
@@ -58,15 +63,13 @@ def validate(
         seed=seed,
         letters=letters,
         dimensions=sorted(extra),
+        scale=scale,
     )
-    from pcgopt.rewrite import infer_side
-
     failures = []
     for inst in insts:
         (shape,) = infer_side(axiom.rule.lhs, inst)
-        sizes = inst.sizes()
-        got = shape.sizes[resolve(dim, inst.symbols, sizes)]
-        want = resolve(value, inst.symbols, sizes)
+        got = shape.sizes[axiom.dim]
+        want = resolve(axiom.parsed_value, inst.symbols, inst.sizes())
         if got != want:
             failures.append(f"at {inst}: size is {got}, the axiom says {want}")
     return Validation(axiom.name, len(insts), tuple(failures))

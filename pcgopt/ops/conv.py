@@ -64,6 +64,7 @@ class Conv2D(ComputeOp):
     Spatial splits of overlapping windows need a halo exchange, which no operator expresses yet.
     """
 
+    size_dependent_signature = True
     name = "conv2d"
     input_names = ("x", "w", "bias")
     optional_inputs = 1
@@ -159,6 +160,7 @@ class Pool2D(ComputeOp):
     """Max or average pooling over H and W of x [N, C, H, W]. Average pooling counts padding
     as zeros (PyTorch's default), which keeps it linear."""
 
+    size_dependent_signature = True
     name = "pool2d"
     input_names = ("x",)
     params = (

@@ -156,6 +156,7 @@ class Reshape(ComputeOp):
     splits of B and S, and a split of H becomes a split of heads.
     """
 
+    size_dependent_signature = True
     name = "reshape"
     input_names = ("x",)
     params = (Param("shape", ParamType.SHAPE),)

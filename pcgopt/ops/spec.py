@@ -229,6 +229,10 @@ class ComputeOp(OpSpec):
     """A tensor-algebra operator whose parallel behaviour follows from its :class:`Signature`."""
 
     kind = OpKind.COMPUTE
+    #: Whether which dimensions the signature's axes index depends on sizes beyond which ones
+    #: are 1 (a conv's spatial axes exist only for windows that tile; a reshape's runs follow
+    #: its factorization). Symbolic reasoning about all sizes must not assume one structure.
+    size_dependent_signature: ClassVar[bool] = False
 
     def infer_logical(
         self, params: Params, inputs: tuple[ParallelTensorShape, ...]
