@@ -209,6 +209,33 @@ def tensor_vars(exprs: tuple[Expr, ...]) -> list[str]:
     return out
 
 
+def rename_vars(expr: Expr, mapping: Mapping[str, str]) -> Expr:
+    """The expression with tensor variables renamed (also where parameters name their sizes);
+    names not in ``mapping`` stay."""
+    memo: dict[Expr, Expr] = {}
+
+    def value(v: Any) -> Any:
+        if isinstance(v, tuple):
+            return tuple(value(x) for x in v)
+        if isinstance(v, SizeOf):
+            return SizeOf(mapping.get(v.tensor, v.tensor), v.dim)
+        if isinstance(v, Sum):
+            return Sum(tuple(value(x) for x in v.terms))
+        if isinstance(v, Prod):
+            return Prod(tuple(value(x) for x in v.factors))
+        return v
+
+    def go(e: Expr) -> Expr:
+        if isinstance(e, Var):
+            return Var(mapping.get(e.name, e.name))
+        if e not in memo:
+            params = {k: value(v) for k, v in e.params.items()}
+            memo[e] = Term(e.op, tuple(go(a) for a in e.args), params, e.index)
+        return memo[e]
+
+    return go(expr)
+
+
 def symbols_of(exprs: tuple[Expr, ...]) -> set[str]:
     out: set[str] = set()
     for e in exprs:

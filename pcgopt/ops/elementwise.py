@@ -201,6 +201,7 @@ class Add(BinaryElementwise):
     """x + y (broadcasting)."""
 
     name = "add"
+    commutative = True
     linear_inputs = (0, 1)
     jointly_linear = True  # (x1 + x2) + (y1 + y2) = (x1 + y1) + (x2 + y2)
 
@@ -212,6 +213,7 @@ class Mul(BinaryElementwise):
     """x * y (broadcasting)."""
 
     name = "mul"
+    commutative = True
     linear_inputs = (0, 1)  # bilinear: (x1 + x2) * y = x1 * y + x2 * y
 
     def fn(self, x, y):

@@ -212,6 +212,9 @@ class StackPartial(OpSpec):
     kind = OpKind.PARALLEL
     input_names = ("inputs",)
     variadic = True
+    # The partials land on different shards, but the parallel tensor (its shape, and the sum
+    # it stands for) does not depend on their order.
+    commutative = True
 
     def input_name(self, i: int) -> str:
         return f"inputs[{i}]"

@@ -119,6 +119,9 @@ class OpSpec:
     optional_inputs: ClassVar[int] = 0
     variadic: ClassVar[bool] = False
     params: ClassVar[tuple[Param, ...]] = ()
+    #: Swapping two inputs gives an equal parallel tensor. The rule enumerator builds one input
+    #: order only and emits the swap itself as a (verified) rule.
+    commutative: ClassVar[bool] = False
 
     # -- structure ----------------------------------------------------------------------------
 
