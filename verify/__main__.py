@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
+import os
 import statistics
 import sys
 import time
@@ -23,7 +23,8 @@ from pathlib import Path
 
 from pcgopt.progress import Progress
 from pcgopt.rewrite import Rule, RuleError, load_rules
-from pcgopt.verify.prove import Verdict, verify_rule
+from pcgopt.verify.prove import verify_record
+from pcgopt.workers import imap_unordered
 
 
 def fix_symbols(rule: Rule, values: dict[str, int]) -> Rule:
@@ -37,16 +38,6 @@ def fix_symbols(rule: Rule, values: dict[str, int]) -> Rule:
         rule.inputs,
         rule.example,
     )
-
-
-def _work(args: tuple[dict, float, int]) -> dict:
-    record, timeout, checks = args
-    rule = Rule.from_dict(record)
-    try:
-        verdict = verify_rule(rule, timeout, checks=checks)
-    except Exception as e:  # a crash on one rule must not hide the others' verdicts
-        verdict = Verdict(rule.name, "unknown", notes=(f"verifier error: {type(e).__name__}: {e}",))
-    return verdict.to_dict()
 
 
 def load(path: Path, fmt: str) -> tuple[list[Rule], dict[str, str]]:
@@ -117,7 +108,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("file", type=Path)
     parser.add_argument("--format", choices=("pcgopt", "flexflow"), default="pcgopt")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write all verdicts as JSON")
-    parser.add_argument("--workers", type=int, default=max(1, multiprocessing.cpu_count()))
+    parser.add_argument("--workers", type=int, default=max(1, os.cpu_count() or 1))
     parser.add_argument(
         "--timeout", type=float, default=10.0, help="Z3 seconds per rule (default 10)"
     )
@@ -156,16 +147,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     progress = Progress(len(jobs), "verifying")
     start = time.perf_counter()
     verdicts = []
-    if args.workers > 1 and len(jobs) > 1:
-        with multiprocessing.get_context("fork").Pool(args.workers) as pool:
-            for v in pool.imap_unordered(_work, jobs, chunksize=1):
-                verdicts.append(v)
-                progress.update(v["status"])
-    else:
-        for job in jobs:
-            v = _work(job)
-            verdicts.append(v)
-            progress.update(v["status"])
+    for v in imap_unordered(verify_record, jobs, args.workers):
+        verdicts.append(v)
+        progress.update(v["status"])
     progress.close()
     wall = time.perf_counter() - start
     order = {r.name: i for i, r in enumerate(rules)}

@@ -282,6 +282,41 @@ def _elementwise() -> list[Axiom]:
                 "relu(x)",
                 {"x": s},
             ),
+            Axiom(
+                f"relu_of_square_r{r}",
+                "a square is non-negative",
+                "relu(mul(x, x))",
+                "mul(x, x)",
+                {"x": s},
+            ),
+            Axiom(
+                f"relu_of_nonnegative_product_r{r}",
+                "a product of non-negative tensors is non-negative",
+                "relu(mul(relu(x), relu(y)))",
+                "mul(relu(x), relu(y))",
+                two,
+            ),
+            Axiom(
+                f"relu_of_nonnegative_sum_r{r}",
+                "a sum of non-negative tensors is non-negative",
+                "relu(add(relu(x), relu(y)))",
+                "add(relu(x), relu(y))",
+                two,
+            ),
+            Axiom(
+                f"relu_positively_homogeneous_r{r}",
+                "relu(2x) = 2 relu(x)",
+                "relu(add(x, x))",
+                "add(relu(x), relu(x))",
+                {"x": s},
+            ),
+            Axiom(
+                f"mul_relu_self_r{r}",
+                "x relu(x) is relu(x)^2: where x < 0 both are 0",
+                "mul(x, relu(x))",
+                "mul(relu(x), relu(x))",
+                {"x": s},
+            ),
         ]
     for op in ("add", "mul"):
         out.append(
@@ -316,6 +351,13 @@ def _products() -> list[Axiom]:
             ),
         ]
     out += [
+        Axiom(
+            "relu_of_nonnegative_matmul",
+            "a product of non-negative matrices is non-negative",
+            "relu(matmul(relu(x), relu(w)))",
+            "matmul(relu(x), relu(w))",
+            {"x": "[m, n]", "w": "[n, p]"},
+        ),
         Axiom(
             "matmul_associative",
             "matrix products associate",

@@ -257,12 +257,15 @@ def _z3_instances(rule, lhs, rhs, sizes, fixed, degree_syms, count, seed) -> lis
         # Nudge towards variety: ask for a random subset of fields to exceed 1.
         for f in rng.sample(fields, k=min(len(fields), rng.randint(0, 3))):
             solver.add(f > 1)
-        result = solver.check()
-        if result != z3.sat:
+        if solver.check() == z3.sat:
+            model = solver.model()
             solver.pop()
-            continue
-        model = solver.model()
-        solver.pop()
+        else:
+            # The nudge over-constrained; without it, either there is another model or none.
+            solver.pop()
+            if solver.check() != z3.sat:
+                break
+            model = solver.model()
         shapes = {name: m.inputs[name].concrete(model) for name in rule.inputs}
         symbols = dict(fixed)
         symbols.update(

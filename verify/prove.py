@@ -33,7 +33,7 @@ from typing import Literal
 import z3
 
 from pcgopt.errors import PCGError
-from pcgopt.rewrite import Instance, Rule, infer_side, int_symbols, real_symbols
+from pcgopt.rewrite import Instance, Rule, Term, infer_side, int_symbols, real_symbols, walk
 from pcgopt.shapes import ParallelTensorShape
 from pcgopt.verify.axioms import AXIOMS, Axiom, SizeAxiom
 from pcgopt.verify.instances import SCALE, compare, instances, structural_assignments
@@ -52,7 +52,7 @@ class Verdict:
     status: Status
     #: For a proof: ``"all"`` degrees, or ``"powers of two up to 64"`` when only that was shown.
     degrees: str | None = None
-    #: Axioms the proof drew on: Z3's unsat core over the algebraic axioms (not minimized), then
+    #: Axioms the proof drew on: a minimal unsat core over the algebraic axioms, then
     #: the erasures of the parallel operators the rule uses.
     axioms: tuple[str, ...] = ()
     #: For a refutation: where the sides differ (inputs, symbols, and what differs).
@@ -148,19 +148,35 @@ class Prover:
         rhs = [self.encoder.encode(e, tensors, symbols, ranks) for e in rule.rhs]
         if all(a.eq(b) for a, b in zip(lhs, rhs, strict=True)):
             return True, ()
-        s = z3.Solver()
-        s.set("timeout", int(timeout_s * 1000))
-        s.set("unsat_core", True)
-        s.add(_declaration_guards(rule, tensors))
+        facts = list(_declaration_guards(rule, tensors))
+        # Every size of every subterm is a term Z3 can reason about (E-matching only fires size
+        # axioms on terms that exist); each is at least 1 wherever the rule applies.
+        encoded = {}
+        for e in (*rule.lhs, *rule.rhs):
+            for sub in walk(e):
+                if isinstance(sub, Term) and sub not in encoded:
+                    encoded[sub] = self.encoder.encode(sub, tensors, symbols, ranks)
+        facts += [
+            SIZE(t, z3.IntVal(d)) >= 1 for sub, t in encoded.items() for d in range(ranks[sub])
+        ]
         goal = z3.And([a == b for a, b in zip(lhs, rhs, strict=True)])
+        facts.append(z3.Not(goal))
         relevant = _relevant(_functions(goal), {n: fs for n, (_, fs) in self._formulas.items()})
-        for name in relevant:
-            s.assert_and_track(self._formulas[name][0], z3.Bool(f"axiom:{name}"))
-        s.add(z3.Not(goal))
-        if s.check() == z3.unsat:
-            core = sorted(str(c).removeprefix("axiom:") for c in s.unsat_core())
-            return True, tuple(core)
-        return None, ()
+        # The query is handed to Z3 as text, parsed into a fresh context: in the shared context
+        # (even through ``translate``) Z3's search, and so the unsat core recorded as the rule's
+        # axioms, depends on what the process built before; the same flags must write the same
+        # rule file.
+        guards = {name: z3.Bool(f"axiom:{name}") for name in relevant}
+        query = z3.Solver()
+        query.add(facts)
+        query.add([z3.Implies(guards[n], self._formulas[n][0]) for n in relevant])
+        ctx = z3.Context()
+        s = z3.Solver(ctx=ctx)
+        s.set("timeout", int(timeout_s * 1000))
+        s.add(z3.parse_smt2_string(query.sexpr(), ctx=ctx))
+        if s.check(*(z3.Bool(f"axiom:{n}", ctx) for n in relevant)) != z3.unsat:
+            return None, ()
+        return True, tuple(sorted(str(c).removeprefix("axiom:") for c in s.unsat_core()))
 
 
 def _axiom_ranks(a: Axiom | SizeAxiom) -> dict:
@@ -442,6 +458,19 @@ def verify_rule(
         seconds=time.perf_counter() - start,
         notes=tuple(notes),
     )
+
+
+def verify_record(job: tuple[dict, float, int]) -> dict:
+    """A worker's job: the verdict, as a dict, on a rule given as a dict, with a timeout and a
+    number of instance checks. A crash on one rule becomes an ``unknown`` verdict naming it, so
+    that it does not hide the others' verdicts."""
+    record, timeout, checks = job
+    rule = Rule.from_dict(record)
+    try:
+        verdict = verify_rule(rule, timeout, checks=checks)
+    except Exception as e:
+        verdict = Verdict(rule.name, "unknown", notes=(f"verifier error: {type(e).__name__}: {e}",))
+    return verdict.to_dict()
 
 
 def verify_rules(rules: Iterable[Rule], timeout_s: float = 10.0, **kwargs) -> list[Verdict]:
