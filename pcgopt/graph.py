@@ -183,6 +183,11 @@ class PCG:
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self) -> tuple:
+        # Rebuilt, not restored: the cached hash is of strings, whose hashes differ between
+        # processes.
+        return (PCG, (self._nodes, self._outputs))
+
     def __repr__(self) -> str:
         outs = ", ".join(map(str, self._outputs))
         return f"<PCG {len(self._nodes)} nodes -> {outs}>"

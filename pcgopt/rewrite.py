@@ -156,10 +156,21 @@ class Term:
     args: tuple[Expr, ...] = ()
     params: Params = field(default_factory=Params)
     index: int = 0
+    # Terms are hashed over and over as dictionary keys (evaluation caches, rewriting); the
+    # hash of a deep term is computed once.
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.params, Params):
             object.__setattr__(self, "params", Params(dict(self.params)))
+        object.__setattr__(self, "_hash", hash((self.op, self.args, self.params, self.index)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple:
+        # Rebuilt, not restored, so that the cached hash is this process's (see Params).
+        return (Term, (self.op, self.args, self.params, self.index))
 
     def __repr__(self) -> str:
         parts = [repr(a) for a in self.args]

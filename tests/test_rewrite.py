@@ -117,3 +117,31 @@ def test_sides_evaluate_on_sharded_values():
     }
     (a,), (b,) = evaluate_side(rule.lhs, inst, values), evaluate_side(rule.rhs, inst, values)
     np.testing.assert_allclose(a.logical(), b.logical())
+
+
+def test_hashed_values_can_cross_processes(tmp_path):
+    # Params, Term and PCG cache their hash, which is of strings and so differs between
+    # processes; a pickle (to a worker, or in a cache file) must not carry it, or an equal value
+    # built in the other process misses it in every dict.
+    import pickle
+    import subprocess
+    import sys
+
+    from pcgopt.models import mnist_mlp
+
+    term = Term("partition", (Term("relu", (Var("x1"),)),), {"dim": 0, "degree": 2})
+    path = tmp_path / "values.pkl"
+    path.write_bytes(pickle.dumps((term, mnist_mlp())))
+    script = (
+        "import pickle, sys\n"
+        "from pcgopt.models import mnist_mlp\n"
+        "from pcgopt.rewrite import Term, Var\n"
+        "term, pcg = pickle.loads(open(sys.argv[1], 'rb').read())\n"
+        "fresh = Term('partition', (Term('relu', (Var('x1'),)),), {'dim': 0, 'degree': 2})\n"
+        "print(fresh in {term}, fresh.params in {term.params}, mnist_mlp() in {pcg})\n"
+    )
+    env = {**__import__("os").environ, "PYTHONHASHSEED": "12345"}
+    out = subprocess.run(
+        [sys.executable, "-c", script, str(path)], capture_output=True, text=True, env=env
+    )
+    assert out.stdout.split() == ["True", "True", "True"], out.stderr

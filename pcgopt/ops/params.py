@@ -186,6 +186,11 @@ class Params(Mapping[str, Any]):
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self) -> tuple:
+        # Rebuilt, not restored: a string's hash differs between processes, so a cached hash
+        # must not travel in a pickle (to a worker, or in a cache file).
+        return (Params, (dict(self._items),))
+
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Params):
             return self._items == other._items
