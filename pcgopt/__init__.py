@@ -23,6 +23,7 @@ from pcgopt.errors import (
 )
 from pcgopt.evaluate import Evaluation, assert_equivalent, equivalent, evaluate, random_feeds
 from pcgopt.graph import PCG, Node, TensorRef
+from pcgopt.machine import DeviceSpec, Level, Link, Machine, MachineError
 from pcgopt.ops import OPERATORS, OpKind, OpSpec, get_op
 from pcgopt.shapes import DType, ParallelDim, ParallelTensorShape
 from pcgopt.sharded import ShardedArray
@@ -37,9 +38,14 @@ __all__ = [
     "DType",
     "DanglingEdgeError",
     "DegreeError",
+    "DeviceSpec",
     "DuplicateNameError",
     "Evaluation",
     "EvaluationError",
+    "Level",
+    "Link",
+    "Machine",
+    "MachineError",
     "Node",
     "NotEquivalentError",
     "OpKind",
