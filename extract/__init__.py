@@ -1,5 +1,57 @@
-"""pcgopt.extract: cost model, extraction, machine-mapping DP, placement and reduction synthesis.
+"""pcgopt.extract: the cost model (and, to come, extraction, the machine-mapping DP, placement and
+reduction synthesis).
 
 Lives in the top-level folder ``extract/`` and installs as ``pcgopt.extract`` (see DESIGN.md).
-Its contents arrive with the cost-model and extraction issues; nothing here is importable API yet.
+
+* :mod:`pcgopt.extract.cost`: :func:`iteration_cost`, what one training iteration of a PCG
+  costs on a :class:`pcgopt.Machine` (compute, communication by level, memory per device), and
+  :func:`collective_cost`, the alpha-beta model of one collective on the hierarchy;
+* :mod:`pcgopt.extract.calibrate`: :func:`fit_alpha_beta`, alpha and beta fitted to measured
+  collective timings (:func:`load_csv`).
 """
+
+from pcgopt.extract.calibrate import (
+    AlphaBeta,
+    CalibrationError,
+    Measurement,
+    calibrated,
+    fit_alpha_beta,
+    load_csv,
+)
+from pcgopt.extract.cost import (
+    COLLECTIVES,
+    OPTIMIZERS,
+    CollectiveCost,
+    CostBreakdown,
+    CostError,
+    MemoryBreakdown,
+    NodeCost,
+    Optimizer,
+    ReductionCost,
+    collective_cost,
+    flat_coefficients,
+    iteration_cost,
+    roofline_s,
+)
+
+__all__ = [
+    "COLLECTIVES",
+    "OPTIMIZERS",
+    "AlphaBeta",
+    "CalibrationError",
+    "CollectiveCost",
+    "CostBreakdown",
+    "CostError",
+    "Measurement",
+    "MemoryBreakdown",
+    "NodeCost",
+    "Optimizer",
+    "ReductionCost",
+    "calibrated",
+    "collective_cost",
+    "fit_alpha_beta",
+    "flat_coefficients",
+    "iteration_cost",
+    "load_csv",
+    "roofline_s",
+]

@@ -1,0 +1,1066 @@
+"""What one training iteration of a PCG costs on a machine: compute, communication and memory.
+
+:func:`iteration_cost` walks the PCG once and charges every node for its share of a training
+iteration (forward, backward, weight-gradient synchronization, optimizer update), then checks
+that what each device must hold fits in its memory. Costs add up node by node, so that
+extraction can compare PCGs node by node (DESIGN.md, "Cost and extraction"). Units: seconds,
+bytes, FLOP.
+
+**Compute** (:func:`roofline_s`). A compute node's forward time is the roofline of one of its
+tasks, on its per-device shard shapes, with the FLOP and byte counts of its own operator spec
+(``OpSpec.flops`` and ``OpSpec.bytes_accessed``: each operator is counted in one place)::
+
+    forward = max(flops / peak_flops(dtype), bytes / memory_bandwidth) + launch_overhead
+
+The dtype is that of the node's first output. Backward rule: the gradient of every input that
+needs one is one kernel, as expensive as the forward (``dA = dY @ B^T`` and ``dB = A^T @ dY``
+each take a MatMul's FLOPs and bytes; an activation's gradient is one elementwise pass), except
+for an input the operator only broadcasts (by its signature: each of its dimensions is a
+dimension of the output, and some output dimension is not one of its: a bias, BatchNorm's
+scale), whose gradient is a sum of the output gradient over the broadcast axes: one pass,
+``out`` FLOPs and ``out + input`` bytes. So::
+
+    backward = forward * (inputs that need a gradient, broadcast ones apart) + passes
+
+A MatMul of an activation by a weight costs 2x its forward behind the first layer and 1x in the
+first layer (the graph input needs no gradient); a node nothing trainable flows into has no
+backward. A tensor needs a gradient when a trainable weight flows into it.
+
+**Communication** (:func:`collective_cost`). Only parallelization operators move data (Unity
+section 3.3). Each is a collective over groups of ``degree`` devices, all groups at once, with a
+per-device message of ``n`` bytes, the larger of the node's input and output shard::
+
+    node            forward          backward (its dual)   n
+    partition       scatter          gather                input shard
+    combine         gather           scatter               output shard
+    replicate       broadcast        reduce                input shard
+    reduce          reduce           broadcast             input shard
+    all_reduce      all_reduce       all_reduce            input shard
+    all_gather      all_gather       reduce_scatter        output shard
+    reduce_scatter  reduce_scatter   all_gather            input shard
+    all_to_all      all_to_all       all_to_all            input shard
+    discard_copies, to_partial, stack_partial: no data moves
+
+The backward runs only when the node's input needs a gradient. Flat algorithms, in the
+alpha-beta model (AutoDDL section 3.1, Table 2: bandwidth-optimal, long-message algorithms),
+``a * alpha + b * beta`` seconds with ``(a, b)`` from :func:`flat_coefficients`::
+
+    all_reduce (ring)                    2(p-1) alpha + 2(p-1)/p n beta
+    all_gather, reduce_scatter (ring)     (p-1) alpha +  (p-1)/p n beta
+    all_to_all (pairwise exchange)        (p-1) alpha +  (p-1)/p n beta
+    scatter, gather (root and p-1 peers)  (p-1) alpha +  (p-1)/p n beta
+    broadcast, reduce (pipelined chain)   (p-1) alpha +          n beta
+
+AutoDDL's table writes ``(2p-1) alpha`` for AllReduce and ``n beta`` for AlltoAll; the ring's
+``2(p-1)`` steps and the ``(p-1)/p`` share a pairwise exchange actually sends are used here, and
+:mod:`pcgopt.extract.calibrate` fits alpha and beta to the same formulas. ``beta`` is one over the
+bandwidth of the link that limits the group: the machine's links are per *unit* of their level
+(Machine's docstring), so every byte that leaves a unit (a GPU, a socket, a node) is counted
+against that unit's link, summed over all the groups that run at once, and the busiest unit link
+sets the time. For one group that is :meth:`Machine.slowest_link`; when several groups share a
+node's network link, each gets its share. ``alpha`` is the largest latency among the links a
+group's messages cross (the outermost level it spans and every level inside it); on every
+preset, that of the outermost level.
+
+A group that spans two or more levels of the hierarchy (:meth:`Machine.group_levels`) also
+gets a hierarchical algorithm, one phase per level it spans, and the cheaper of flat and
+hierarchical is charged. AllReduce is ReduceScatter inside the innermost level, AllReduce across
+the next, AllGather inside again (P^2's Figure 10ii, Cho et al. 2019); AllGather, Broadcast and
+Scatter go outermost level first, ReduceScatter, Reduce and Gather innermost first. The phase at
+level ``i`` with ``p_i`` participating units moves, through each unit's link::
+
+    all_reduce                2(p_i-1)/p_i n     in 2(p_i-1) steps
+    all_gather, reduce_scatter (p_i-1)/p_i n     in   p_i-1  steps
+    broadcast, reduce                    n       in   p_i-1  steps
+    scatter, gather           (p_i-1)/p_i n / (product of the participants outside level i)
+
+All the inner participants of a unit send through its link together, which is why these
+volumes do not shrink with the inner phases (on DGX-A100, 16 GPUs share one NIC). AllToAll has
+no hierarchical form here. The hook ``reduction_cost`` replaces the time of every AllReduce
+(forward, backward and weight-gradient synchronization) with a synthesized reduction program's
+(P^2 section 3; a later issue); the bytes reported stay those of the alpha-beta algorithm.
+
+**Sources and weight-gradient synchronization.** Partition and Replicate applied to a graph
+input or weight (directly or after other Partitions and Replicates) cost nothing: the data
+loader delivers the input already split and replicated, and a weight is *stored* in that layout.
+Its backward is free for Partition (each shard's gradient is where the shard is) and, for
+Replicate on a trainable weight, an AllReduce of the gradient among the copies: every copy
+updates itself with the sum (Unity section 3.3: parameter synchronization is the backward of
+Replicate on weights). Other parallel operators after a weight (AllGather of a sharded weight,
+as in FSDP) are ordinary communication in every iteration.
+
+**Placement.** A PCG fixes what every shard holds, not which device holds it; the machine-
+mapping search (a later issue) will decide that. Until then, by default, the groups of every
+collective are consecutive devices: group ``g`` of a degree-``d`` collective is devices
+``g*d .. g*d + d-1``, the closest devices the hierarchy offers, since device numbers that are
+close are close in the machine (Machine's docstring). This is optimistic: in a hybrid plan two
+collectives cannot both be innermost (Megatron's tensor-parallel AllReduce and the data-parallel
+gradient AllReduce), and the default places both there. ``devices=`` places the groups of chosen
+parallel nodes explicitly: ``{node name: device groups}``, as a sequence of ``groups`` sequences
+of ``degree`` devices each, or as one flat sequence read group after group; for a Replicate on a
+weight this places its gradient AllReduce. Compute nodes run where their inputs are, so they
+move no data.
+
+**Training iteration and memory.** Time is forward + backward of every node, communication
+included, plus the optimizer update, with no overlap of computation and communication and no
+concurrency between nodes: a conservative and additive model. The update (:data:`OPTIMIZERS`)
+is memory-bound: it reads and writes the weights, gradients and optimizer state once per stored
+weight layout. Memory per device: weights in their stored layout, their gradients, optimizer
+state (Adam 2 tensors, SGD with momentum 1, plain SGD 0, all in the weight's dtype), and every
+tensor a backward needs: each input of each node with a backward, except stored weights
+(counted once as weights). It is the sum of the per-shard sizes of these tensors: under the
+default placement device 0 holds a shard of every tensor, and no device holds more, so this is
+the maximum over devices. A plan whose memory exceeds the device's capacity is infeasible.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from fractions import Fraction
+from types import MappingProxyType
+from typing import Literal, Protocol
+
+from pcgopt.errors import PCGError
+from pcgopt.graph import PCG, Node, TensorRef
+from pcgopt.machine import DeviceSpec, Machine, MachineError
+from pcgopt.ops import ComputeOp, OpKind
+from pcgopt.shapes import DType, ParallelTensorShape
+
+__all__ = [
+    "COLLECTIVES",
+    "OPTIMIZERS",
+    "Collective",
+    "CollectiveCost",
+    "CostBreakdown",
+    "CostError",
+    "DevicePlacement",
+    "MemoryBreakdown",
+    "NodeCost",
+    "Optimizer",
+    "ReductionCost",
+    "collective_cost",
+    "flat_coefficients",
+    "iteration_cost",
+    "roofline_s",
+]
+
+Collective = Literal[
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+    "reduce",
+    "scatter",
+    "gather",
+]
+COLLECTIVES: tuple[str, ...] = (
+    "all_reduce",
+    "all_gather",
+    "reduce_scatter",
+    "all_to_all",
+    "broadcast",
+    "reduce",
+    "scatter",
+    "gather",
+)
+
+Algorithm = Literal["flat", "hierarchical", "best"]
+
+
+class CostError(PCGError):
+    """A PCG cannot be costed on this machine, or an argument of the cost model is invalid.
+    ``node`` names the node at fault when there is one."""
+
+
+# --- Collectives --------------------------------------------------------------------------------
+
+
+def _check_collective(kind: str) -> None:
+    if kind not in COLLECTIVES:
+        raise CostError(f"unknown collective {kind!r}; valid: {', '.join(COLLECTIVES)}")
+
+
+def flat_coefficients(kind: str, p: int, nbytes: float) -> tuple[float, float]:
+    """``(a, b)`` such that the flat algorithm for collective ``kind`` among ``p`` devices with a
+    per-device message of ``nbytes`` takes ``a * alpha + b * beta`` seconds (module docstring).
+
+    ``b`` is also what each device sends on its busiest edge. ``nbytes`` is the per-device
+    buffer: the vector for AllReduce, Broadcast and Reduce, the gathered output for AllGather and
+    Gather, the input for ReduceScatter and Scatter, each device's buffer for AllToAll.
+
+    >>> flat_coefficients("all_reduce", 4, 1000)
+    (6, 1500.0)
+    """
+    _check_collective(kind)
+    if isinstance(p, bool) or not isinstance(p, int) or p < 1:
+        raise CostError(f"a group has a positive integer number of devices, got {p!r}")
+    if not math.isfinite(nbytes) or nbytes < 0:
+        raise CostError(f"a message size is a finite number of bytes >= 0, got {nbytes!r}")
+    if kind == "all_reduce":
+        return 2 * (p - 1), 2 * (p - 1) / p * nbytes
+    if kind in ("broadcast", "reduce"):
+        return p - 1, float(nbytes) if p > 1 else 0.0
+    return p - 1, (p - 1) / p * nbytes
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveCost:
+    """The cost of one collective (all its groups at once).
+
+    ``nbytes``: the per-device message (see :func:`flat_coefficients`); ``bytes``: everything
+    sent, summed over all devices and groups; ``bytes_per_level``: the same bytes by the level
+    whose link separates sender and receiver (the outermost one a message crosses);
+    ``seconds_per_level``: the time by the level whose link limits it (each hierarchical phase
+    on its own level). ``algorithm`` is ``"flat"``, ``"hierarchical"``, ``"custom"`` (the
+    ``reduction_cost`` hook) or ``"none"`` (one device per group: nothing moves). ``purpose``
+    says why a node pays for it: ``"forward"``, ``"backward"`` or ``"weight sync"``.
+    """
+
+    kind: str
+    degree: int
+    groups: int
+    nbytes: float
+    algorithm: str
+    seconds: float
+    bytes: float
+    bytes_per_level: Mapping[str, float] = field(default_factory=dict)
+    seconds_per_level: Mapping[str, float] = field(default_factory=dict)
+    purpose: str = ""
+
+    def __repr__(self) -> str:
+        why = f"{self.purpose}: " if self.purpose else ""
+        return (
+            f"CollectiveCost({why}{self.kind} x{self.groups} groups of {self.degree}, "
+            f"{_fmt_bytes(self.nbytes)} each, {self.algorithm}: {_fmt_s(self.seconds)}, "
+            f"{_fmt_bytes(self.bytes)} moved)"
+        )
+
+
+class ReductionCost(Protocol):
+    """The hook for synthesized reduction programs: seconds for an AllReduce of ``nbytes`` per
+    device within each of ``groups`` (tuples of device indices, all running at once) on
+    ``machine``."""
+
+    def __call__(
+        self, groups: tuple[tuple[int, ...], ...], nbytes: float, machine: Machine
+    ) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Algo:
+    seconds: float
+    bytes_per_level: tuple[float, ...]
+    seconds_per_level: tuple[float, ...]
+
+
+def _edges(kind: str, group: tuple[int, ...], nbytes: float) -> Iterable[tuple[int, int, float]]:
+    """The point-to-point transfers of a flat algorithm: (sender, receiver, bytes)."""
+    p = len(group)
+    _, per_edge = flat_coefficients(kind, p, nbytes)
+    if kind in ("all_reduce", "all_gather", "reduce_scatter"):  # ring, in the group's order
+        return ((group[k], group[(k + 1) % p], per_edge) for k in range(p))
+    if kind == "broadcast":  # chain from the root (the first member), pipelined
+        return ((group[k], group[k + 1], per_edge) for k in range(p - 1))
+    if kind == "reduce":  # the same chain, towards the root
+        return ((group[k + 1], group[k], per_edge) for k in range(p - 1))
+    if kind == "scatter":  # the root sends each member its block
+        return ((group[0], group[k], nbytes / p) for k in range(1, p))
+    if kind == "gather":
+        return ((group[k], group[0], nbytes / p) for k in range(1, p))
+    raise AssertionError(kind)  # all_to_all is counted in closed form
+
+
+def _edge_share(kind: str, p: int) -> Fraction:
+    """What one edge of a flat algorithm carries, as a fraction of the message (exactly)."""
+    if kind == "all_reduce":
+        return Fraction(2 * (p - 1), p)
+    if kind in ("all_gather", "reduce_scatter"):
+        return Fraction(p - 1, p)
+    if kind in ("broadcast", "reduce"):
+        return Fraction(1)
+    return Fraction(1, p)  # scatter, gather: one block
+
+
+def _flat(kind: str, groups: tuple[tuple[int, ...], ...], nbytes: float, machine: Machine) -> _Algo:
+    levels = machine.levels
+    depth = len(levels)
+    coords = {d: machine.coordinates(d) for g in groups for d in g}
+    # Bytes leaving (out) and entering (in) each unit, per level: links are per direction.
+    out_load: list[defaultdict[tuple[int, ...], float]] = [defaultdict(float) for _ in levels]
+    in_load: list[defaultdict[tuple[int, ...], float]] = [defaultdict(float) for _ in levels]
+    # Bytes are added up exactly: a ring splits a message into p chunks, and the totals of a
+    # plan must come out as whole bytes (Unity's 813,056 elements).
+    by_level = [Fraction(0)] * depth
+    exact = Fraction(nbytes)
+    for g in groups:
+        if kind == "all_to_all":
+            # Pairwise exchange: every ordered pair sends n/p. A unit holding m of the p members
+            # sends and receives m (p - m) n / p; pairs first separated at level j are the pairs
+            # in different units at level j minus those already apart at level j - 1.
+            p = len(g)
+            apart_before = 0
+            for j in range(depth):
+                members = Counter(coords[d][: j + 1] for d in g)
+                for unit, m in members.items():
+                    out_load[j][unit] += m * (p - m) * nbytes / p
+                    in_load[j][unit] += m * (p - m) * nbytes / p
+                apart = p * p - sum(m * m for m in members.values())
+                by_level[j] += (apart - apart_before) * exact / p
+                apart_before = apart
+            continue
+        share = _edge_share(kind, len(g)) * exact
+        for src, dst, size in _edges(kind, g, nbytes):
+            a, b = coords[src], coords[dst]
+            first = next(i for i in range(depth) if a[i] != b[i])
+            by_level[first] += share
+            # The message climbs through the link of every level from the device up to the
+            # level that separates the two (Machine's docstring).
+            for j in range(first, depth):
+                out_load[j][a[: j + 1]] += size
+                in_load[j][b[: j + 1]] += size
+    bandwidth_s, limiting = 0.0, depth - 1
+    for j, level in enumerate(levels):
+        busiest = max([*out_load[j].values(), *in_load[j].values(), 0.0])
+        t = busiest / level.link.bandwidth_Bps
+        if t > bandwidth_s:
+            bandwidth_s, limiting = t, j
+    steps, _ = flat_coefficients(kind, len(groups[0]), nbytes)
+    # Every step waits for the largest latency on its way. (The latency of the lowest-bandwidth
+    # link instead would make the time jump up when an inner link gets faster than an outer one.)
+    alpha = max(
+        max(level.link.latency_s for level in levels[machine.group_levels(g)[0].index :])
+        for g in groups
+    )
+    seconds = steps * alpha + bandwidth_s
+    per_level = [0.0] * depth
+    per_level[limiting] = seconds
+    return _Algo(seconds, tuple(float(b) for b in by_level), tuple(per_level))
+
+
+def _hierarchical(
+    kind: str, groups: tuple[tuple[int, ...], ...], nbytes: float, machine: Machine
+) -> _Algo | None:
+    """One phase per level the groups span (module docstring), or None when that does not apply:
+    AllToAll, a group within one level, groups of different shapes, or an irregular group (not
+    the same number of members in every unit it occupies)."""
+    if kind == "all_to_all":
+        return None
+    spans = {tuple((s.index, s.participants) for s in machine.group_levels(g)) for g in groups}
+    if len(spans) != 1:
+        return None
+    (span,) = spans
+    if len(span) < 2 or math.prod(p for _, p in span) != len(groups[0]):
+        return None
+    depth = len(machine.levels)
+    by_level = [Fraction(0)] * depth
+    per_level = [0.0] * depth
+    exact = Fraction(nbytes)
+    outer = 1  # participants of the spanned levels outside the current one
+    for index, p in span:
+        link = machine.levels[index].link
+        if kind == "all_reduce":
+            steps, through_unit = 2 * (p - 1), 2 * (p - 1) / p * nbytes
+            sent = 2 * (p - 1) * exact * outer
+        elif kind in ("all_gather", "reduce_scatter"):
+            steps, through_unit, sent = p - 1, (p - 1) / p * nbytes, (p - 1) * exact * outer
+        elif kind in ("broadcast", "reduce"):
+            steps, through_unit, sent = p - 1, float(nbytes), (p - 1) * exact * outer
+        else:  # scatter, gather: each phase splits what the previous one delivered
+            steps, through_unit = p - 1, (p - 1) / p * nbytes / outer
+            sent = Fraction(p - 1, p) * exact
+        # Groups that share a unit share its link.
+        sharing = Counter(
+            unit for g in groups for unit in {machine.coordinates(d)[: index + 1] for d in g}
+        )
+        seconds = steps * link.latency_s + max(sharing.values()) * through_unit / link.bandwidth_Bps
+        by_level[index] += sent * len(groups)
+        per_level[index] += seconds
+        outer *= p
+    return _Algo(sum(per_level), tuple(float(b) for b in by_level), tuple(per_level))
+
+
+def _as_groups(groups: Iterable[Iterable[int]], machine: Machine) -> tuple[tuple[int, ...], ...]:
+    out = tuple(tuple(g) for g in groups)
+    if not out:
+        raise CostError("a collective needs at least one group of devices")
+    sizes = {len(g) for g in out}
+    if len(sizes) != 1 or 0 in sizes:
+        raise CostError(
+            f"the groups of a collective are non-empty and of one size, got sizes {sorted(sizes)}"
+        )
+    seen: set[int] = set()
+    for g in out:
+        for d in g:
+            try:
+                machine.coordinates(d)
+            except MachineError as e:
+                raise CostError(str(e)) from None
+            if d in seen:
+                raise CostError(
+                    f"device {d} appears twice in the groups {[list(g) for g in out]}; a device "
+                    "holds one shard of a tensor"
+                )
+            seen.add(d)
+    return out
+
+
+def collective_cost(
+    kind: str,
+    groups: Iterable[Iterable[int]],
+    nbytes: float,
+    machine: Machine,
+    *,
+    algorithm: Algorithm = "best",
+    reduction_cost: ReductionCost | None = None,
+) -> CollectiveCost:
+    """The time and traffic of collective ``kind`` run at once within every group of
+    ``groups`` (device indices; the first member is the root of rooted collectives), with a
+    per-device message of ``nbytes`` (see :func:`flat_coefficients`).
+
+    ``algorithm``: ``"flat"``, ``"hierarchical"`` (flat where no hierarchical form applies) or
+    ``"best"``, the faster of the two. ``reduction_cost``: the hook that times
+    AllReduce instead (see :class:`ReductionCost`).
+
+    >>> m = Machine.preset("summit", nodes=1, devices_per_node=2)
+    >>> c = collective_cost("all_reduce", [(0, 1)], 4e6, m)
+    >>> c.bytes, round(c.seconds * 1e6, 1)  # 2(p-1) n moved; 2 alpha + n / 50 GB/s
+    (8000000.0, 86.8)
+    """
+    _check_collective(kind)
+    if not isinstance(machine, Machine):
+        raise CostError(f"machine must be a pcgopt.Machine, got {machine!r}")
+    if algorithm not in ("flat", "hierarchical", "best"):
+        raise CostError(f"algorithm must be 'flat', 'hierarchical' or 'best', got {algorithm!r}")
+    groups = _as_groups(groups, machine)
+    nbytes = float(nbytes)
+    flat_coefficients(kind, len(groups[0]), nbytes)  # validates nbytes
+    names = [level.name for level in machine.levels]
+    degree = len(groups[0])
+    if degree == 1 or nbytes == 0:
+        zero = MappingProxyType(dict.fromkeys(names, 0.0))
+        return CollectiveCost(kind, degree, len(groups), nbytes, "none", 0.0, 0.0, zero, zero)
+    flat = _flat(kind, groups, nbytes, machine)
+    hier = None if algorithm == "flat" else _hierarchical(kind, groups, nbytes, machine)
+    chosen, label = flat, "flat"
+    if hier is not None and (algorithm == "hierarchical" or hier.seconds < flat.seconds):
+        chosen, label = hier, "hierarchical"
+    seconds, per_level = chosen.seconds, dict(zip(names, chosen.seconds_per_level, strict=True))
+    if reduction_cost is not None and kind == "all_reduce":
+        seconds = float(reduction_cost(groups, nbytes, machine))
+        if not math.isfinite(seconds) or seconds < 0:
+            raise CostError(f"reduction_cost returned {seconds!r}; it must be seconds >= 0")
+        outermost = min(s.index for g in groups for s in machine.group_levels(g))
+        per_level = dict.fromkeys(names, 0.0)
+        per_level[names[outermost]] = seconds
+        label = "custom"
+    return CollectiveCost(
+        kind=kind,
+        degree=degree,
+        groups=len(groups),
+        nbytes=nbytes,
+        algorithm=label,
+        seconds=seconds,
+        bytes=sum(chosen.bytes_per_level),
+        bytes_per_level=MappingProxyType(dict(zip(names, chosen.bytes_per_level, strict=True))),
+        seconds_per_level=MappingProxyType(per_level),
+    )
+
+
+# --- Compute --------------------------------------------------------------------------------------
+
+
+def roofline_s(flops: float, nbytes: float, dtype: DType | str, device: DeviceSpec) -> float:
+    """One kernel's time on ``device``: ``max(flops / peak(dtype), bytes / memory bandwidth)``
+    plus the launch overhead. A kernel without FLOPs needs no rate for its dtype.
+
+    >>> from pcgopt.machine import V100_SXM2_16GB as v100
+    >>> round(roofline_s(2 * 64 * 784 * 512, 4 * (64 * 784 + 784 * 512 + 64 * 512), "f32", v100)
+    ...       * 1e6, 2)
+    8.27
+    """
+    compute = flops / device.peak_flops_for(dtype) if flops else 0.0
+    return max(compute, nbytes / device.memory_bandwidth_Bps) + device.launch_overhead_s
+
+
+def _gradient_s(
+    node: Node,
+    ins: tuple[ParallelTensorShape, ...],
+    outs: tuple[ParallelTensorShape, ...],
+    i: int,
+    forward_s: float,
+    device: DeviceSpec,
+) -> float:
+    """The time of the gradient of compute ``node``'s input ``i`` (module docstring): one pass
+    over the output gradient for an input the operator only broadcasts (a bias, BatchNorm's scale),
+    else what the forward costs."""
+    spec = node.spec
+    assert isinstance(spec, ComputeOp)
+    sig = spec.signature(node.params, tuple(s.sizes for s in ins), tuple(s.sizes for s in outs))
+    # Broadcast only: every dimension of the input is an output dimension, and some output
+    # dimension is not one of its (a bias along the rows). A contracted dimension (a weight's k,
+    # also in a fused Linear, whose signature leaves k out) or a normalized one is not.
+    along_outputs = {
+        ax.inputs[i]
+        for ax in sig.axes
+        if ax.inputs[i] is not None and any(d is not None for d in ax.outputs)
+    }
+    spread = any(ax.inputs[i] is None and any(d is not None for d in ax.outputs) for ax in sig.axes)
+    if spread and along_outputs == set(range(ins[i].rank)):
+        out = outs[0]
+        return roofline_s(
+            out.shard_numel, out.shard_nbytes + ins[i].shard_nbytes, out.dtype, device
+        )
+    return forward_s
+
+
+# --- Optimizers -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Optimizer:
+    """What the optimizer keeps and touches per weight element: ``states`` extra tensors the size
+    of the weight (in its dtype), and ``accesses``, the tensor reads and writes of one update
+    (which is memory-bound)."""
+
+    name: str
+    states: int
+    accesses: int
+
+    def __repr__(self) -> str:
+        return f"Optimizer({self.name!r}, {self.states} states, {self.accesses} accesses)"
+
+
+#: Plain SGD reads w and g and writes w; SGD with momentum also reads and writes the momentum;
+#: Adam reads w, g, m, v and writes w, m, v.
+OPTIMIZERS: Mapping[str, Optimizer] = MappingProxyType(
+    {
+        "sgd": Optimizer("sgd", states=0, accesses=3),
+        "momentum": Optimizer("momentum", states=1, accesses=5),
+        "adam": Optimizer("adam", states=2, accesses=7),
+    }
+)
+
+
+def _optimizer(value: str | Optimizer) -> Optimizer:
+    if isinstance(value, Optimizer):
+        return value
+    try:
+        return OPTIMIZERS[value]
+    except (KeyError, TypeError):
+        raise CostError(
+            f"unknown optimizer {value!r}; valid: {', '.join(OPTIMIZERS)} (or an Optimizer)"
+        ) from None
+
+
+# --- Results --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class NodeCost:
+    """One node's share of an iteration (per device, in seconds and bytes).
+
+    ``forward_s``/``backward_s``: its compute; ``comm_forward_s``/``comm_backward_s``: its
+    communication (for a Replicate on a weight, the backward is the gradient AllReduce);
+    ``update_s``: the optimizer update of a weight; ``comm_bytes``: bytes it moves, summed over
+    all devices; ``memory_bytes``: what it keeps on a device (a weight: its stored layouts,
+    gradients and optimizer state; another node: its outputs kept for the backward); ``flops``:
+    forward FLOPs of one task; ``collectives``: what it communicates, in order.
+    """
+
+    name: str
+    op: str
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    comm_forward_s: float = 0.0
+    comm_backward_s: float = 0.0
+    update_s: float = 0.0
+    comm_bytes: float = 0.0
+    memory_bytes: int = 0
+    flops: int = 0
+    collectives: tuple[CollectiveCost, ...] = ()
+
+    @property
+    def compute_s(self) -> float:
+        return self.forward_s + self.backward_s
+
+    @property
+    def comm_s(self) -> float:
+        return self.comm_forward_s + self.comm_backward_s
+
+    @property
+    def total_s(self) -> float:
+        return self.compute_s + self.comm_s + self.update_s
+
+    def __repr__(self) -> str:
+        parts = [
+            f"{label} {_fmt_s(value)}"
+            for label, value in (
+                ("forward", self.forward_s),
+                ("backward", self.backward_s),
+                ("comm", self.comm_s),
+                ("update", self.update_s),
+            )
+            if value
+        ]
+        if self.comm_bytes:
+            parts.append(f"moves {_fmt_bytes(self.comm_bytes)}")
+        if self.memory_bytes:
+            parts.append(f"keeps {_fmt_bytes(self.memory_bytes)}")
+        return f"NodeCost({self.name!r} ({self.op}): {', '.join(parts) or 'free'})"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryBreakdown:
+    """Bytes one device holds (the maximum over devices; see the module docstring)."""
+
+    weights: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+
+    @property
+    def total(self) -> int:
+        return self.weights + self.gradients + self.optimizer_state + self.activations
+
+    def __repr__(self) -> str:
+        return (
+            f"MemoryBreakdown({_fmt_bytes(self.total)}: weights {_fmt_bytes(self.weights)}, "
+            f"gradients {_fmt_bytes(self.gradients)}, optimizer {_fmt_bytes(self.optimizer_state)}"
+            f", activations {_fmt_bytes(self.activations)})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CostBreakdown:
+    """What one training iteration costs, and where (see :func:`iteration_cost`).
+
+    ``total_s = compute_s + comm_s + update_s``. ``comm_bytes``: bytes sent, summed over all
+    devices; ``*_per_level``: by machine level, outermost first. ``memory_per_device``: bytes a
+    device holds (``memory`` splits it), ``feasible``: whether that fits ``memory_capacity``.
+    ``devices_used``: the most devices any node spans. ``per_node``: every node, in the PCG's
+    order. ``str()`` (or :meth:`summary`) is a table of the costliest nodes.
+    """
+
+    machine: str
+    optimizer: str
+    total_s: float
+    compute_s: float
+    forward_s: float
+    backward_s: float
+    comm_s: float
+    update_s: float
+    comm_bytes: float
+    comm_bytes_per_level: Mapping[str, float]
+    comm_s_per_level: Mapping[str, float]
+    memory: MemoryBreakdown
+    memory_capacity: int
+    devices_used: int
+    per_node: Mapping[str, NodeCost]
+
+    @property
+    def memory_per_device(self) -> int:
+        return self.memory.total
+
+    @property
+    def feasible(self) -> bool:
+        return self.memory.total <= self.memory_capacity
+
+    def __repr__(self) -> str:
+        fits = "feasible" if self.feasible else "INFEASIBLE"
+        return (
+            f"CostBreakdown({_fmt_s(self.total_s)} = compute {_fmt_s(self.compute_s)} + comm "
+            f"{_fmt_s(self.comm_s)} + update {_fmt_s(self.update_s)}; moves "
+            f"{_fmt_bytes(self.comm_bytes)}; {_fmt_bytes(self.memory_per_device)} per device of "
+            f"{_fmt_bytes(self.memory_capacity)}, {fits})"
+        )
+
+    def summary(self, *, max_rows: int | None = 20) -> str:
+        """A readable report: totals, communication by level, memory, then the nodes that cost
+        the most time (``max_rows`` of them; None: all)."""
+        fits = "fits" if self.feasible else "DOES NOT FIT"
+        lines = [
+            f"training iteration on {self.machine}, {self.devices_used} devices used, "
+            f"optimizer {self.optimizer}: {_fmt_s(self.total_s)}",
+            f"  compute        {_fmt_s(self.compute_s):>10}  (forward {_fmt_s(self.forward_s)}, "
+            f"backward {_fmt_s(self.backward_s)})",
+            f"  communication  {_fmt_s(self.comm_s):>10}  ({_fmt_bytes(self.comm_bytes)} moved)",
+            f"  update         {_fmt_s(self.update_s):>10}",
+        ]
+        width = max(len(name) for name in self.comm_bytes_per_level)
+        for name, moved in self.comm_bytes_per_level.items():
+            lines.append(
+                f"    over {name:<{width}}  {_fmt_s(self.comm_s_per_level[name]):>10}  "
+                f"{_fmt_bytes(moved):>10}"
+            )
+        m = self.memory
+        lines.append(
+            f"  memory per device {_fmt_bytes(m.total)} of {_fmt_bytes(self.memory_capacity)} "
+            f"({fits}): weights {_fmt_bytes(m.weights)}, gradients {_fmt_bytes(m.gradients)}, "
+            f"optimizer {_fmt_bytes(m.optimizer_state)}, activations {_fmt_bytes(m.activations)}"
+        )
+        nodes = sorted(
+            (n for n in self.per_node.values() if n.total_s or n.memory_bytes),
+            key=lambda n: (-n.total_s, -n.memory_bytes),
+        )
+        hidden = 0
+        if max_rows is not None and len(nodes) > max_rows:
+            hidden = len(nodes) - max_rows
+            nodes = nodes[:max_rows]
+        header = ("node", "op", "forward", "backward", "comm", "update", "moved", "memory")
+        rows = [header] + [
+            (
+                n.name if len(n.name) <= 32 else n.name[:29] + "...",
+                n.op,
+                _fmt_s(n.forward_s),
+                _fmt_s(n.backward_s),
+                _fmt_s(n.comm_s),
+                _fmt_s(n.update_s),
+                _fmt_bytes(n.comm_bytes),
+                _fmt_bytes(n.memory_bytes),
+            )
+            for n in nodes
+        ]
+        widths = [max(len(r[k]) for r in rows) for k in range(len(header))]
+        for r in rows:
+            cells = [r[0].ljust(widths[0]), r[1].ljust(widths[1])]
+            cells += [c.rjust(w) for c, w in zip(r[2:], widths[2:], strict=True)]
+            lines.append("  " + "  ".join(cells))
+        if hidden:
+            lines.append(f"  ... {hidden} more nodes")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+# --- The iteration ------------------------------------------------------------------------------
+
+# Parallel operators that, applied to a source, describe how it is loaded or stored.
+_MATERIALIZING = frozenset({"partition", "replicate"})
+
+# Forward collective and backward (dual) collective of each parallel operator that moves data.
+_DUALS: Mapping[str, tuple[str, str]] = MappingProxyType(
+    {
+        "partition": ("scatter", "gather"),
+        "combine": ("gather", "scatter"),
+        "replicate": ("broadcast", "reduce"),
+        "reduce": ("reduce", "broadcast"),
+        "all_reduce": ("all_reduce", "all_reduce"),
+        "all_gather": ("all_gather", "reduce_scatter"),
+        "reduce_scatter": ("reduce_scatter", "all_gather"),
+        "all_to_all": ("all_to_all", "all_to_all"),
+    }
+)
+
+DevicePlacement = Mapping[str, Sequence[int] | Sequence[Sequence[int]]]
+
+
+@dataclass
+class _Acc:
+    """A node's cost while it is being added up."""
+
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    comm_forward_s: float = 0.0
+    comm_backward_s: float = 0.0
+    update_s: float = 0.0
+    memory_bytes: int = 0
+    flops: int = 0
+    grad_inputs: int = 0
+    collectives: list[CollectiveCost] = field(default_factory=list)
+
+    def add(self, cost: CollectiveCost, purpose: str) -> None:
+        self.collectives.append(replace(cost, purpose=purpose))
+        if purpose == "forward":
+            self.comm_forward_s += cost.seconds
+        else:
+            self.comm_backward_s += cost.seconds
+
+
+class _Placement:
+    """Device groups of parallel nodes: explicit ones checked, defaults consecutive."""
+
+    def __init__(self, pcg: PCG, machine: Machine, devices: DevicePlacement | None) -> None:
+        self.machine = machine
+        self.explicit: dict[str, object] = {}
+        if devices is None:
+            return
+        if not isinstance(devices, Mapping):
+            raise CostError(
+                f"devices must map node names to device groups, got {type(devices).__name__}"
+            )
+        for name, value in devices.items():
+            if name not in pcg:
+                raise CostError(f"devices names node {name!r}, which is not in the PCG", node=name)
+            node = pcg.node(name)
+            if node.spec.kind is not OpKind.PARALLEL:
+                raise CostError(
+                    f"devices places node {name!r} ({node.op}), but only parallelization "
+                    "operators move data; compute nodes run where their inputs are",
+                    node=name,
+                )
+            self.explicit[name] = value
+
+    def groups(self, node: Node, degree: int, width: int) -> tuple[tuple[int, ...], ...]:
+        """The ``width // degree`` groups of ``degree`` devices that ``node`` communicates in."""
+        num_devices = self.machine.num_devices
+        if width > num_devices:
+            raise CostError(
+                f"node {node.name!r} ({node.op}) spans {width} devices, but machine "
+                f"{self.machine.name!r} has {num_devices}",
+                node=node.name,
+            )
+        count = width // degree
+        if node.name not in self.explicit:
+            return tuple(tuple(range(g * degree, (g + 1) * degree)) for g in range(count))
+        value = self.explicit[node.name]
+        where = f"devices[{node.name!r}]"
+        try:
+            items = list(value)  # type: ignore[call-overload]
+        except TypeError:
+            raise CostError(
+                f"{where} must be device groups, got {value!r}", node=node.name
+            ) from None
+        if items and all(_is_index(d) for d in items):
+            if len(items) != width:
+                raise CostError(
+                    f"{where} lists {len(items)} devices; node {node.name!r} ({node.op}) needs "
+                    f"{width}: {count} group(s) of {degree}",
+                    node=node.name,
+                )
+            items = [items[g * degree : (g + 1) * degree] for g in range(count)]
+        if len(items) != count or any(
+            isinstance(g, str | bytes) or not isinstance(g, Sequence) or len(g) != degree
+            for g in items
+        ):
+            raise CostError(
+                f"{where} must be {count} group(s) of {degree} devices for node {node.name!r} "
+                f"({node.op}), got {value!r}",
+                node=node.name,
+            )
+        for g in items:
+            for d in g:
+                if not _is_index(d):
+                    raise CostError(f"{where}: {d!r} is not a device index", node=node.name)
+        try:
+            return _as_groups(items, self.machine)
+        except CostError as e:
+            raise CostError(f"{where}: {e.message}", node=node.name) from None
+
+
+def _is_index(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def iteration_cost(
+    pcg: PCG,
+    machine: Machine,
+    *,
+    optimizer: str | Optimizer = "adam",
+    devices: DevicePlacement | None = None,
+    reduction_cost: ReductionCost | None = None,
+) -> CostBreakdown:
+    """The cost of one training iteration of ``pcg`` on ``machine`` (model in the module
+    docstring): time, communication, memory per device and whether it fits.
+
+    ``optimizer``: ``"adam"``, ``"momentum"``, ``"sgd"`` (see :data:`OPTIMIZERS`) or an
+    :class:`Optimizer`. ``devices``: explicit device groups for parallel nodes (module
+    docstring, "Placement"). ``reduction_cost``: times every AllReduce instead of the alpha-beta
+    model (:class:`ReductionCost`).
+
+    >>> from pcgopt import PCGBuilder
+    >>> b = PCGBuilder()
+    >>> x = b.partition(b.input((64, 784), name="x"), dim=0, degree=2)
+    >>> w = b.replicate(b.weight((784, 10), name="w"), degree=2)
+    >>> cost = iteration_cost(b.build(b.matmul(x, w)), Machine.preset("dgx-a100"))
+    >>> cost.comm_bytes == 2 * 784 * 10 * 4  # the gradient AllReduce of w: 2(p-1) n
+    True
+    """
+    if not isinstance(pcg, PCG):
+        raise CostError(f"pcg must be a pcgopt.PCG, got {type(pcg).__name__}")
+    if not isinstance(machine, Machine):
+        raise CostError(f"machine must be a pcgopt.Machine, got {type(machine).__name__}")
+    opt = _optimizer(optimizer)
+    placement = _Placement(pcg, machine, devices)
+    device = machine.device
+    acc = {n.name: _Acc() for n in pcg.nodes}
+
+    # Which tensors need a gradient, and which nodes only load or store a source in a layout.
+    needs_grad: dict[str, bool] = {}
+    source_of: dict[str, str] = {}
+    for n in pcg.nodes:
+        if n.op == "weight":
+            needs_grad[n.name] = bool(n.params["trainable"])
+        else:
+            needs_grad[n.name] = any(needs_grad[r.node] for r in n.inputs)
+        if n.spec.kind is OpKind.SOURCE:
+            source_of[n.name] = n.name
+        elif n.op in _MATERIALIZING and n.inputs[0].node in source_of:
+            source_of[n.name] = source_of[n.inputs[0].node]
+
+    consumers = pcg.consumers()
+    graph_outputs = set(pcg.outputs)
+
+    def is_stored(name: str) -> bool:
+        """A materialized tensor something other than a materializing op reads: a layout in
+        which the source is kept."""
+        ref = TensorRef(name)
+        if ref in graph_outputs:
+            return True
+        return any(c not in source_of for c, _ in consumers.get(ref, ()))
+
+    def stored_below(name: str) -> list[str]:
+        """The stored layouts at or after materialized node ``name``."""
+        found = [name] if is_stored(name) else []
+        for c, _ in consumers.get(TensorRef(name), ()):
+            if c in source_of:
+                found += stored_below(c)
+        return found
+
+    def collective(kind: str, groups, nbytes: float) -> CollectiveCost:
+        return collective_cost(kind, groups, nbytes, machine, reduction_cost=reduction_cost)
+
+    devices_used = 1
+    for n in pcg.nodes:
+        a = acc[n.name]
+        spec = n.spec
+        ins, outs = pcg.input_shapes(n.name), pcg.output_shapes(n.name)
+        if spec.kind is OpKind.COMPUTE:
+            tasks = outs[0].num_shards
+            if tasks > machine.num_devices:
+                raise CostError(
+                    f"node {n.name!r} ({n.op}) runs {tasks} tasks, but machine {machine.name!r} "
+                    f"has {machine.num_devices} devices",
+                    node=n.name,
+                )
+            devices_used = max(devices_used, tasks)
+            a.flops = spec.flops(n.params, ins, outs)
+            moved = spec.bytes_accessed(n.params, ins, outs)
+            try:
+                a.forward_s = roofline_s(a.flops, moved, outs[0].dtype, device)
+                for i, r in enumerate(n.inputs):
+                    if needs_grad[r.node]:
+                        a.grad_inputs += 1
+                        a.backward_s += _gradient_s(n, ins, outs, i, a.forward_s, device)
+            except MachineError as e:
+                raise CostError(f"node {n.name!r} ({n.op}): {e}", node=n.name) from None
+        elif spec.kind is OpKind.PARALLEL and n.op in _DUALS:
+            degree = n.params["degree"]
+            width = max(ins[0].num_shards, outs[0].num_shards)
+            devices_used = max(devices_used, width)
+            nbytes = max(ins[0].shard_nbytes, outs[0].shard_nbytes)
+            if n.name not in source_of:
+                forward, backward = _DUALS[n.op]
+                groups = placement.groups(n, degree, width)
+                a.add(collective(forward, groups, nbytes), "forward")
+                if needs_grad[n.inputs[0].node]:
+                    a.add(collective(backward, groups, nbytes), "backward")
+            elif n.op == "replicate" and needs_grad[n.name]:
+                # A replicated trainable weight: every copy must receive the summed gradient.
+                for layout in stored_below(n.name):
+                    shape = pcg.shape(layout)
+                    groups = placement.groups(n, degree, shape.num_shards)
+                    a.add(collective("all_reduce", groups, shape.shard_nbytes), "weight sync")
+            else:
+                placement.groups(n, degree, width)  # still on the machine
+
+    # Memory and the optimizer update. Weights are kept in their stored layouts, once each.
+    weights = gradients = states = activations = 0
+    stored_weight: set[str] = set()
+    for n in pcg.nodes:
+        if n.op != "weight":
+            continue
+        trainable = bool(n.params["trainable"])
+        for layout in dict.fromkeys(stored_below(n.name)):
+            stored_weight.add(layout)
+            size = pcg.shape(layout).shard_nbytes
+            weights += size
+            acc[n.name].memory_bytes += size
+            if trainable:
+                gradients += size
+                states += opt.states * size
+                acc[n.name].memory_bytes += (1 + opt.states) * size
+                acc[n.name].update_s += (
+                    opt.accesses * size / device.memory_bandwidth_Bps + device.launch_overhead_s
+                )
+    kept: dict[TensorRef, None] = {}
+    for n in pcg.nodes:
+        if acc[n.name].grad_inputs:
+            for r in n.inputs:
+                if r.node not in stored_weight:
+                    kept[r] = None
+    for r in kept:
+        size = pcg.shape(r).shard_nbytes
+        activations += size
+        acc[r.node].memory_bytes += size
+
+    per_node = {}
+    level_names = [level.name for level in machine.levels]
+    bytes_per_level = dict.fromkeys(level_names, 0.0)
+    seconds_per_level = dict.fromkeys(level_names, 0.0)
+    for n in pcg.nodes:
+        a = acc[n.name]
+        for c in a.collectives:
+            for name in level_names:
+                bytes_per_level[name] += c.bytes_per_level[name]
+                seconds_per_level[name] += c.seconds_per_level[name]
+        per_node[n.name] = NodeCost(
+            name=n.name,
+            op=n.op,
+            forward_s=a.forward_s,
+            backward_s=a.backward_s,
+            comm_forward_s=a.comm_forward_s,
+            comm_backward_s=a.comm_backward_s,
+            update_s=a.update_s,
+            comm_bytes=sum(c.bytes for c in a.collectives),
+            memory_bytes=a.memory_bytes,
+            flops=a.flops,
+            collectives=tuple(a.collectives),
+        )
+    nodes = per_node.values()
+    forward_s = sum(c.forward_s for c in nodes)
+    backward_s = sum(c.backward_s for c in nodes)
+    comm_s = sum(c.comm_s for c in nodes)
+    update_s = sum(c.update_s for c in nodes)
+    return CostBreakdown(
+        machine=f"{machine.name} ({machine.num_devices} x {device.name})",
+        optimizer=opt.name,
+        total_s=forward_s + backward_s + comm_s + update_s,
+        compute_s=forward_s + backward_s,
+        forward_s=forward_s,
+        backward_s=backward_s,
+        comm_s=comm_s,
+        update_s=update_s,
+        comm_bytes=sum(c.comm_bytes for c in nodes),
+        comm_bytes_per_level=MappingProxyType(bytes_per_level),
+        comm_s_per_level=MappingProxyType(seconds_per_level),
+        memory=MemoryBreakdown(weights, gradients, states, activations),
+        memory_capacity=device.memory_bytes,
+        devices_used=devices_used,
+        per_node=MappingProxyType(per_node),
+    )
+
+
+# --- Readable numbers -----------------------------------------------------------------------------
+
+
+def _fmt_s(value: float) -> str:
+    if value == 0:
+        return "0"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if value >= scale:
+            return f"{value / scale:.4g} {unit}"
+    return f"{value / 1e-9:.4g} ns"
+
+
+def _fmt_bytes(value: float) -> str:
+    if value == 0:
+        return "0"
+    for scale, unit in ((2**40, "TiB"), (2**30, "GiB"), (2**20, "MiB"), (2**10, "KiB")):
+        if value >= scale:
+            return f"{value / scale:.4g} {unit}"
+    return f"{value:.4g} B"
