@@ -7,9 +7,18 @@ Lives in the top-level folder ``extract/`` and installs as ``pcgopt.extract`` (s
   costs on a :class:`pcgopt.Machine` (compute, communication by level, memory per device), and
   :func:`collective_cost`, the alpha-beta model of one collective on the hierarchy;
 * :mod:`pcgopt.extract.calibrate`: :func:`fit_alpha_beta`, alpha and beta fitted to measured
-  collective timings (:func:`load_csv`).
+  collective timings (:func:`load_csv`);
+* :mod:`pcgopt.extract.baselines`: :func:`data_parallel`, :func:`megatron` and
+  :func:`sequential`, the hand-written plans the optimizer must never lose to.
 """
 
+from pcgopt.extract.baselines import (
+    BaselineError,
+    data_parallel,
+    fuse,
+    megatron,
+    sequential,
+)
 from pcgopt.extract.calibrate import (
     AlphaBeta,
     CalibrationError,
@@ -38,6 +47,7 @@ __all__ = [
     "COLLECTIVES",
     "OPTIMIZERS",
     "AlphaBeta",
+    "BaselineError",
     "CalibrationError",
     "CollectiveCost",
     "CostBreakdown",
@@ -49,9 +59,13 @@ __all__ = [
     "ReductionCost",
     "calibrated",
     "collective_cost",
+    "data_parallel",
     "fit_alpha_beta",
     "flat_coefficients",
+    "fuse",
     "iteration_cost",
     "load_csv",
+    "megatron",
     "roofline_s",
+    "sequential",
 ]

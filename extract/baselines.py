@@ -1,0 +1,567 @@
+"""Hand-written parallelization baselines, as PCGs costed by the same model as the optimizer.
+
+The joint optimizer must never be worse than these (DESIGN.md, "Baselines"): their plans are in
+its search space. Each function takes a sequential PCG (no parallel operators) and returns an
+equivalent parallel PCG (``pcgopt.equivalent(pcg, plan)`` with the default ``"parallel"``
+comparison: every output is brought back to one unsplit copy at the end).
+
+* :func:`data_parallel`: every data input split by its batch dimension (dimension 0) over
+  ``degree`` devices, every weight replicated on all of them (its gradient is all-reduced, the
+  backward of Replicate); operators run on their batch shard. Unity Figure 2a.
+* :func:`megatron`: Megatron-LM tensor parallelism over ``tensor_degree`` devices combined with
+  data parallelism over the rest. A weight MatMul/Linear whose output reaches only other weight
+  MatMuls/Linears through operators that keep a split of the last dimension (activations,
+  dropout, reshape/transpose into attention heads, BatchMatMul, softmax) is *column-parallel*:
+  its weight and bias split by output columns, its input replicated; the weight MatMul/Linear
+  that reads a tensor split by its contraction dimension is *row-parallel*: its weight split by
+  rows, the MatMul leaves partial sums, AllReduce, then the bias and activation (unfused: a
+  Linear with a bias cannot split its contraction). In a Transformer this is exactly Megatron's
+  attention (Q, K, V column-parallel, heads split, output projection row-parallel) and MLP
+  (FFN1 column, FFN2 row). Other models get the same rule on their Linear pairs (an MLP's
+  layers alternate column/row); a model without such a pair is data parallel.
+* :func:`sequential`: :func:`fuse` (the algebraic rewrites a single-device optimizer applies:
+  MatMul + bias Add + activation into one Linear), kept only when it does not make the
+  single-device iteration slower, then the cheaper of :func:`data_parallel` and :func:`megatron`
+  on that fixed graph (feasible plans first, then ``iteration_cost(...).total_s``).
+
+Lowering is node by node with :class:`~pcgopt.PCGBuilder`, so every operator's own parallel
+shape rule decides what its output layout is. When an operator cannot take its inputs' layout
+(a LayerNorm over a split hidden dimension, a reshape that would split a head), its tensor-
+parallel splits are all-gathered first, and as a last resort all its inputs are made whole: the
+plan stays valid and equivalent, only slower. Weights and what is computed only from weights
+(the transposed tied embedding) are materialized at their consumers, replicated as many times as
+the consumer's data input has shards, so the Replicate sits right after the Weight (stored
+replicated, with gradient synchronization, in the cost model).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pcgopt.builder import PCGBuilder, Tensor
+from pcgopt.errors import PCGError
+from pcgopt.graph import PCG, Node, TensorRef
+from pcgopt.machine import Level, Machine
+from pcgopt.ops import OPERATORS, OpKind
+from pcgopt.ops.linalg import ACTIVATIONS
+
+__all__ = ["BaselineError", "data_parallel", "fuse", "megatron", "sequential"]
+
+
+class BaselineError(PCGError):
+    """A baseline cannot be built for this PCG or degree (no batch dimension to split, a degree
+    that does not divide the batch or exceeds the machine, a PCG that is already parallel)."""
+
+
+# Operators through which a column-parallel split of the last dimension travels to the
+# row-parallel layer (Megatron's attention and MLP blocks).
+_PASS_THROUGH = frozenset(
+    {*ACTIVATIONS, "dropout", "scale", "reshape", "transpose", "batch_matmul", "softmax"}
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# inspection
+# ----------------------------------------------------------------------------------------------
+
+
+def _check_sequential(pcg: PCG) -> None:
+    for node in pcg.nodes:
+        if OPERATORS[node.op].kind is OpKind.PARALLEL:
+            raise BaselineError(
+                f"node {node.name!r} ({node.op}): baselines parallelize a sequential PCG, "
+                "but this one already has parallel operators",
+                node=node.name,
+            )
+
+
+def batch_size(pcg: PCG) -> int:
+    """The batch size: dimension 0 of every data input, which must agree (else BaselineError
+    naming the input at fault)."""
+    inputs = pcg.inputs
+    if not inputs:
+        raise BaselineError("the PCG has no data input, so there is no batch dimension to split")
+    sizes: dict[str, int] = {}
+    for node in inputs:
+        shape = pcg.shape(node.name)
+        if shape.rank == 0:
+            raise BaselineError(
+                f"node {node.name!r} (input) is a scalar: it has no batch dimension to split",
+                node=node.name,
+            )
+        sizes[node.name] = shape.sizes[0]
+    first = inputs[0].name
+    for name, size in sizes.items():
+        if size != sizes[first]:
+            raise BaselineError(
+                f"node {name!r} (input) has {size} rows in dimension 0 but {first!r} has "
+                f"{sizes[first]}: the inputs do not share a batch dimension",
+                node=name,
+            )
+    return sizes[first]
+
+
+def _largest_divisor(n: int, limit: int) -> int:
+    """The largest d <= limit dividing n (at least 1)."""
+    return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
+
+
+def _data_free(pcg: PCG) -> set[str]:
+    """Nodes computed from weights only (weights included): materialized at their consumers."""
+    free: set[str] = set()
+    for node in pcg.nodes:
+        if node.op == "weight" or (
+            node.inputs
+            and OPERATORS[node.op].kind is not OpKind.SOURCE
+            and all(r.node in free for r in node.inputs)
+        ):
+            free.add(node.name)
+    return free
+
+
+def _weight_matmul(pcg: PCG, node: Node) -> bool:
+    """A MatMul or Linear of an activation by a rank-2 Weight (a dense layer)."""
+    return (
+        node.op in ("matmul", "linear")
+        and len(node.inputs) >= 2
+        and pcg.node(node.inputs[1].node).op == "weight"
+        and pcg.shape(node.inputs[1]).rank == 2
+    )
+
+
+def _column_parallel(pcg: PCG, degree: int) -> set[str]:
+    """Dense layers whose output reaches only other dense layers' activation input through
+    :data:`_PASS_THROUGH` operators: Megatron's column-parallel halves."""
+    consumers = pcg.consumers()
+    outputs = set(pcg.outputs)
+    chosen: set[str] = set()
+    for node in pcg.nodes:
+        if not _weight_matmul(pcg, node) or pcg.shape(node.inputs[1]).sizes[1] % degree:
+            continue
+        ok, seen, stack, ends = True, set(), [node.output()], 0
+        while stack and ok:
+            ref = stack.pop()
+            if ref in seen:
+                continue
+            seen.add(ref)
+            if ref in outputs or not consumers.get(ref):
+                ok = False
+                break
+            for name, slot in consumers[ref]:
+                user = pcg.node(name)
+                if _weight_matmul(pcg, user) and slot == 0:
+                    ends += 1
+                elif user.op in _PASS_THROUGH:
+                    stack.extend(user.output(i) for i in range(len(pcg.output_shapes(name))))
+                else:
+                    ok = False
+                    break
+        if ok and ends:
+            chosen.add(node.name)
+    return chosen
+
+
+# ----------------------------------------------------------------------------------------------
+# lowering
+# ----------------------------------------------------------------------------------------------
+
+
+class _Lowering:
+    """Rebuilds a sequential PCG with its inputs split by batch over ``dp`` devices and, when
+    ``tp > 1``, Megatron's tensor parallelism over ``tp`` (module docstring)."""
+
+    def __init__(self, pcg: PCG, dp: int, tp: int = 1) -> None:
+        self.pcg, self.dp, self.tp = pcg, dp, tp
+        self.b = PCGBuilder()
+        self.env: dict[TensorRef, Tensor] = {}
+        self.cache: dict[tuple[Any, ...], Tensor] = {}
+        self.free = _data_free(pcg)
+        self.column = _column_parallel(pcg, tp) if tp > 1 else set()
+        self.names = {n.name for n in pcg.nodes}
+        #: Nodes lowered by the last-resort fallback (whole inputs): a plan quality signal.
+        self.fallbacks: list[str] = []
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _name(self, base: str) -> str:
+        name, k = base, 1
+        while name in self.names:
+            k += 1
+            name = f"{base}~{k}"
+        self.names.add(name)
+        return name
+
+    def _memo(self, key: tuple[Any, ...], make: Callable[[], Tensor]) -> Tensor:
+        if key not in self.cache:
+            self.cache[key] = make()
+        return self.cache[key]
+
+    def _source(self, name: str) -> Tensor:
+        node = self.pcg.node(name)
+
+        def make() -> Tensor:
+            return self.b.apply(node.op, name=node.name, **dict(node.params))  # type: ignore[return-value]
+
+        return self._memo(("source", name), make)
+
+    def _free(self, ref: TensorRef, copies: int) -> Tensor:
+        """A weight-only tensor, replicated ``copies`` times (the Replicate right after each
+        Weight, then the weight-only operators on the copies)."""
+
+        def make() -> Tensor:
+            node = self.pcg.node(ref.node)
+            if node.op == "weight":
+                w = self._source(node.name)
+                if copies == 1:
+                    return w
+                return self.b.replicate(w, degree=copies, name=self._name(f"{node.name}.r{copies}"))
+            ins = [self._free(r, copies) for r in node.inputs]
+            name = node.name if copies == 1 else self._name(f"{node.name}.r{copies}")
+            out = self.b.apply(node.op, *ins, name=name, **dict(node.params))
+            outs = out if isinstance(out, tuple) else (out,)
+            for i, t in enumerate(outs):
+                self.cache[("free", TensorRef(ref.node, i), copies)] = t
+            return outs[ref.index]
+
+        return self._memo(("free", ref, copies), make)
+
+    def _split_weight(self, ref: TensorRef, dim: int) -> Tensor:
+        """A weight split ``tp`` ways along ``dim`` and replicated over the ``dp`` batch shards."""
+
+        def make() -> Tensor:
+            name = ref.node
+            w = self.b.partition(
+                self._source(name), dim=dim, degree=self.tp, name=self._name(f"{name}.tp")
+            )
+            if self.dp > 1:
+                w = self.b.replicate(w, degree=self.dp, name=self._name(f"{name}.r{self.dp}"))
+            return w
+
+        return self._memo(("split", ref, dim), make)
+
+    def _replicate(self, ref: TensorRef, t: Tensor, copies: int) -> Tensor:
+        if copies == 1:
+            return t
+        return self._memo(
+            ("copies", ref, t, copies),
+            lambda: self.b.replicate(t, degree=copies, name=self._name(f"{ref.node}.r{copies}")),
+        )
+
+    def _gather(self, ref: TensorRef, t: Tensor) -> Tensor:
+        """Undoes tensor-parallel splits: sums partial sums and all-gathers every split dimension
+        but the batch (dimension 0), leaving copies."""
+
+        def make() -> Tensor:
+            x = t
+            if x.shape.is_partial:
+                x = self.b.all_reduce(
+                    x, degree=x.shape.sum_degree, name=self._name(f"{ref.node}.allreduce")
+                )
+            for dim, d in enumerate(x.shape.degrees):
+                if dim > 0 and d > 1:
+                    x = self.b.all_gather(
+                        x, dim=dim, degree=d, name=self._name(f"{ref.node}.gather{dim}")
+                    )
+            return x
+
+        return self._memo(("gather", ref, t), make)
+
+    def _whole(self, ref: TensorRef, t: Tensor) -> Tensor:
+        """One unsplit copy of ``t``."""
+
+        def make() -> Tensor:
+            x = t
+            if x.shape.is_partial:
+                x = self.b.reduce(x, degree=x.shape.sum_degree, name=self._name(f"{ref.node}.sum"))
+            if x.shape.copy_degree > 1:
+                x = self.b.discard_copies(
+                    x, degree=x.shape.copy_degree, name=self._name(f"{ref.node}.one")
+                )
+            for dim, d in enumerate(x.shape.degrees):
+                if d > 1:
+                    x = self.b.combine(
+                        x, dim=dim, degree=d, name=self._name(f"{ref.node}.combine{dim}")
+                    )
+            return x
+
+        return self._memo(("whole", ref, t), make)
+
+    def _harmonize(self, node: Node, data: dict[int, Tensor]) -> tuple[list[Tensor], int]:
+        """All inputs on the same number of devices: data inputs with fewer shards get copies,
+        weight-only inputs are replicated on all of them."""
+        shards = max((t.shape.num_shards for t in data.values()), default=1)
+        ins: list[Tensor] = []
+        for i, ref in enumerate(node.inputs):
+            if i in data:
+                t = data[i]
+                n = t.shape.num_shards
+                ins.append(self._replicate(ref, t, shards // n) if shards % n == 0 else t)
+            else:
+                ins.append(self._free(ref, shards))
+        return ins, shards
+
+    def _apply(self, node: Node, ins: list[Tensor], name: str | None = None) -> tuple[Tensor, ...]:
+        out = self.b.apply(node.op, *ins, name=name or node.name, **dict(node.params))
+        return out if isinstance(out, tuple) else (out,)
+
+    # -- one node -------------------------------------------------------------------------
+
+    def _megatron(self, node: Node) -> tuple[Tensor, ...] | None:
+        """Column- or row-parallel lowering of a dense layer, or None when it is neither."""
+        if self.tp == 1 or not _weight_matmul(self.pcg, node):
+            return None
+        xref = node.inputs[0]
+        x = self.env[xref]
+        s = x.shape
+        if node.name in self.column and not s.is_partial and s.degrees[-1] == 1:
+            # Column-parallel: every tensor-parallel device needs the whole input.
+            if s.copy_degree == 1:
+                x = self._replicate(xref, x, self.tp)
+            elif s.copy_degree != self.tp:
+                return None
+            w = self._split_weight(node.inputs[1], 1)
+            bias = [self._split_weight(r, 0) for r in node.inputs[2:]]
+            return self._apply(node, [x, w, *bias])
+        if s.degrees[-1] == self.tp and not s.is_partial and s.copy_degree == 1:
+            # Row-parallel: partial sums over the split contraction, summed by an AllReduce;
+            # bias and activation after it (a fused Linear cannot leave partial sums).
+            w = self._split_weight(node.inputs[1], 0)
+            extras = node.inputs[2:]
+            act = node.params["activation"] if node.op == "linear" else "none"
+            last = not extras and act == "none"
+            y = self.b.matmul(x, w, name=self._name(f"{node.name}.matmul"))
+            y = self.b.all_reduce(
+                y, degree=self.tp, name=node.name if last else self._name(f"{node.name}.allreduce")
+            )
+            if extras:
+                bias = self._free(extras[0], y.shape.num_shards)
+                name = node.name if act == "none" else self._name(f"{node.name}.bias")
+                y = self.b.add(y, bias, name=name)  # type: ignore[assignment]
+            if act != "none":
+                y = self.b.apply(act, y, name=node.name)  # type: ignore[assignment]
+            return (y,)
+        return None
+
+    def _lower(self, node: Node) -> None:
+        if node.op == "input":
+            x = self._source(node.name)
+            if self.dp > 1:
+                x = self.b.partition(
+                    x, dim=0, degree=self.dp, name=self._name(f"{node.name}.split")
+                )
+            self.env[node.output()] = x
+            return
+        if node.name in self.free:
+            return  # materialized at its consumers
+        outs: tuple[Tensor, ...] | None = None
+        try:
+            outs = self._megatron(node)
+        except PCGError:
+            outs = None
+        data = {i: self.env[r] for i, r in enumerate(node.inputs) if r.node not in self.free}
+        attempts = (
+            lambda: data,
+            lambda: {i: self._gather(node.inputs[i], t) for i, t in data.items()},
+            lambda: {i: self._whole(node.inputs[i], t) for i, t in data.items()},
+        )
+        error: PCGError | None = None
+        for k, attempt in enumerate(attempts):
+            if outs is not None:
+                break
+            try:
+                ins, _ = self._harmonize(node, attempt())
+                outs = self._apply(node, ins)
+                if k == 2:
+                    self.fallbacks.append(node.name)
+            except PCGError as e:
+                error = e
+        if outs is None:
+            raise BaselineError(
+                f"node {node.name!r} ({node.op}) cannot be lowered even on whole inputs: {error}",
+                node=node.name,
+            )
+        for i, t in enumerate(outs):
+            self.env[node.output(i)] = t
+
+    def run(self) -> PCG:
+        for node in self.pcg.nodes:
+            self._lower(node)
+        results = []
+        for ref in self.pcg.outputs:
+            if ref.node in self.free:
+                results.append(self._free(ref, 1))
+            else:
+                results.append(self._whole(ref, self.env[ref]))
+        # Equivalence matches inputs and weights by name: even unused ones must be there.
+        for node in self.pcg.nodes:
+            if OPERATORS[node.op].kind is OpKind.SOURCE:
+                self._source(node.name)
+        return _prune(self.b.build(results))
+
+
+def _prune(pcg: PCG) -> PCG:
+    """Drops nodes no output depends on (layouts made by a lowering attempt that then failed),
+    which the cost model would otherwise charge; inputs and weights always stay."""
+    live: set[str] = set()
+    stack = [r.node for r in pcg.outputs]
+    while stack:
+        name = stack.pop()
+        if name not in live:
+            live.add(name)
+            stack.extend(r.node for r in pcg.node(name).inputs)
+    nodes = [n for n in pcg.nodes if n.name in live or OPERATORS[n.op].kind is OpKind.SOURCE]
+    return pcg if len(nodes) == len(pcg) else PCG(nodes, pcg.outputs)
+
+
+# ----------------------------------------------------------------------------------------------
+# baselines
+# ----------------------------------------------------------------------------------------------
+
+
+def data_parallel(pcg: PCG, machine: Machine, *, degree: int | None = None) -> PCG:
+    """Data parallelism over ``degree`` devices (default: the largest that divides the batch
+    and fits the machine): inputs split by batch, weights replicated, outputs combined."""
+    _check_sequential(pcg)
+    batch = batch_size(pcg)
+    if degree is None:
+        degree = _largest_divisor(batch, machine.num_devices)
+    _check_degree(pcg, machine, degree, batch, "degree")
+    return _Lowering(pcg, degree).run()
+
+
+def _check_degree(pcg: PCG, machine: Machine, degree: int, batch: int, what: str) -> None:
+    if not isinstance(degree, int) or degree < 1:
+        raise BaselineError(f"{what} must be a positive integer, got {degree!r}")
+    if degree > machine.num_devices:
+        raise BaselineError(
+            f"{what} {degree} exceeds machine {machine.name!r}'s {machine.num_devices} devices"
+        )
+    if batch % degree:
+        first = pcg.inputs[0].name
+        raise BaselineError(
+            f"node {first!r} (input): batch size {batch} is not divisible by {what} {degree}",
+            node=first,
+        )
+
+
+def _devices_per_node(machine: Machine) -> int:
+    """Devices inside one unit of the outermost level (a node), where Megatron keeps its
+    tensor-parallel group so that its AllReduces stay on the fast links."""
+    if len(machine.levels) == 1:
+        return machine.num_devices
+    return machine.num_devices // machine.levels[0].count
+
+
+def megatron(pcg: PCG, machine: Machine, *, tensor_degree: int | None = None) -> PCG:
+    """Megatron-LM tensor parallelism over ``tensor_degree`` devices, data parallelism over the
+    remaining ``num_devices // tensor_degree`` (the largest degree dividing the batch).
+
+    Default ``tensor_degree``: of the degrees up to the devices of one node that divide the
+    machine, the largest for which every column-parallel layer found can be split (Megatron
+    keeps tensor parallelism inside a node); 1, i.e. data parallelism, when none is found.
+    """
+    _check_sequential(pcg)
+    batch = batch_size(pcg)
+    if tensor_degree is not None:
+        _check_tensor_degree(machine, tensor_degree)
+        dp = _largest_divisor(batch, machine.num_devices // tensor_degree)
+        return _Lowering(pcg, dp, tensor_degree).run()
+    per_node = _devices_per_node(machine)
+    for t in sorted(
+        (t for t in range(2, per_node + 1) if machine.num_devices % t == 0), reverse=True
+    ):
+        if not _column_parallel(pcg, t):
+            continue
+        lowering = _Lowering(pcg, _largest_divisor(batch, machine.num_devices // t), t)
+        plan = lowering.run()
+        if not lowering.fallbacks:
+            return plan
+    return _Lowering(pcg, _largest_divisor(batch, machine.num_devices)).run()
+
+
+def _check_tensor_degree(machine: Machine, degree: int) -> None:
+    if not isinstance(degree, int) or degree < 1:
+        raise BaselineError(f"tensor_degree must be a positive integer, got {degree!r}")
+    if degree > machine.num_devices:
+        raise BaselineError(
+            f"tensor_degree {degree} exceeds machine {machine.name!r}'s "
+            f"{machine.num_devices} devices"
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# sequential optimization
+# ----------------------------------------------------------------------------------------------
+
+
+def fuse(pcg: PCG) -> PCG:
+    """Single-device algebraic rewrites, to a fixed point: ``matmul(x, w) + b`` (``b`` a rank-1
+    weight, the MatMul read by nothing else) becomes ``linear(x, w, b)``, and an activation
+    (ReLU, GELU, sigmoid, tanh) whose input is a bias-free or activation-free Linear or MatMul
+    read by nothing else is fused into it. The fused node takes the name of the last node it
+    replaces, so every other reference stays valid."""
+    _check_sequential(pcg)
+    while True:
+        fused = _fuse_once(pcg)
+        if fused is None:
+            return pcg
+        pcg = fused
+
+
+def _fuse_once(pcg: PCG) -> PCG | None:
+    consumers = pcg.consumers()
+    outputs = set(pcg.outputs)
+    for node in pcg.nodes:
+        if node.op not in ("matmul", "linear") or node.output() in outputs:
+            continue
+        users = consumers.get(node.output(), [])
+        if len(users) != 1 or len(pcg.output_shapes(node.name)) != 1:
+            continue
+        user = pcg.node(users[0][0])
+        act = node.params["activation"] if node.op == "linear" else "none"
+        n = pcg.shape(node.output()).sizes[-1]
+        if node.op == "matmul" and pcg.shape(node.inputs[1]).rank != 2:
+            continue
+        replacement: Node | None = None
+        if user.op in ACTIVATIONS and act == "none":
+            replacement = Node(user.name, "linear", node.inputs, {"activation": user.op})
+        elif user.op == "add" and act == "none" and len(node.inputs) == 2:
+            other = user.inputs[1 - users[0][1]]
+            src = pcg.node(other.node)
+            if src.op == "weight" and pcg.shape(other).sizes == (n,) and other != node.output():
+                replacement = Node(user.name, "linear", (*node.inputs, other), {})
+        if replacement is None:
+            continue
+        nodes = [
+            replacement if m.name == user.name else m for m in pcg.nodes if m.name != node.name
+        ]
+        try:
+            return PCG(nodes, pcg.outputs)
+        except PCGError:
+            continue  # e.g. broadcasting the add would not be a bias: keep the graph as it is
+    return None
+
+
+def sequential(pcg: PCG, machine: Machine) -> PCG:
+    """Sequential optimization: :func:`fuse` with no parallelism in view (kept when a single
+    device runs it no slower), then the cheaper of :func:`data_parallel` and :func:`megatron`
+    on that fixed graph (feasible first, then total time)."""
+    from pcgopt.extract.cost import iteration_cost
+
+    _check_sequential(pcg)
+    fused = fuse(pcg)
+    if fused is not pcg:
+        one = _single_device(machine)
+        if iteration_cost(fused, one).total_s > iteration_cost(pcg, one).total_s:
+            fused = pcg
+    plans = [data_parallel(fused, machine), megatron(fused, machine)]
+    costs = [iteration_cost(p, machine) for p in plans]
+    best = min(range(len(plans)), key=lambda i: (not costs[i].feasible, costs[i].total_s))
+    return plans[best]
+
+
+def _single_device(machine: Machine) -> Machine:
+    """One device of ``machine`` (the single-device optimizer's view)."""
+    inner = machine.levels[-1]
+    return Machine((Level(inner.name, 1, inner.link),), machine.device, name=machine.name)

@@ -1,0 +1,196 @@
+"""The baselines: each is an equivalent parallel PCG of its input, costed by the same model;
+Unity's data-parallel MNIST numbers; Megatron's layout; sequential optimization never worse."""
+
+import pytest
+
+import pcgopt
+from pcgopt import Machine, PCGBuilder, models
+from pcgopt.extract import BaselineError, iteration_cost
+from pcgopt.extract.baselines import data_parallel, fuse, megatron, sequential
+
+TWO_GPUS = Machine.preset("summit", nodes=1, devices_per_node=2)
+SUMMIT_NODE = Machine.preset("summit")  # 6 GPUs
+BASELINES = {"data_parallel": data_parallel, "megatron": megatron, "sequential": sequential}
+UNITY = ("mlp", "bert_large", "dlrm", "xdl", "candle_uno", "resnext50", "inception_v3")
+
+
+def weight_sync_bytes(cost):
+    """Bytes moved (over all devices) by the nodes that synchronize weight gradients: the
+    Replicates of weights, whose only collective is that AllReduce."""
+    return sum(
+        n.comm_bytes
+        for n in cost.per_node.values()
+        if any(c.purpose == "weight sync" for c in n.collectives)
+    )
+
+
+def parallel_ops(pcg):
+    return [n.op for n in pcg.nodes if pcg.node(n.name).spec.kind.name == "PARALLEL"]
+
+
+# --- Equivalence on the zoo's small variants ------------------------------------------------------
+
+
+@pytest.mark.parametrize("baseline", sorted(BASELINES))
+@pytest.mark.parametrize("name", sorted(models.ZOO))
+def test_every_baseline_is_equivalent_to_its_input(name, baseline):
+    pcg = models.build(name, small=True)
+    plan = BASELINES[baseline](pcg, TWO_GPUS)
+    pcgopt.assert_equivalent(pcg, plan, trials=1)
+    cost = iteration_cost(plan, TWO_GPUS)
+    assert cost.devices_used <= TWO_GPUS.num_devices
+
+
+@pytest.mark.parametrize("name", ["transformer", "mnist_mlp", "candle_uno", "vgg13"])
+def test_hybrid_megatron_on_a_whole_node_is_equivalent(name):
+    pcg = models.build(name, small=True, batch=6) if name != "vgg13" else None
+    pcg = pcg or models.build(name, small=True, batch=3)
+    for t in (2, 3):
+        plan = megatron(pcg, SUMMIT_NODE, tensor_degree=t)
+        pcgopt.assert_equivalent(pcg, plan, trials=1)
+        assert iteration_cost(plan, SUMMIT_NODE).devices_used <= 6
+
+
+# --- Data parallelism ---------------------------------------------------------------------------
+
+
+def test_data_parallel_mnist_on_two_gpus_syncs_813056_elements_of_weight_gradients():
+    pcg = models.build("mnist_mlp")  # Unity Figure 1: b = 64, 784 -> 512 -> 10
+    plan = data_parallel(pcg, TWO_GPUS)
+    assert plan.shape("x.split").degrees == (2, 1)
+    assert plan.shape("w1.r2").copy_degree == 2 and plan.shape("w2.r2").copy_degree == 2
+    cost = iteration_cost(plan, TWO_GPUS)
+    assert weight_sync_bytes(cost) == 813_056 * 4
+    # The rest is the Combine of the [64, 10] output (gather forward, scatter backward).
+    assert cost.comm_bytes == 813_056 * 4 + 2 * (64 * 10 * 4) // 2
+
+
+def test_default_degree_is_the_largest_that_divides_the_batch_and_fits():
+    pcg = models.build("mnist_mlp", small=True)  # batch 8, on 6 GPUs: 4
+    plan = data_parallel(pcg, SUMMIT_NODE)
+    assert plan.shape("x.split").degrees[0] == 4
+    assert data_parallel(pcg, SUMMIT_NODE, degree=2).shape("x.split").degrees[0] == 2
+    one = data_parallel(pcg, SUMMIT_NODE, degree=1)
+    assert parallel_ops(one) == []
+    pcgopt.assert_equivalent(pcg, one, compare="shards")
+
+
+def test_every_input_is_split_by_batch_and_the_outputs_are_whole():
+    pcg = models.build("dlrm", small=True)
+    plan = data_parallel(pcg, TWO_GPUS)
+    for node in pcg.inputs:
+        assert plan.shape(f"{node.name}.split").degrees[0] == 2
+    for ref in plan.outputs:
+        assert plan.shape(ref).is_unpartitioned
+
+
+# --- Megatron -----------------------------------------------------------------------------------
+
+
+def test_megatron_mlp_is_column_then_row_parallel_with_one_all_reduce():
+    plan = megatron(models.build("mnist_mlp"), TWO_GPUS)
+    assert plan.shape("w1.tp").degrees == (1, 2)  # column-parallel: output columns
+    assert plan.shape("w2.tp").degrees == (2, 1)  # row-parallel: contraction rows
+    assert plan.node("matmul2").op == "all_reduce"
+    cost = iteration_cost(plan, TWO_GPUS)
+    assert weight_sync_bytes(cost) == 0  # no weight is replicated
+    # Forward and backward AllReduce of the [64, 10] output, and the Broadcast/Reduce of x.
+    kinds = sorted(c.kind for n in cost.per_node.values() for c in n.collectives)
+    assert kinds.count("all_reduce") == 2
+
+
+def test_megatron_splits_attention_heads_and_ffn():
+    pcg = models.build("transformer", small=True)
+    plan = megatron(pcg, TWO_GPUS)
+    for proj in ("q", "k", "v"):
+        assert plan.shape(f"layer0/attn/{proj}/w.tp").degrees == (1, 2)
+    assert plan.shape("layer0/attn/scores").degrees[1] == 2  # heads
+    assert plan.shape("layer0/attn/out/w.tp").degrees == (2, 1)
+    assert plan.shape("layer0/ffn1/w.tp").degrees == (1, 2)
+    assert plan.shape("layer0/ffn2/w.tp").degrees == (2, 1)
+    assert plan.node("layer0/attn/out/linear.allreduce").op == "all_reduce"
+
+
+def test_megatron_syncs_fewer_weight_bytes_than_data_parallel_on_a_transformer():
+    pcg = models.build("transformer", small=True)
+    dp = iteration_cost(data_parallel(pcg, TWO_GPUS), TWO_GPUS)
+    mg = iteration_cost(megatron(pcg, TWO_GPUS), TWO_GPUS)
+    assert 0 < weight_sync_bytes(mg) < weight_sync_bytes(dp)
+
+
+def test_megatron_combines_tensor_and_data_parallelism():
+    pcg = models.build("transformer", small=True, batch=6)
+    plan = megatron(pcg, SUMMIT_NODE, tensor_degree=2)  # 3-way data parallel on the rest
+    assert plan.shape("tokens.split").degrees == (3, 1)
+    assert plan.shape("layer0/attn/q/w.r3").copy_degree == 3
+    assert iteration_cost(plan, SUMMIT_NODE).devices_used == 6
+
+
+def test_megatron_without_dense_pairs_is_data_parallel():
+    pcg = models.build("resnext50", small=True)
+    assert megatron(pcg, TWO_GPUS) == data_parallel(pcg, TWO_GPUS)
+
+
+# --- Sequential optimization --------------------------------------------------------------------
+
+
+def test_fuse_makes_matmul_bias_and_relu_one_linear():
+    b = PCGBuilder()
+    x = b.input((8, 6), name="x")
+    y = b.add(b.matmul(x, b.weight((6, 4), name="w"), name="mm"), b.weight((4,), name="bias"))
+    pcg = b.build(b.relu(y, name="act"))
+    fused = fuse(pcg)
+    assert [n.op for n in fused.nodes if n.op not in ("input", "weight")] == ["linear"]
+    assert fused.node("act").params["activation"] == "relu"
+    pcgopt.assert_equivalent(pcg, fused, compare="shards")
+    mnist = models.build("mnist_mlp", small=True)
+    assert fuse(mnist).node("relu").op == "linear"
+    pcgopt.assert_equivalent(mnist, fuse(mnist))
+
+
+def test_fuse_leaves_a_matmul_read_twice():
+    b = PCGBuilder()
+    h = b.matmul(b.input((4, 4), name="x"), b.weight((4, 4), name="w"), name="mm")
+    pcg = b.build(b.relu(h), b.gelu(h))
+    assert fuse(pcg) == pcg
+
+
+@pytest.mark.parametrize("name", [*UNITY, "transformer", "mnist_mlp"])
+def test_sequential_is_never_worse_than_the_other_baselines(name):
+    pcg = models.build(name, small=True)
+    for machine in (TWO_GPUS, SUMMIT_NODE):
+        best = iteration_cost(sequential(pcg, machine), machine)
+        for other in (data_parallel, megatron):
+            cost = iteration_cost(other(pcg, machine), machine)
+            assert (not best.feasible, best.total_s) <= (not cost.feasible, cost.total_s * 1.000001)
+
+
+# --- Errors -------------------------------------------------------------------------------------
+
+
+def test_errors_name_the_node():
+    b = PCGBuilder()
+    pcg = b.build(b.relu(b.input((4, 3), name="a")), b.relu(b.input((2, 3), name="c")))
+    with pytest.raises(BaselineError, match=r"node 'c' \(input\) has 2 rows .* 'a' has 4") as e:
+        data_parallel(pcg, TWO_GPUS)
+    assert e.value.node == "c" and isinstance(e.value, ValueError)
+
+    b = PCGBuilder()
+    pcg = b.build(b.scale(b.input((), name="s"), factor=2.0))
+    with pytest.raises(BaselineError, match=r"node 's' \(input\) is a scalar"):
+        megatron(pcg, TWO_GPUS)
+
+    b = PCGBuilder()
+    pcg = b.build(b.relu(b.weight((4,), name="w")))
+    with pytest.raises(BaselineError, match="no data input"):
+        sequential(pcg, TWO_GPUS)
+
+    mnist = models.build("mnist_mlp", small=True)  # batch 8
+    with pytest.raises(BaselineError, match=r"node 'x' \(input\): batch size 8 .* degree 3"):
+        data_parallel(mnist, SUMMIT_NODE, degree=3)
+    with pytest.raises(BaselineError, match="degree 4 exceeds machine 'summit'"):
+        data_parallel(mnist, TWO_GPUS, degree=4)
+    with pytest.raises(BaselineError, match="tensor_degree 8 exceeds"):
+        megatron(mnist, SUMMIT_NODE, tensor_degree=8)
+    with pytest.raises(BaselineError, match=r"node 'x.split' \(partition\): .*already"):
+        data_parallel(data_parallel(mnist, TWO_GPUS), TWO_GPUS)
