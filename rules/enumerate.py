@@ -1,0 +1,444 @@
+"""Enumerating small PCGs and fingerprinting them (TASO's method, with parallel operators).
+
+Every graph of up to ``max_ops`` operators over a fixed set of concrete input tensors is built
+depth-first. Each operator is one *variant* (an operator with concrete parameters, e.g.
+``partition(dim=1, degree=2)``) applied to tensors already in the graph. Pruning while
+enumerating:
+
+* no two identical operators (same variant, same inputs);
+* inputs of one class (data, weights, partial sums) are used in order: ``x2`` only with
+  ``x1``, so graphs that differ by renaming inputs are mostly built once. A rule needs its two
+  sides under one naming, so after the search each graph is also fingerprinted with its inputs
+  renamed (within a class); those renamed graphs pair with built ones, never with each other;
+* independent operators are added in one canonical order (an operator that does not read the
+  previous one's output must come after it in variant order);
+* one input order for commutative operators (the swap is a rule of its own);
+* no duplicate tensors: a new tensor equal to one the graph already has is not kept, and the
+  pair becomes an identity candidate (``combine(partition(x)) = x``).
+
+A graph's fingerprint hashes, for each of its outputs (tensors nothing in the graph reads), the
+parallel shape and the exact value (integer arithmetic) of the tensor it stands for.
+Graphs with equal fingerprints are candidate rules (:mod:`pcgopt.rules.candidates`).
+
+The work splits into independent shards, one per first operator, so that a run can be spread
+over processes (or machines) and resumed shard by shard.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from pcgopt.errors import PCGError
+from pcgopt.ops import get_op
+from pcgopt.rewrite import Expr, Instance, Term, Var, rename_vars, walk
+from pcgopt.shapes import ParallelTensorShape
+from pcgopt.sharded import ShardedArray
+
+
+@dataclass(frozen=True)
+class Variant:
+    """An operator with concrete parameters, as the enumerator applies it."""
+
+    op: str
+    params: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def arity(self) -> int:
+        return get_op(self.op).min_inputs if not get_op(self.op).variadic else 2
+
+    def __repr__(self) -> str:
+        ps = ", ".join(f"{k}={v!r}" for k, v in self.params)
+        return f"{self.op}({ps})"
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """A concrete input tensor: its name, class (for canonical order), and parallel shape."""
+
+    name: str
+    cls: str
+    shape: ParallelTensorShape
+
+
+@dataclass(frozen=True)
+class Config:
+    """What to enumerate. The defaults follow the generator behind FlexFlow's rule file: data
+    tensors of shape [2, 4], square [4, 4] weights, degree 2; plus partial-sum inputs, without
+    which rules about reducing partial sums would need more operators than ``max_ops``."""
+
+    max_ops: int = 3
+    degree: int = 2
+    ops: tuple[str, ...] = (
+        "relu",
+        "transpose",
+        "add",
+        "mul",
+        "matmul",
+        "linear",
+        "concat",
+        "split",
+        "partition",
+        "combine",
+        "replicate",
+        "reduce",
+        "stack_partial",
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "discard_copies",
+        "to_partial",
+    )
+    inputs: tuple[InputSpec, ...] = (
+        InputSpec("x1", "data", ParallelTensorShape.of((2, 4))),
+        InputSpec("x2", "data", ParallelTensorShape.of((2, 4))),
+        InputSpec("x3", "data", ParallelTensorShape.of((2, 4))),
+        InputSpec("w1", "weight", ParallelTensorShape.of((4, 4))),
+        InputSpec("w2", "weight", ParallelTensorShape.of((4, 4))),
+        InputSpec("p1", "partial", ParallelTensorShape.of((2, 4), sum_degree=2)),
+        InputSpec("p2", "partial", ParallelTensorShape.of((2, 4), sum_degree=2)),
+    )
+    seed: int = 0
+    #: At most this many outputs (tensors nothing reads) per graph.
+    max_outputs: int = 2
+
+    def variants(self) -> list[Variant]:
+        """The operator variants, in a fixed order."""
+        k = self.degree
+        table = {
+            "relu": [Variant("relu")],
+            "transpose": [Variant("transpose", (("perm", (1, 0)),))],
+            "add": [Variant("add")],
+            "mul": [Variant("mul")],
+            "matmul": [Variant("matmul")],
+            "linear": [Variant("linear", (("activation", a),)) for a in ("none", "relu")],
+            "concat": [Variant("concat", (("axis", a),)) for a in (0, 1)],
+            "split": [Variant("split", (("axis", a), ("sizes", "concat"))) for a in (0, 1)],
+            "partition": [Variant("partition", (("dim", d), ("degree", k))) for d in (0, 1)],
+            "combine": [Variant("combine", (("dim", d), ("degree", k))) for d in (0, 1)],
+            "replicate": [Variant("replicate", (("degree", k),))],
+            "reduce": [Variant("reduce", (("degree", k),))],
+            "stack_partial": [Variant("stack_partial")],
+            "all_reduce": [Variant("all_reduce", (("degree", k),))],
+            "all_gather": [Variant("all_gather", (("dim", d), ("degree", k))) for d in (0, 1)],
+            "reduce_scatter": [
+                Variant("reduce_scatter", (("dim", d), ("degree", k))) for d in (0, 1)
+            ],
+            "discard_copies": [Variant("discard_copies", (("degree", k),))],
+            "to_partial": [Variant("to_partial", (("degree", k),))],
+        }
+        unknown = sorted(set(self.ops) - set(table))
+        if unknown:
+            raise ValueError(f"no enumeration variants for {unknown}; known: {sorted(table)}")
+        return [v for op in self.ops for v in table[op]]
+
+
+def fingerprint(value: ShardedArray) -> bytes:
+    """The parallel shape and the exact value a tensor stands for, hashed."""
+    h = hashlib.blake2b(digest_size=12)
+    h.update(repr(value.shape).encode())
+    logical = np.ascontiguousarray(value.logical(), dtype=np.int64)
+    h.update(logical.tobytes())
+    return h.digest()
+
+
+def input_values(config: Config) -> list[ShardedArray]:
+    """Deterministic integer values for the inputs (partial sums split at random)."""
+    out = []
+    for i, spec in enumerate(config.inputs):
+        rng = np.random.default_rng([config.seed, i])
+        value = rng.integers(-3, 4, size=spec.shape.sizes).astype(np.int64)
+        out.append(ShardedArray.from_logical(value, spec.shape, rng))
+    return out
+
+
+@dataclass
+class _Node:
+    """A tensor in the graph being built."""
+
+    term: Expr
+    value: ShardedArray
+    fp: bytes
+    readers: int = 0
+
+
+@dataclass(frozen=True)
+class GraphRecord:
+    """One enumerated graph: its fingerprint and the terms of its outputs (in fingerprint
+    order), and the number of operators."""
+
+    key: bytes
+    outputs: tuple[Expr, ...]
+    ops: int
+    #: Not built by the enumeration (whose inputs are used in order) but a renaming of inputs of
+    #: a graph that was: it pairs with built graphs, never with another renamed one.
+    renamed: bool = False
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A new tensor equal to one the graph already had: ``term`` equals ``existing``."""
+
+    term: Expr
+    existing: Expr
+
+
+@dataclass
+class ShardResult:
+    graphs: list[GraphRecord] = field(default_factory=list)
+    identities: list[Identity] = field(default_factory=list)
+    visited: int = 0
+
+
+class Enumerator:
+    """Depth-first enumeration (see the module docstring)."""
+
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        self.variants = config.variants()
+        self.values = input_values(config)
+        #: Shapes of the tensors made so far (a term always has the same shape).
+        self._shapes: dict[Expr, ParallelTensorShape] = {
+            Var(s.name): s.shape for s in config.inputs
+        }
+
+    def shards(self) -> int:
+        """Shards are the first operator's variant."""
+        return len(self.variants)
+
+    def run(self, shard: int) -> ShardResult:
+        result = ShardResult()
+        nodes: list[_Node] = []
+        used_inputs = [False] * len(self.config.inputs)
+        for spec, value in zip(self.config.inputs, self.values, strict=True):
+            nodes.append(_Node(Var(spec.name), value, fingerprint(value)))
+        self._extend(nodes, used_inputs, [], result, first_variant=shard)
+        identities, renamed = self._renamings(result.graphs)
+        result.identities += identities
+        result.graphs += renamed
+        return result
+
+    def _renamings(self, graphs: Sequence[GraphRecord]) -> tuple[list[Identity], list[GraphRecord]]:
+        """The graphs ``sigma(G)`` for each graph ``G`` and renaming ``sigma`` of its inputs
+        (within a class). The search uses inputs in order, so it never builds ``sigma(G)``; yet
+        a rule needs both of its sides under one naming: ``mul(x1, add(x2, x3))`` is only built
+        as ``mul(x3, add(x1, x2))``, which does not pair with ``add(mul(x1, x2), mul(x1, x3))``.
+        Where ``sigma`` keeps a one-output graph's value, ``sigma(G) = G`` is an identity
+        instead (associativity: ``add(x1, add(x2, x3))`` renames ``add(x3, add(x1, x2))``)."""
+        from pcgopt.rules.rewriting import Evaluator
+
+        specs = self.config.inputs
+        base = {s.name: v for s, v in zip(specs, self.values, strict=True)}
+        inst = Instance({s.name: s.shape for s in specs}, {})
+        cls = {s.name: s.cls for s in specs}
+        order = [s.name for s in specs]
+        evaluators: dict[tuple, Evaluator] = {}
+        identities: list[Identity] = []
+        renamed: list[GraphRecord] = []
+        for g in graphs:
+            names = sorted(
+                {v.name for t in g.outputs for v in walk(t) if isinstance(v, Var)},
+                key=order.index,
+            )
+            for sigma in _class_permutations(names, cls):
+                key = tuple(sorted(sigma.items()))
+                if key not in evaluators:
+                    env = {n: base[sigma.get(n, n)] for n in base}
+                    evaluators[key] = Evaluator(inst, env, fingerprint)
+                # G read at inputs renamed by sigma is sigma(G) read at the inputs.
+                outs = []
+                for t in g.outputs:
+                    value = evaluators[key].value(t)
+                    if value is None:
+                        break
+                    outs.append((fingerprint(value), rename_vars(t, sigma)))
+                else:
+                    outs.sort(key=lambda o: o[0])
+                    fp = b"".join(o[0] for o in outs)
+                    terms = tuple(o[1] for o in outs)
+                    if fp != g.key:
+                        renamed.append(GraphRecord(fp, terms, g.ops, renamed=True))
+                    elif len(g.outputs) == 1 and terms[0] != g.outputs[0]:
+                        identities.append(Identity(terms[0], g.outputs[0]))
+        return identities, renamed
+
+    # -- the search --------------------------------------------------------------------------
+
+    def _available(self, nodes: list[_Node], used: list[bool], arity: int) -> list[int]:
+        """Tensors an operator may read: computed ones, used inputs, and the first ``arity``
+        unused inputs of each class (which of them may be read together: _in_order)."""
+        n_in = len(self.config.inputs)
+        out = []
+        fresh: dict[str, int] = {}
+        for i, spec in enumerate(self.config.inputs):
+            if used[i]:
+                out.append(i)
+            elif fresh.get(spec.cls, 0) < arity:
+                fresh[spec.cls] = fresh.get(spec.cls, 0) + 1
+                out.append(i)
+        return out + list(range(n_in, len(nodes)))
+
+    def _in_order(self, used: list[bool]) -> bool:
+        """Whether the used inputs of each class are its first ones (x2 only with x1), so that
+        graphs that differ by renaming inputs are mostly built once."""
+        gap: set[str] = set()
+        for i, spec in enumerate(self.config.inputs):
+            if not used[i]:
+                gap.add(spec.cls)
+            elif spec.cls in gap:
+                return False
+        return True
+
+    def _candidate_args(self, variant: Variant, avail: list[int]) -> Iterator[tuple[int, ...]]:
+        if variant.arity == 1:
+            for a in avail:
+                yield (a,)
+        else:
+            # One input order for commutative operators; the swap is a rule of its own
+            # (swap_candidates).
+            pairs = (
+                itertools.combinations_with_replacement(avail, 2)
+                if get_op(variant.op).commutative
+                else itertools.product(avail, repeat=2)
+            )
+            yield from pairs
+
+    def _extend(
+        self,
+        nodes,
+        used,
+        ops: list[tuple[int, tuple[int, ...]]],
+        result: ShardResult,
+        first_variant: int | None = None,
+    ) -> None:
+        if len(ops) >= self.config.max_ops:
+            return
+        last_out = len(nodes) - 1 if ops else None
+        variants = [first_variant] if first_variant is not None else range(len(self.variants))
+        for vi in variants:
+            variant = self.variants[vi]
+            avail = self._available(nodes, used, variant.arity)
+            for args in self._candidate_args(variant, avail):
+                if ops:
+                    prev_vi, prev_args = ops[-1]
+                    depends = last_out in args
+                    if not depends and (vi, args) <= (prev_vi, prev_args):
+                        continue  # independent operators only in canonical order
+                    if (vi, args) in ops:
+                        continue
+                new_used = list(used)
+                for a in args:
+                    if a < len(self.config.inputs):
+                        new_used[a] = True
+                if not self._in_order(new_used):
+                    continue
+                made = self._apply(variant, [nodes[a] for a in args])
+                if made is None:
+                    continue
+                result.visited += 1
+                duplicate = False
+                for out in made:
+                    for node in nodes:
+                        if node.fp == out.fp:
+                            result.identities.append(Identity(out.term, node.term))
+                            duplicate = True
+                            break
+                if duplicate:
+                    continue
+                for a in args:
+                    nodes[a].readers += 1
+                nodes.extend(made)
+                ops.append((vi, args))
+                self._record(nodes, new_used, len(ops), result)
+                self._extend(nodes, new_used, ops, result)
+                ops.pop()
+                del nodes[len(nodes) - len(made) :]
+                for a in args:
+                    nodes[a].readers -= 1
+
+    def _apply(self, variant: Variant, args: list[_Node]) -> list[_Node] | None:
+        spec = get_op(variant.op)
+        raw = dict(variant.params)
+        shapes = tuple(a.value.shape for a in args)
+        if raw.get("sizes") == "concat":
+            # TASO's split: it cuts where the concat that built its input joined.
+            made_by = args[0].term
+            if not (
+                isinstance(made_by, Term)
+                and made_by.op == "concat"
+                and made_by.params["axis"] == raw["axis"]
+            ):
+                return None
+            raw["sizes"] = tuple(self._shapes[a].sizes[raw["axis"]] for a in made_by.args)
+        try:
+            params = spec.make_params(raw, shapes)
+            outs = spec.infer(params, shapes)
+            values = spec.evaluate(params, tuple(a.value for a in args), outs)
+        except PCGError:
+            return None
+        n_out = len(outs)
+        terms = [Term(variant.op, tuple(a.term for a in args), params, i) for i in range(n_out)]
+        for t, s in zip(terms, outs, strict=True):
+            self._shapes[t] = s
+        return [_Node(t, v, fingerprint(v)) for t, v in zip(terms, values, strict=True)]
+
+    def _record(
+        self, nodes: list[_Node], used: list[bool], n_ops: int, result: ShardResult
+    ) -> None:
+        n_in = len(self.config.inputs)
+        outputs = [n for n in nodes[n_in:] if n.readers == 0]
+        if not outputs or len(outputs) > self.config.max_outputs:
+            return
+        outputs.sort(key=lambda n: n.fp)
+        key = b"".join(n.fp for n in outputs)
+        result.graphs.append(GraphRecord(key, tuple(n.term for n in outputs), n_ops))
+
+
+def _class_permutations(names: Sequence[str], cls: dict[str, str]) -> Iterator[dict[str, str]]:
+    """Renamings of ``names`` that map each to one of its class, except the identity."""
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        groups.setdefault(cls[n], []).append(n)
+    per_class = [
+        [dict(zip(g, p, strict=True)) for p in itertools.permutations(g)] for g in groups.values()
+    ]
+    for combo in itertools.product(*per_class):
+        sigma = {k: v for part in combo for k, v in part.items() if k != v}
+        if sigma:
+            yield sigma
+
+
+def swap_candidates(config: Config) -> list[tuple[Expr, Expr]]:
+    """``op(a, b)`` and ``op(b, a)`` for each commutative operator variant, on the first two
+    distinct inputs it accepts: the enumeration builds one order only, so the swap must be a
+    rule for the rule set to reach the other."""
+    e = Enumerator(config)
+    nodes = [
+        _Node(Var(s.name), v, fingerprint(v)) for s, v in zip(config.inputs, e.values, strict=True)
+    ]
+    out = []
+    for variant in e.variants:
+        if not get_op(variant.op).commutative:
+            continue
+        for a, b in itertools.combinations(nodes, 2):
+            ab, ba = e._apply(variant, [a, b]), e._apply(variant, [b, a])
+            if ab and ba and len(ab) == 1:
+                out.append((ab[0].term, ba[0].term))
+                break
+    return out
+
+
+def run_shards(config: Config, shards: Sequence[int]) -> ShardResult:
+    """Several shards, merged (for tests and single-process runs)."""
+    e = Enumerator(config)
+    total = ShardResult()
+    for s in shards:
+        r = e.run(s)
+        total.graphs += r.graphs
+        total.identities += r.identities
+        total.visited += r.visited
+    return total
