@@ -121,7 +121,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 from pcgopt.errors import PCGError
 from pcgopt.graph import PCG, Node, TensorRef
@@ -157,16 +157,7 @@ Collective = Literal[
     "scatter",
     "gather",
 ]
-COLLECTIVES: tuple[str, ...] = (
-    "all_reduce",
-    "all_gather",
-    "reduce_scatter",
-    "all_to_all",
-    "broadcast",
-    "reduce",
-    "scatter",
-    "gather",
-)
+COLLECTIVES: tuple[str, ...] = get_args(Collective)
 
 Algorithm = Literal["flat", "hierarchical", "best"]
 
