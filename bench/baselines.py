@@ -16,7 +16,8 @@ import inspect
 import sys
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
+
+from _results import write_section as replace_section
 
 from pcgopt import Machine, models
 from pcgopt.extract.baselines import data_parallel, megatron, sequential
@@ -29,7 +30,6 @@ BASELINES: dict[str, Callable[[PCG, Machine], PCG]] = {
     "megatron": megatron,
     "sequential": sequential,
 }
-RESULTS = Path(__file__).with_name("RESULTS.md")
 HEADING = "## Baselines"
 
 
@@ -119,14 +119,7 @@ def write_section(table: Sequence[str], command: str, seconds: float) -> None:
             "",
         ]
     )
-    text = RESULTS.read_text() if RESULTS.exists() else "# Benchmark results\n\n"
-    if HEADING in text:
-        before, _, rest = text.partition(HEADING)
-        after = rest[rest.find("\n## ") + 1 :] if "\n## " in rest else ""
-        text = before + section + ("\n" + after if after else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    RESULTS.write_text(text)
+    replace_section(HEADING, section)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

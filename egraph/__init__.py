@@ -1,5 +1,36 @@
 """pcgopt.egraph: PCGs and verified rules as an egglog e-graph; saturation under budgets; export.
 
 Lives in the top-level folder ``egraph/`` and installs as ``pcgopt.egraph`` (see DESIGN.md).
-Its contents arrive with the e-graph issue; nothing here is importable API yet.
+
+* :mod:`~pcgopt.egraph.language`: the egglog constructors, derived from the operator registry,
+  and the per-e-class fact tables (sizes, degrees, copies, partial sums, dtype, devices);
+* :mod:`~pcgopt.egraph.translate`: each verified rule as guarded egglog rewrites (both
+  directions), the guard derived from the operator specs;
+* :mod:`~pcgopt.egraph.saturate`: :func:`saturate` under a :class:`Budget`;
+* :mod:`~pcgopt.egraph.export`: the e-graph as plain data (:class:`EGraphData`), and a choice of
+  e-nodes back to a PCG.
 """
+
+from pcgopt.egraph.export import ChoiceError, EGraphData, ENode
+from pcgopt.egraph.language import EGraphError
+from pcgopt.egraph.saturate import (
+    Budget,
+    IterationStats,
+    Saturation,
+    ShapeConflictError,
+    StopReason,
+    saturate,
+)
+
+__all__ = [
+    "Budget",
+    "ChoiceError",
+    "EGraphData",
+    "EGraphError",
+    "ENode",
+    "IterationStats",
+    "Saturation",
+    "ShapeConflictError",
+    "StopReason",
+    "saturate",
+]

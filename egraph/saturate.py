@@ -1,0 +1,453 @@
+"""Equality saturation of a PCG under the verified rules, within budgets.
+
+:func:`saturate` loads the PCG into egglog (every tensor with its shape facts), adds the rules
+(translated once per process and kept in a base e-graph that every run starts from), and runs the
+rulesets ``algebraic``, ``parallel`` and ``cleanup`` one iteration at a time under a persistent
+back-off scheduler (a rule that matches too often is banned for a while, so that no iteration
+explodes, as measured in the feasibility notes). Between iterations it checks the budgets:
+
+* e-nodes: the iteration that crosses the budget is undone (the e-graph is pushed before each
+  iteration and popped back), so the result is the last e-graph that fit;
+* wall time and memory (resident set of this process): checked after each iteration; egglog's
+  run cannot be interrupted, so one iteration may overshoot. ``Budget(isolate=True)`` runs the
+  iterations in a child process first, kills it at the limit, and replays in this process only
+  the iterations that finished inside it.
+
+The result says why saturation stopped (:class:`StopReason`) and carries the exported e-graph.
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import multiprocessing
+import os
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import egglog.bindings as egg
+
+from pcgopt.egraph.export import EGraphData, export
+from pcgopt.egraph.language import (
+    EGraphError,
+    Language,
+    fact_values,
+    language,
+    node_call,
+)
+from pcgopt.egraph.translate import RULESETS, TranslatedRule, legal_degrees, translate_rule
+from pcgopt.errors import PCGError
+from pcgopt.graph import PCG
+from pcgopt.machine import Machine
+from pcgopt.ops import OpKind
+from pcgopt.progress import Progress
+from pcgopt.rewrite import Rule
+
+
+class StopReason(enum.Enum):
+    SATURATED = "saturated"
+    ITERATIONS = "iteration budget"
+    NODES = "e-node budget"
+    TIME = "time budget"
+    MEMORY = "memory budget"
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+class ShapeConflictError(PCGError):
+    """Saturation tried to merge two tensors with different facts (shape, degrees, replicas):
+    a rule or an operator's shape derivation is wrong. Never a user error."""
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Limits of one saturation. ``isolate``: enforce time and memory strictly by running the
+    iterations in a child process first (costs a second run of the iterations that fit)."""
+
+    iterations: int = 30
+    enodes: int = 200_000
+    seconds: float = 30.0
+    memory_bytes: int = 4 * 2**30
+    match_limit: int = 1_000
+    ban_length: int = 5
+    isolate: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("iterations", "enodes", "memory_bytes", "match_limit", "ban_length"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ValueError(f"Budget.{name} must be a positive int, got {v!r}")
+        if not self.seconds > 0:
+            raise ValueError(f"Budget.seconds must be positive, got {self.seconds!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class IterationStats:
+    iteration: int
+    enodes: int
+    seconds: float
+    rss_bytes: int
+
+
+@dataclass(frozen=True)
+class Saturation:
+    """The result of :func:`saturate`."""
+
+    stop_reason: StopReason
+    iterations: int
+    num_eclasses: int
+    num_enodes: int
+    seconds: float
+    export_seconds: float
+    peak_rss_bytes: int
+    egraph: EGraphData
+    history: tuple[IterationStats, ...] = field(repr=False)
+    num_rewrites: int = 0
+    untranslated: tuple[tuple[str, str, str], ...] = field(default=(), repr=False)
+
+    def contains(self, other: PCG) -> bool:
+        """Whether ``other`` (node for node) is represented, with its outputs equal to the
+        input's (see :meth:`EGraphData.contains`)."""
+        return self.egraph.contains(other)
+
+    def summary(self) -> str:
+        return (
+            f"{self.stop_reason.value} after {self.iterations} iteration(s): "
+            f"{self.num_eclasses:,} e-classes, {self.num_enodes:,} e-nodes, "
+            f"{self.seconds:.2f} s saturation + {self.export_seconds:.2f} s export, "
+            f"peak RSS {self.peak_rss_bytes / 2**20:.0f} MiB"
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# the rules, translated once per process
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _RuleProgram:
+    rules: tuple[TranslatedRule, ...]
+    untranslated: tuple[tuple[str, str, str], ...]
+    commands: object  # parsed egglog commands
+
+
+def _translate(lang: Language, rules: Sequence[Rule]) -> tuple[list[TranslatedRule], list]:
+    ok: list[TranslatedRule] = []
+    skipped: list[tuple[str, str, str]] = []
+    for rule in rules:
+        for t in translate_rule(lang, rule):
+            (ok if isinstance(t, TranslatedRule) else skipped).append(t)
+    return ok, skipped
+
+
+def _header(lang: Language) -> str:
+    return "\n".join(
+        [
+            lang.declarations(),
+            "(relation legal (i64))",
+            "(relation device_budget (i64))",
+            "(function root (i64) T :no-merge)",
+            *(f"(ruleset {r})" for r in RULESETS),
+        ]
+    )
+
+
+class _Base:
+    """An egglog e-graph holding the declarations and the rules, reused by pushing and popping."""
+
+    def __init__(self, lang: Language, rules: Sequence[Rule]) -> None:
+        self.lang = lang
+        ok, skipped = _translate(lang, rules)
+        self.rules = tuple(ok)
+        self.untranslated = tuple(skipped)
+        self.egraph = egg.EGraph()
+        self.egraph.parse_and_run_program(_header(lang))
+        self.egraph.parse_and_run_program("\n".join(r.text for r in ok))
+
+
+@functools.cache
+def _shipped_base() -> _Base:
+    from pcgopt.rules import load
+
+    return _Base(language(), load())
+
+
+def _base(rules: Sequence[Rule] | None) -> _Base:
+    if rules is None:
+        return _shipped_base()
+    return _Base(language(), rules)
+
+
+# --------------------------------------------------------------------------------------------
+# loading a PCG
+# --------------------------------------------------------------------------------------------
+
+
+def pcg_program(lang: Language, pcg: PCG) -> str:
+    """egglog commands that add ``pcg``'s nodes with the facts of every tensor, and record its
+    outputs as ``(root i)``."""
+    lines: list[str] = []
+    ref: dict[tuple[str, int], str] = {}
+    for k, node in enumerate(pcg.nodes):
+        spec = node.spec
+        args = [ref[r.node, r.index] for r in node.inputs]
+        source = node.name if spec.kind is OpKind.SOURCE else None
+        call = node_call(lang, node.op, args, node.params, source)
+        var = f"$n{k}"
+        lines.append(f"(let {var} {call})")
+        shapes = pcg.output_shapes(node.name)
+        multi = lang.constructor(node.op, len(args)).returns == "TT"
+        for i, shape in enumerate(shapes):
+            target = f"(out {var} {i})" if multi else var
+            ref[node.name, i] = target
+            for table, value in fact_values(shape).items():
+                lines.append(f"(set ({table} {target}) {value})")
+    for i, r in enumerate(pcg.outputs):
+        lines.append(f"(set (root {i}) {ref[r.node, r.index]})")
+    return "\n".join(lines)
+
+
+def _rss() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError):  # not Linux: the peak so far is what we can read
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def _enodes(eg: egg.EGraph, lang: Language) -> int:
+    (out,) = eg.parse_and_run_program("(print-size)")
+    return sum(n for name, n in out.sizes if name == "out" or lang.by_name(name) is not None)
+
+
+_SCHEDULE = "(run-schedule " + " ".join(f"(run-with $bo {r})" for r in RULESETS) + ")"
+
+
+def _iteration(eg: egg.EGraph) -> tuple[bool, int]:
+    """One iteration of every ruleset; (whether anything changed or may still change, number
+    of rewrites applied)."""
+    try:
+        (out,) = eg.parse_and_run_program(_SCHEDULE)
+    except egg.EggSmolError as e:
+        if "merge" in str(e).lower():
+            raise ShapeConflictError(
+                f"saturation merged two tensors with different facts; a rule or a shape "
+                f"derivation is wrong: {e}"
+            ) from None
+        raise
+    report = out.report
+    matches = sum(report.num_matches_per_rule.values())
+    return (report.updated or not report.can_stop), matches
+
+
+def _start(base: _Base, pcg: PCG, machine: Machine, budget: Budget) -> egg.EGraph:
+    eg = base.egraph
+    eg.parse_and_run_program("(push)")
+    degrees = legal_degrees(machine.num_devices)
+    setup = [
+        *(f"(legal {d})" for d in degrees),
+        f"(device_budget {machine.num_devices})",
+        f"(let-scheduler $bo (back-off :match-limit {budget.match_limit} "
+        f":ban-length {budget.ban_length}))",
+        pcg_program(base.lang, pcg),
+    ]
+    try:
+        eg.parse_and_run_program("\n".join(setup))
+    except egg.EggSmolError as e:
+        eg.parse_and_run_program("(pop)")
+        raise EGraphError(f"cannot load the PCG into the e-graph: {e}") from None
+    return eg
+
+
+def _run(
+    base: _Base,
+    budget: Budget,
+    *,
+    max_iterations: int | None = None,
+    report=None,
+    progress: Progress | None = None,
+) -> tuple[StopReason, list[IterationStats], int]:
+    """Runs iterations on the loaded e-graph; returns why it stopped, per-iteration stats and the
+    number of rewrites applied. With ``max_iterations`` (a replay), runs exactly that many
+    unless saturated first, without budget checks. On the node budget the e-graph is left one
+    iteration past the budget: the caller replays one iteration fewer."""
+    eg = base.egraph
+    lang = base.lang
+    start = time.perf_counter()
+    history: list[IterationStats] = []
+    limit = budget.iterations if max_iterations is None else max_iterations
+    reason = StopReason.ITERATIONS
+    rewrites = 0
+    quiet = 0
+    for it in range(1, limit + 1):
+        changed, matches = _iteration(eg)
+        nodes = _enodes(eg, lang)
+        elapsed = time.perf_counter() - start
+        rss = _rss()
+        if max_iterations is None and nodes > budget.enodes:
+            reason = StopReason.NODES
+            break
+        rewrites += matches
+        history.append(IterationStats(it, nodes, elapsed, rss))
+        if report is not None:
+            report(history[-1])
+        if progress is not None:
+            progress.update(f"{nodes:,} e-nodes")
+        # With back-off, one quiet iteration is not saturation: banned rules come back.
+        quiet = quiet + 1 if not changed else 0
+        if quiet >= 2:
+            reason = StopReason.SATURATED
+            break
+        if max_iterations is not None:
+            continue
+        if elapsed >= budget.seconds:
+            reason = StopReason.TIME
+            break
+        if rss >= budget.memory_bytes:
+            reason = StopReason.MEMORY
+            break
+    return reason, history, rewrites
+
+
+def saturate(
+    pcg: PCG,
+    machine: Machine,
+    *,
+    rules: Sequence[Rule] | None = None,
+    budget: Budget | None = None,
+    progress: bool = False,
+) -> Saturation:
+    """Saturates ``pcg`` with the verified rules (default: the shipped set) for ``machine``
+    (its device count bounds the devices any tensor may span; its divisors above 1 are the
+    degrees rewrites may choose), within ``budget`` (default :class:`Budget`)."""
+    if not isinstance(pcg, PCG):
+        raise TypeError(f"saturate needs a PCG, got {type(pcg).__name__}")
+    if not isinstance(machine, Machine):
+        raise TypeError(f"saturate needs a pcgopt.Machine, got {type(machine).__name__}")
+    budget = budget or Budget()
+    base = _base(rules)
+    fit: int | None = None
+    reason: StopReason | None = None
+    if budget.isolate:
+        fit, reason = _probe_in_child(pcg, machine, budget, rules)
+    t0 = time.perf_counter()
+    bar = Progress(budget.iterations, "saturate") if progress else None
+    eg = _start(base, pcg, machine, budget)
+    try:
+        if fit is None:
+            reason, history, rewrites = _run(base, budget, progress=bar)
+            if reason is StopReason.NODES:
+                # The last iteration overshot: rebuild the e-graph that fit (egglog is
+                # deterministic, so replaying gives the same e-graph).
+                fit = len(history)
+                eg.parse_and_run_program("(pop)")
+                eg = _start(base, pcg, machine, budget)
+        if fit is not None:
+            replay_reason, history, rewrites = _run(base, budget, max_iterations=fit)
+            if reason is None or replay_reason is StopReason.SATURATED:
+                reason = replay_reason
+        assert reason is not None
+        seconds = time.perf_counter() - t0
+        peak = max([_rss(), *(h.rss_bytes for h in history)])
+        t1 = time.perf_counter()
+        root_rows = eg.freeze().functions["root"].rows
+        roots = sorted((eg.value_to_i64(r.inputs[0]), r.output) for r in root_rows)
+        data = export(eg, base.lang, [v for _, v in roots])
+        export_seconds = time.perf_counter() - t1
+    finally:
+        eg.parse_and_run_program("(pop)")
+        if bar is not None:
+            bar.close()
+    return Saturation(
+        stop_reason=reason,
+        iterations=len(history),
+        num_eclasses=data.num_eclasses,
+        num_enodes=data.num_enodes,
+        seconds=seconds,
+        export_seconds=export_seconds,
+        peak_rss_bytes=peak,
+        egraph=data,
+        history=tuple(history),
+        num_rewrites=rewrites,
+        untranslated=base.untranslated,
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# the isolated probe
+# --------------------------------------------------------------------------------------------
+
+
+def _probe_worker(pcg: PCG, machine: Machine, budget: Budget, rules, conn) -> None:
+    base = _base(rules)
+    _start(base, pcg, machine, budget)
+
+    def report(stats: IterationStats) -> None:
+        conn.send(("iteration", stats.iteration, stats.enodes))
+
+    reason, history, _ = _run(base, budget, report=report)
+    conn.send(("done", reason.name, len(history)))
+
+
+def _probe_in_child(
+    pcg: PCG, machine: Machine, budget: Budget, rules: Sequence[Rule] | None
+) -> tuple[int, StopReason | None]:
+    """Runs the iterations in a child process under hard time and memory limits; returns how
+    many iterations finished within them and, if a limit was hit, which."""
+    ctx = multiprocessing.get_context("fork")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_probe_worker, args=(pcg, machine, budget, rules, child))
+    proc.start()
+    child.close()
+    done = 0
+    reason: StopReason | None = None
+    deadline = time.monotonic() + budget.seconds
+    try:
+        while True:
+            if parent.poll(0.05):
+                try:
+                    msg = parent.recv()
+                except EOFError:
+                    break
+                if msg[0] == "iteration":
+                    done = msg[1]
+                else:
+                    return msg[2], StopReason[msg[1]]
+            if time.monotonic() > deadline:
+                reason = StopReason.TIME
+                break
+            if _child_rss(proc.pid) > budget.memory_bytes:
+                reason = StopReason.MEMORY
+                break
+            if not proc.is_alive() and not parent.poll(0):
+                break
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+    if reason is None:
+        raise EGraphError(f"the saturation worker died (exit code {proc.exitcode})")
+    return done, reason
+
+
+def _child_rss(pid: int | None) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, TypeError):
+        return 0
+
+
+__all__ = [
+    "Budget",
+    "IterationStats",
+    "Saturation",
+    "ShapeConflictError",
+    "StopReason",
+    "pcg_program",
+    "saturate",
+]

@@ -1,0 +1,226 @@
+"""Saturation: Unity's Figure 2 plans are found, every extraction is equivalent to the input,
+rules apply only where their other side is well-formed, and budgets are honoured."""
+
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pcgopt import Machine, PCGBuilder, assert_equivalent, equivalent
+from pcgopt.egraph import Budget, ChoiceError, ShapeConflictError, StopReason, saturate
+from pcgopt.extract import iteration_cost
+from pcgopt.models import mnist_mlp
+from pcgopt.rewrite import Rule
+from pcgopt.testing.strategies import small_pcgs
+
+TWO_GPUS = Machine.preset("v100-ring", devices_per_node=2)
+B, CI, H, CO = 8, 12, 8, 4  # Unity Figure 1's MLP at test size
+
+
+def sources(b):
+    return b.input((B, CI), name="x"), b.weight((CI, H), name="w1"), b.weight((H, CO), name="w2")
+
+
+def figure_2a(d=2):
+    """Sequential plan: MatMul+ReLU fused, data parallel, weights copied."""
+    b = PCGBuilder()
+    x, w1, w2 = sources(b)
+    h = b.linear(b.partition(x, dim=0, degree=d), b.replicate(w1, degree=d), activation="relu")
+    y = b.matmul(h, b.replicate(w2, degree=d))
+    return b.build(b.combine(y, dim=0, degree=d))
+
+
+def figure_2b(d=2):
+    """Joint plan: ReLU not fused; model parallelism, then reduction parallelism."""
+    b = PCGBuilder()
+    x, w1, w2 = sources(b)
+    h = b.relu(b.matmul(b.replicate(x, degree=d), b.partition(w1, dim=1, degree=d)))
+    y = b.matmul(h, b.partition(w2, dim=0, degree=d))
+    return b.build(b.reduce(y, degree=d))
+
+
+@pytest.fixture(scope="module")
+def mnist():
+    model = mnist_mlp(batch=B, in_features=CI, hidden=H, out_features=CO)
+    return model, saturate(model, TWO_GPUS, budget=Budget(iterations=3))
+
+
+@pytest.mark.parametrize("plan", [figure_2a, figure_2b], ids=["figure_2a", "figure_2b"])
+def test_unity_figure_2_plans_are_in_the_saturated_mnist_egraph(mnist, plan):
+    model, sat = mnist
+    assert sat.contains(plan())
+    extracted = sat.egraph.to_pcg(sat.egraph.choice_for(plan()))
+    assert_equivalent(model, extracted)
+    assert sorted(n.op for n in extracted.nodes) == sorted(n.op for n in plan().nodes)
+
+
+def test_the_two_plans_differ_in_communication_as_in_unity(mnist):
+    _, sat = mnist
+    a = iteration_cost(sat.egraph.to_pcg(sat.egraph.choice_for(figure_2a())), TWO_GPUS)
+    b = iteration_cost(sat.egraph.to_pcg(sat.egraph.choice_for(figure_2b())), TWO_GPUS)
+    assert b.comm_bytes < a.comm_bytes
+
+
+def test_a_plan_with_another_computation_is_not_contained(mnist):
+    _, sat = mnist
+    b = PCGBuilder()
+    x, w1, w2 = sources(b)
+    assert not sat.contains(b.build(b.matmul(b.tanh(b.matmul(x, w1)), w2)))
+
+
+def test_a_choice_that_is_not_in_its_class_is_rejected(mnist):
+    _, sat = mnist
+    g = sat.egraph
+    root = g.roots[0]
+    other = next(i for i, n in enumerate(g.nodes) if n.eclass != root)
+    with pytest.raises(ChoiceError, match="not in that class"):
+        g.to_pcg({root: other})
+
+
+def test_every_tensor_class_has_shape_facts_matching_its_nodes(mnist):
+    model, sat = mnist
+    g = sat.egraph
+    pcg = g.to_pcg(g.choice_for(model))
+    assert pcg.shape(pcg.outputs[0]) == g.shapes[g.roots[0]]
+    assert all(
+        s is not None or any(g.nodes[i].op == "split" for i in c)
+        for s, c in zip(g.shapes, g.classes, strict=True)
+    )
+
+
+# --- soundness: any extraction is the input's computation ----------------------------
+
+
+def random_acyclic_choice(graph, rng):
+    """One e-node per class the outputs need, drawn at random among those that do not close a
+    cycle (depth first from the outputs; a class that failed once is not tried again, which
+    keeps the search linear and may, rarely, give up: then None)."""
+    chosen, path, failed = {}, set(), set()
+
+    def pick(c):
+        if c in chosen:
+            return True
+        if c in failed or c in path:
+            return False
+        path.add(c)
+        for i in rng.sample(graph.classes[c], len(graph.classes[c])):
+            if all(pick(ch) for ch in graph.nodes[i].children):
+                chosen[c] = i
+                break
+        path.discard(c)
+        if c not in chosen:
+            failed.add(c)
+        return c in chosen
+
+    return chosen if all(pick(r) for r in graph.roots) else None
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pcg=small_pcgs(max_ops=4, ops=("relu", "matmul", "add", "partition", "replicate")),
+    seed=st.integers(0, 2**16),
+)
+def test_random_extractions_are_equivalent_to_the_input(pcg, seed):
+    sat = saturate(pcg, TWO_GPUS, budget=Budget(iterations=2, enodes=5_000))
+    rng = random.Random(seed)
+    checked = 0
+    for _ in range(10):
+        choice = random_acyclic_choice(sat.egraph, rng)
+        if choice is not None:
+            assert equivalent(pcg, sat.egraph.to_pcg(choice), trials=1)
+            checked += 1
+    assert checked
+
+
+# --- guards ------------------------------------------------------------------------------
+
+
+def relu_partition_rule():
+    return Rule.parse(
+        "relu_partition",
+        "partition(relu(x), dim=0, degree=k)",
+        "relu(partition(x, dim=0, degree=k))",
+        {"x": "[m, n]"},
+    )
+
+
+def introduce_partition_rule():
+    return Rule.parse(
+        "introduce_partition",
+        "x",
+        "combine(partition(x, dim=0, degree=k), dim=0, degree=k)",
+        {"x": "[m, n]"},
+    )
+
+
+def relu_model(rows):
+    b = PCGBuilder()
+    return b.build(b.relu(b.input((rows, 4), name="x")))
+
+
+def test_a_rule_applies_only_where_the_degree_divides_the_size():
+    rules = [relu_partition_rule(), introduce_partition_rule()]
+    even = saturate(relu_model(4), TWO_GPUS, rules=rules, budget=Budget(iterations=4))
+    odd = saturate(relu_model(3), TWO_GPUS, rules=rules, budget=Budget(iterations=4))
+    assert any(n.op == "partition" for n in even.egraph.nodes)
+    assert not any(n.op == "partition" for n in odd.egraph.nodes)
+
+
+def test_no_tensor_spans_more_devices_than_the_machine_has():
+    sat = saturate(
+        relu_model(16),
+        Machine.preset("v100-ring", devices_per_node=4),
+        rules=[introduce_partition_rule()],
+        budget=Budget(iterations=6),
+    )
+    assert sat.stop_reason is StopReason.SATURATED
+    spans = {s.num_shards for s in sat.egraph.shapes if s is not None}
+    assert max(spans) == 4  # 2 x 2 or 4, never 8 or 16
+
+
+def test_a_wrong_rule_that_changes_a_shape_is_caught_not_merged():
+    wrong = Rule.parse("wrong", "relu(x)", "relu(partition(x, dim=0, degree=k))", {"x": "[m, n]"})
+    with pytest.raises(ShapeConflictError, match="different facts"):
+        saturate(relu_model(4), TWO_GPUS, rules=[wrong], budget=Budget(iterations=2))
+
+
+# --- budgets -----------------------------------------------------------------------------
+
+
+def blowing_up_model():
+    return mnist_mlp(batch=B, in_features=CI, hidden=H, out_features=CO)
+
+
+def test_the_node_budget_keeps_the_last_egraph_that_fit():
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(enodes=3_000))
+    assert sat.stop_reason is StopReason.NODES
+    assert sat.num_enodes <= 3_000
+    assert sat.history[-1].enodes == sat.num_enodes  # the replay rebuilt the same e-graph
+
+
+def test_the_iteration_budget_is_reported():
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(iterations=1))
+    assert (sat.stop_reason, sat.iterations) == (StopReason.ITERATIONS, 1)
+
+
+def test_the_time_budget_stops_a_run_that_would_blow_up():
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(seconds=0.3, enodes=10**7))
+    assert sat.stop_reason is StopReason.TIME
+    assert sat.iterations < 30
+
+
+def test_an_isolated_run_is_killed_at_its_time_limit_and_keeps_what_finished():
+    budget = Budget(seconds=3.0, enodes=10**7, isolate=True)
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=budget)
+    assert sat.stop_reason is StopReason.TIME
+    assert sat.iterations >= 1
+
+
+def test_bad_input_is_a_type_error():
+    with pytest.raises(TypeError, match="needs a PCG"):
+        saturate("mnist", TWO_GPUS)
+    with pytest.raises(TypeError, match=r"pcgopt\.Machine"):
+        saturate(blowing_up_model(), 8)
+    with pytest.raises(ValueError, match=r"Budget\.enodes"):
+        Budget(enodes=0)
