@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from pcgopt.egraph.language import EGraphError, Language, decode_param
+from pcgopt.egraph.language import EGraphError, Language, decode_param, multi_output
 from pcgopt.errors import PCGError
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.ops import OpKind, Params, get_op
@@ -327,15 +327,9 @@ def export(egraph: Any, lang: Language, roots: Sequence[Any]) -> EGraphData:
             )
         shapes[c] = shape
     for i, n in enumerate(nodes):
-        if n.op != OUT and shapes[n.eclass] is None and not _multi(n.op):
+        if n.op != OUT and shapes[n.eclass] is None and not multi_output(get_op(n.op)):
             raise EGraphError(f"e-class c{n.eclass} of {nodes[i]!r} has no shape facts")
     return EGraphData(nodes, classes, shapes, tuple(cid(r) for r in roots))
-
-
-def _multi(op: str) -> bool:
-    from pcgopt.egraph.language import _multi_output
-
-    return _multi_output(get_op(op))
 
 
 __all__ = ["OUT", "ChoiceError", "EGraphData", "ENode", "export"]

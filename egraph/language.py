@@ -90,7 +90,8 @@ class Constructor:
         return f"(constructor {self.name} ({' '.join(self.sorts)}) {self.returns})"
 
 
-def _multi_output(spec: OpSpec) -> bool:
+def multi_output(spec: OpSpec) -> bool:
+    """Whether the operator may have several outputs (its constructor builds a ``TT``)."""
     return type(spec).num_outputs is not OpSpec.num_outputs
 
 
@@ -116,7 +117,7 @@ class Language:
                 if spec.kind is OpKind.SOURCE:
                     sorts += ("String",)
                 sorts += tuple(PARAM_SORTS[p.type] for p in spec.params)
-                c = Constructor(op, n, name, sorts, "TT" if _multi_output(spec) else "T")
+                c = Constructor(op, n, name, sorts, "TT" if multi_output(spec) else "T")
                 self._by_key[op, n] = c
                 self._by_name[name] = c
 
@@ -240,5 +241,6 @@ __all__ = [
     "encode_param",
     "fact_values",
     "language",
+    "multi_output",
     "node_call",
 ]

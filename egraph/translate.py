@@ -46,14 +46,12 @@ from pcgopt.rewrite import (
     Term,
     Var,
     concrete_params,
-    int_symbols,
     size_expr,
+    symbols_of,
     tensor_vars,
     walk,
 )
 from pcgopt.shapes import ParallelTensorShape
-
-_REQUIRED = object()
 
 
 class Untranslatable(Exception):
@@ -328,10 +326,9 @@ def _full_params(term: Term) -> dict[str, Any]:
         if p.name in term.params:
             out[p.name] = term.params[p.name]
         else:
-            default = getattr(p, "default", _REQUIRED)
-            if default is _REQUIRED or type(default) is object:
+            if p.required:
                 raise Untranslatable(f"{term.op} needs parameter {p.name!r}")
-            out[p.name] = default
+            out[p.name] = p.default
     return out
 
 
@@ -469,8 +466,8 @@ class _Builder:
                 else:
                     letters[dim] = size
                     self.guard.at_least(size, 2)
-        bound_symbols = _pattern_symbols(self.pattern)
-        for s in sorted(_pattern_symbols(self.result) - bound_symbols):
+        bound_symbols = symbols_of(self.pattern)
+        for s in sorted(symbols_of(self.result) - bound_symbols):
             self.query.append(f"(legal k_{s})")
 
         # the new side: shapes, guards, construction
@@ -560,16 +557,6 @@ class _Builder:
             query = [*query, "(device_budget B)"]
         query += self.guard.facts
         return f"(rule ({' '.join(query)})\n      ({' '.join(lets + unions)}))"
-
-
-def _pattern_symbols(exprs: tuple[Expr, ...]) -> set[str]:
-    out: set[str] = set()
-    for e in exprs:
-        for sub in walk(e):
-            if isinstance(sub, Term):
-                for v in sub.params.values():
-                    out.update(int_symbols(v))
-    return out
 
 
 def rule_kind(rule: Rule) -> str:
