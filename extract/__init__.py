@@ -1,5 +1,5 @@
-"""pcgopt.extract: the cost model (and, to come, extraction, the machine-mapping DP, placement and
-reduction synthesis).
+"""pcgopt.extract: the cost model, extraction, and the optimizer's entry point (to come: the
+machine-mapping DP, placement and reduction synthesis).
 
 Lives in the top-level folder ``extract/`` and installs as ``pcgopt.extract`` (see DESIGN.md).
 
@@ -9,7 +9,10 @@ Lives in the top-level folder ``extract/`` and installs as ``pcgopt.extract`` (s
 * :mod:`pcgopt.extract.calibrate`: :func:`fit_alpha_beta`, alpha and beta fitted to measured
   collective timings (:func:`load_csv`);
 * :mod:`pcgopt.extract.baselines`: :func:`data_parallel`, :func:`megatron` and
-  :func:`sequential`, the hand-written plans the optimizer must never lose to.
+  :func:`sequential`, the hand-written plans the optimizer must never lose to;
+* :mod:`pcgopt.extract.extraction`: :func:`extract_greedy` and :func:`extract_ilp`, the cheapest
+  PCG in an e-graph under the cost model;
+* :mod:`pcgopt.extract.plan`: :func:`saturate_and_extract`, PCG and machine to :class:`Plan`.
 """
 
 from pcgopt.extract.baselines import (
@@ -42,9 +45,29 @@ from pcgopt.extract.cost import (
     iteration_cost,
     roofline_s,
 )
+from pcgopt.extract.extraction import (
+    DagCost,
+    ENodeCosts,
+    Extraction,
+    ExtractionError,
+    dag_cost,
+    enode_costs,
+    extract_greedy,
+    extract_ilp,
+)
+from pcgopt.extract.plan import (
+    DEFAULT_MACHINE,
+    Plan,
+    PlanCheckError,
+    SearchStats,
+    default_machine,
+    machine_from_spec,
+    saturate_and_extract,
+)
 
 __all__ = [
     "COLLECTIVES",
+    "DEFAULT_MACHINE",
     "OPTIMIZERS",
     "AlphaBeta",
     "BaselineError",
@@ -52,20 +75,34 @@ __all__ = [
     "CollectiveCost",
     "CostBreakdown",
     "CostError",
+    "DagCost",
+    "ENodeCosts",
+    "Extraction",
+    "ExtractionError",
     "Measurement",
     "MemoryBreakdown",
     "NodeCost",
     "Optimizer",
+    "Plan",
+    "PlanCheckError",
     "ReductionCost",
+    "SearchStats",
     "calibrated",
     "collective_cost",
+    "dag_cost",
     "data_parallel",
+    "default_machine",
+    "enode_costs",
+    "extract_greedy",
+    "extract_ilp",
     "fit_alpha_beta",
     "flat_coefficients",
     "fuse",
     "iteration_cost",
     "load_csv",
+    "machine_from_spec",
     "megatron",
     "roofline_s",
+    "saturate_and_extract",
     "sequential",
 ]

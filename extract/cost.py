@@ -131,6 +131,7 @@ from pcgopt.shapes import DType, ParallelTensorShape
 
 __all__ = [
     "COLLECTIVES",
+    "LAYOUT_OPS",
     "OPTIMIZERS",
     "Collective",
     "CollectiveCost",
@@ -142,9 +143,13 @@ __all__ = [
     "Optimizer",
     "ReductionCost",
     "collective_cost",
+    "compute_times",
+    "default_groups",
     "flat_coefficients",
     "iteration_cost",
+    "parallel_collectives",
     "roofline_s",
+    "update_s",
 ]
 
 Collective = Literal[
@@ -477,6 +482,44 @@ def roofline_s(flops: float, nbytes: float, dtype: DType | str, device: DeviceSp
     return max(compute, nbytes / device.memory_bandwidth_Bps) + device.launch_overhead_s
 
 
+def compute_times(
+    node: Node,
+    ins: tuple[ParallelTensorShape, ...],
+    outs: tuple[ParallelTensorShape, ...],
+    grad_inputs: Sequence[bool],
+    device: DeviceSpec,
+) -> tuple[int, float, float]:
+    """``(flops, forward_s, backward_s)`` of compute ``node`` on its shard shapes (module
+    docstring, "Compute"); ``grad_inputs[i]``: whether input ``i`` needs a gradient. The one
+    place a compute node's time is computed: :func:`iteration_cost` and extraction's per-e-node
+    costs both call it."""
+    spec = node.spec
+    flops = spec.flops(node.params, ins, outs)
+    moved = spec.bytes_accessed(node.params, ins, outs)
+    try:
+        forward_s = roofline_s(flops, moved, outs[0].dtype, device)
+        backward_s = sum(
+            _gradient_s(node, ins, outs, i, forward_s, device)
+            for i, needed in enumerate(grad_inputs)
+            if needed
+        )
+    except MachineError as e:
+        raise CostError(f"node {node.name!r} ({node.op}): {e}", node=node.name) from None
+    return flops, forward_s, backward_s
+
+
+def parallel_collectives(op: str, input_needs_grad: bool) -> tuple[tuple[str, str], ...]:
+    """The ``(collective, purpose)`` pairs parallel operator ``op`` runs when it is not a source
+    layout: its forward collective and, when its input needs a gradient, the dual (module
+    docstring, "Communication"). Empty for operators that move no data."""
+    if op not in _DUALS:
+        return ()
+    forward, backward = _DUALS[op]
+    if input_needs_grad:
+        return ((forward, "forward"), (backward, "backward"))
+    return ((forward, "forward"),)
+
+
 def _gradient_s(
     node: Node,
     ins: tuple[ParallelTensorShape, ...],
@@ -730,8 +773,9 @@ class CostBreakdown:
 
 # --- The iteration ------------------------------------------------------------------------------
 
-# Parallel operators that, applied to a source, describe how it is loaded or stored.
-_MATERIALIZING = frozenset({"partition", "replicate"})
+#: Parallel operators that, applied to a source (or to such a layout of it), describe how it is
+#: loaded or stored rather than move data.
+LAYOUT_OPS = frozenset({"partition", "replicate"})
 
 # Forward collective and backward (dual) collective of each parallel operator that moves data.
 _DUALS: Mapping[str, tuple[str, str]] = MappingProxyType(
@@ -807,7 +851,7 @@ class _Placement:
             )
         count = width // degree
         if node.name not in self.explicit:
-            return tuple(tuple(range(g * degree, (g + 1) * degree)) for g in range(count))
+            return default_groups(degree, width)
         value = self.explicit[node.name]
         where = f"devices[{node.name!r}]"
         try:
@@ -841,6 +885,18 @@ class _Placement:
             return _as_groups(items, self.machine)
         except CostError as e:
             raise CostError(f"{where}: {e.message}", node=node.name) from None
+
+
+def default_groups(degree: int, width: int) -> tuple[tuple[int, ...], ...]:
+    """The default placement (module docstring, "Placement"): ``width // degree`` groups of
+    ``degree`` consecutive devices."""
+    return tuple(tuple(range(g * degree, (g + 1) * degree)) for g in range(width // degree))
+
+
+def update_s(nbytes: int, optimizer: Optimizer, device: DeviceSpec) -> float:
+    """The optimizer update of a stored weight layout of ``nbytes`` per device: memory-bound,
+    ``optimizer.accesses`` passes plus one launch."""
+    return optimizer.accesses * nbytes / device.memory_bandwidth_Bps + device.launch_overhead_s
 
 
 def _is_index(value: object) -> bool:
@@ -890,7 +946,7 @@ def iteration_cost(
             needs_grad[n.name] = any(needs_grad[r.node] for r in n.inputs)
         if n.spec.kind is OpKind.SOURCE:
             source_of[n.name] = n.name
-        elif n.op in _MATERIALIZING and n.inputs[0].node in source_of:
+        elif n.op in LAYOUT_OPS and n.inputs[0].node in source_of:
             source_of[n.name] = source_of[n.inputs[0].node]
 
     consumers = pcg.consumers()
@@ -929,27 +985,18 @@ def iteration_cost(
                     node=n.name,
                 )
             devices_used = max(devices_used, tasks)
-            a.flops = spec.flops(n.params, ins, outs)
-            moved = spec.bytes_accessed(n.params, ins, outs)
-            try:
-                a.forward_s = roofline_s(a.flops, moved, outs[0].dtype, device)
-                for i, r in enumerate(n.inputs):
-                    if needs_grad[r.node]:
-                        a.grad_inputs += 1
-                        a.backward_s += _gradient_s(n, ins, outs, i, a.forward_s, device)
-            except MachineError as e:
-                raise CostError(f"node {n.name!r} ({n.op}): {e}", node=n.name) from None
+            grads = tuple(needs_grad[r.node] for r in n.inputs)
+            a.flops, a.forward_s, a.backward_s = compute_times(n, ins, outs, grads, device)
+            a.grad_inputs = sum(grads)
         elif spec.kind is OpKind.PARALLEL and n.op in _DUALS:
             degree = n.params["degree"]
             width = max(ins[0].num_shards, outs[0].num_shards)
             devices_used = max(devices_used, width)
             nbytes = max(ins[0].shard_nbytes, outs[0].shard_nbytes)
             if n.name not in source_of:
-                forward, backward = _DUALS[n.op]
                 groups = placement.groups(n, degree, width)
-                a.add(collective(forward, groups, nbytes), "forward")
-                if needs_grad[n.inputs[0].node]:
-                    a.add(collective(backward, groups, nbytes), "backward")
+                for kind, purpose in parallel_collectives(n.op, needs_grad[n.inputs[0].node]):
+                    a.add(collective(kind, groups, nbytes), purpose)
             elif n.op == "replicate" and needs_grad[n.name]:
                 # A replicated trainable weight: every copy must receive the summed gradient.
                 for layout in stored_below(n.name):
@@ -975,9 +1022,7 @@ def iteration_cost(
                 gradients += size
                 states += opt.states * size
                 acc[n.name].memory_bytes += (1 + opt.states) * size
-                acc[n.name].update_s += (
-                    opt.accesses * size / device.memory_bandwidth_Bps + device.launch_overhead_s
-                )
+                acc[n.name].update_s += update_s(size, opt, device)
     kept: dict[TensorRef, None] = {}
     for n in pcg.nodes:
         if acc[n.name].grad_inputs:
@@ -1016,16 +1061,16 @@ def iteration_cost(
     forward_s = sum(c.forward_s for c in nodes)
     backward_s = sum(c.backward_s for c in nodes)
     comm_s = sum(c.comm_s for c in nodes)
-    update_s = sum(c.update_s for c in nodes)
+    total_update_s = sum(c.update_s for c in nodes)
     return CostBreakdown(
         machine=f"{machine.name} ({machine.num_devices} x {device.name})",
         optimizer=opt.name,
-        total_s=forward_s + backward_s + comm_s + update_s,
+        total_s=forward_s + backward_s + comm_s + total_update_s,
         compute_s=forward_s + backward_s,
         forward_s=forward_s,
         backward_s=backward_s,
         comm_s=comm_s,
-        update_s=update_s,
+        update_s=total_update_s,
         comm_bytes=sum(c.comm_bytes for c in nodes),
         comm_bytes_per_level=MappingProxyType(bytes_per_level),
         comm_s_per_level=MappingProxyType(seconds_per_level),

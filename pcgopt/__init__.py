@@ -1,5 +1,7 @@
 """pcgopt: joint algebraic and parallelization optimization of DNN training graphs.
 
+``pcgopt.saturate_and_extract(pcg, machine)`` is the optimizer (:mod:`pcgopt.extract.plan`).
+
 A model is a parallel computation graph (:class:`PCG`): operators plus parallelization
 operators (Partition, Combine, Replicate, Reduce and fused collectives) on parallel tensors
 (:class:`ParallelTensorShape`). :func:`evaluate` is its meaning; :func:`equivalent` checks that
@@ -55,6 +57,7 @@ __all__ = [
     "ParallelDim",
     "ParallelTensorShape",
     "ParameterError",
+    "Plan",
     "SchemaError",
     "ShapeError",
     "ShardedArray",
@@ -66,4 +69,17 @@ __all__ = [
     "evaluate",
     "get_op",
     "random_feeds",
+    "saturate_and_extract",
 ]
+
+# The optimizer lives in the top layer (pcgopt.extract); the IR package must not import it at
+# load time (data flows one way), so the entry point is resolved on first use.
+_TOP_LEVEL = {"saturate_and_extract", "Plan"}
+
+
+def __getattr__(name: str):
+    if name in _TOP_LEVEL:
+        from pcgopt.extract import plan
+
+        return getattr(plan, name)
+    raise AttributeError(f"module 'pcgopt' has no attribute {name!r}")

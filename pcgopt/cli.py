@@ -19,6 +19,7 @@ from pathlib import Path
 from pcgopt.errors import NotEquivalentError, PCGError
 from pcgopt.evaluate import assert_equivalent
 from pcgopt.graph import PCG
+from pcgopt.machine import MachineError
 from pcgopt.models import ZOO
 from pcgopt.ops import OPERATORS, get_op
 
@@ -111,6 +112,27 @@ def _equivalent(args: argparse.Namespace) -> int:
     return 0
 
 
+def _optimize(args: argparse.Namespace) -> int:
+    # The optimizer is the top layer; the CLI loads it only for this command.
+    from pcgopt.extract.plan import default_machine, machine_from_spec, saturate_and_extract
+
+    pcg = load_model(args.model, small=args.small, overrides=args.set)
+    machine = machine_from_spec(args.machine) if args.machine else default_machine()
+    plan = saturate_and_extract(
+        pcg,
+        machine,
+        time_budget_s=args.budget,
+        check=not args.no_check,
+        progress=not args.quiet,
+    )
+    print(plan.explain(max_rows=args.rows))
+    if args.json:
+        Path(args.json).write_text(plan.to_json())
+    if args.dot:
+        Path(args.dot).write_text(plan.to_dot())
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pcgopt", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -129,6 +151,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", metavar="OUT", help="also write the PCG as JSON")
     p.add_argument("--dot", metavar="OUT", help="also write a Graphviz picture description")
     p.set_defaults(run=_summary)
+
+    p = sub.add_parser(
+        "optimize", help="find a fast equivalent parallel plan for a model on a machine"
+    )
+    p.add_argument("model", help="zoo name or PCG JSON file")
+    p.add_argument(
+        "--machine",
+        metavar="PRESET[:NODES[:GPUS]]",
+        help="a preset (summit, dgx-a100, v100-ring, dgx-h100) with node count, or a machine "
+        "JSON/YAML file (default: $PCGOPT_MACHINE, else one dgx-h100 node)",
+    )
+    p.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
+    p.add_argument("--small", action="store_true", help="the zoo model's small test variant")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--rows", type=int, default=30, help="node rows to explain (default 30)")
+    p.add_argument("--json", metavar="OUT", help="write the plan as JSON")
+    p.add_argument("--dot", metavar="OUT", help="write the plan's PCG as Graphviz")
+    p.add_argument("--no-check", action="store_true", help="skip the equivalence check")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(run=_optimize)
 
     p = sub.add_parser("models", help="list the model zoo")
     p.set_defaults(run=_models)
@@ -152,6 +194,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (UsageError, PCGError) as e:
+    except (UsageError, PCGError, MachineError) as e:
         print(f"pcgopt {args.command}: error: {e}", file=sys.stderr)
         return 2

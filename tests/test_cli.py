@@ -72,3 +72,19 @@ def test_equivalent(tmp_path, capsys):
 def test_module_entry_point(args):
     done = subprocess.run([sys.executable, *args], capture_output=True, text=True, check=True)
     assert "mnist_mlp" in done.stdout
+
+
+def test_optimize_a_zoo_model_writes_the_plan(tmp_path, capsys):
+    j, d = tmp_path / "plan.json", tmp_path / "plan.dot"
+    argv = ["optimize", "mnist_mlp", "--small", "--machine", "summit:1:2", "--budget", "5"]
+    assert main([*argv, "--json", str(j), "--dot", str(d), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("plan for summit (2 x V100")
+    plan = json.loads(j.read_text())
+    assert plan["machine"]["num_devices"] == 2 and plan["cost"]["feasible"]
+    assert d.read_text().startswith("digraph")
+
+
+def test_optimize_names_a_bad_machine(capsys):
+    assert main(["optimize", "mnist_mlp", "--machine", "summit:two"]) == 2
+    assert "machine spec 'summit:two'" in capsys.readouterr().err

@@ -1,0 +1,669 @@
+"""Choosing the cheapest PCG an e-graph represents.
+
+An extraction picks one e-node for every e-class the outputs need, acyclic, so that the PCG it
+spells (:meth:`EGraphData.to_pcg`) trains fastest on the machine and fits in its memory. The
+cost is the cost model's own (:mod:`pcgopt.extract.cost`), split into what one e-node costs on
+its own and what one e-class costs once, however many e-nodes share it:
+
+* **per e-node** (:class:`ENodeCosts`, ``node_s``): a compute e-node's forward and backward time
+  on its shard shapes (:func:`~pcgopt.extract.cost.compute_times`), a parallel e-node's
+  collectives and their duals (:func:`~pcgopt.extract.cost.parallel_collectives`) in the
+  default placement. Sources, and Partition/Replicate of a source layout (how a source is loaded
+  or stored), cost nothing;
+* **per e-class, once**: a weight layout some other e-node reads is *stored*: its optimizer
+  update and, if it has copies, the gradient AllReduce among them (``stored_s``), and its
+  weight, gradient and optimizer state in memory (``stored_mem``); a tensor a backward reads is
+  *kept* (``act_mem``).
+
+For a chosen set of e-nodes the sums are those :func:`~pcgopt.extract.cost.iteration_cost`
+computes for the PCG, except where a weight layout is reached through several Replicates (the
+model charges each); the final plan is always re-costed by ``iteration_cost``.
+
+Two extractors over this model:
+
+* :func:`extract_greedy`, for e-graphs of any size: Knuth's generalization of Dijkstra picks,
+  bottom-up, the e-node of least tree cost in every class (acyclic by construction), then local
+  search swaps single choices while the DAG cost (shared classes once, memory over capacity
+  penalized) goes down, within a time limit;
+* :func:`extract_ilp`, exact for the model above: a 0-1 program solved by HiGHS (``highspy``),
+  with acyclicity by class order variables and memory as a constraint; for small e-graphs, and
+  the check of the greedy one in tests.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import networkx as nx
+import numpy as np
+
+from pcgopt.egraph import EGraphData
+from pcgopt.egraph.export import OUT
+from pcgopt.errors import PCGError
+from pcgopt.extract.cost import (
+    LAYOUT_OPS,
+    Optimizer,
+    _optimizer,
+    collective_cost,
+    compute_times,
+    default_groups,
+    parallel_collectives,
+    update_s,
+)
+from pcgopt.graph import Node, TensorRef
+from pcgopt.machine import Machine
+from pcgopt.ops import OpKind, get_op
+from pcgopt.shapes import ParallelTensorShape
+
+__all__ = [
+    "DagCost",
+    "ENodeCosts",
+    "Extraction",
+    "ExtractionError",
+    "dag_cost",
+    "enode_costs",
+    "extract_greedy",
+    "extract_ilp",
+]
+
+# A tie-breaker added to every e-node that is not free, so that equal-cost alternatives prefer
+# fewer operators and zero-cost cycles cannot form.
+_EPSILON_S = 1e-12
+
+
+class ExtractionError(PCGError):
+    """No acyclic extraction exists, or the solver failed."""
+
+
+@dataclass(frozen=True, eq=False)
+class ENodeCosts:
+    """The cost model laid out over an exported e-graph (module docstring)."""
+
+    egraph: EGraphData
+    machine: Machine
+    optimizer: Optimizer
+    node_s: np.ndarray  # per e-node: compute and communication seconds
+    free: np.ndarray  # per e-node: a source, an `out`, or a layout of a source
+    backward: np.ndarray  # per e-node: has a backward, so the tensors it reads are kept
+    weight_layout: np.ndarray  # per e-class: a source weight in some layout
+    stored_s: np.ndarray  # per e-class: update and gradient sync if stored
+    stored_mem: np.ndarray  # per e-class: weight, gradient, optimizer state if stored
+    act_mem: np.ndarray  # per e-class: shard bytes if kept for a backward
+    seconds: float  # time taken to build this table
+
+    @property
+    def memory_capacity(self) -> int:
+        return self.machine.device.memory_bytes
+
+
+def _fixpoint_any(
+    egraph: EGraphData, seed_nodes: np.ndarray, propagate: np.ndarray | None = None
+) -> np.ndarray:
+    """Classes reachable upward: a class is marked when one of its e-nodes is seeded, or (for
+    e-nodes where ``propagate`` is true; all if None) one of its children is marked."""
+    marked = np.zeros(egraph.num_eclasses, dtype=bool)
+    cls = egraph.node_classes()
+    marked[cls[seed_nodes]] = True
+    parents: list[list[int]] = [[] for _ in range(egraph.num_eclasses)]
+    for i, n in enumerate(egraph.nodes):
+        if propagate is None or propagate[i]:
+            for c in n.children:
+                parents[c].append(i)
+    stack = list(np.flatnonzero(marked))
+    while stack:
+        c = stack.pop()
+        for i in parents[c]:
+            owner = cls[i]
+            if not marked[owner]:
+                marked[owner] = True
+                stack.append(owner)
+    return marked
+
+
+def _derivable(egraph: EGraphData, allowed: np.ndarray) -> np.ndarray:
+    """Classes with a derivation that uses only ``allowed`` e-nodes (a least fixpoint: an
+    allowed e-node whose children are all derivable makes its class derivable)."""
+    cls = egraph.node_classes()
+    marked = np.zeros(egraph.num_eclasses, dtype=bool)
+    waiting = np.zeros(egraph.num_enodes, dtype=np.int64)
+    parents: list[list[int]] = [[] for _ in range(egraph.num_eclasses)]
+    stack: list[int] = []
+    for i, n in enumerate(egraph.nodes):
+        if not allowed[i]:
+            continue
+        distinct = set(n.children)
+        waiting[i] = len(distinct)
+        for c in distinct:
+            parents[c].append(i)
+        if not distinct and not marked[cls[i]]:
+            marked[cls[i]] = True
+            stack.append(int(cls[i]))
+    while stack:
+        c = stack.pop()
+        for i in parents[c]:
+            waiting[i] -= 1
+            if waiting[i] == 0 and not marked[cls[i]]:
+                marked[cls[i]] = True
+                stack.append(int(cls[i]))
+    return marked
+
+
+def enode_costs(
+    egraph: EGraphData, machine: Machine, *, optimizer: str | Optimizer = "adam"
+) -> ENodeCosts:
+    """Every e-node's and e-class's share of a training iteration on ``machine`` (module
+    docstring). E-nodes with the same operator, parameters and shapes are costed once."""
+    start = time.perf_counter()
+    opt = _optimizer(optimizer)
+    device = machine.device
+    nodes, shapes = egraph.nodes, egraph.shapes
+    num_nodes, num_classes = egraph.num_enodes, egraph.num_eclasses
+
+    ops = [n.op for n in nodes]
+    is_source = np.array([op != OUT and get_op(op).kind is OpKind.SOURCE for op in ops], dtype=bool)
+    trainable = np.array(
+        [op == "weight" and bool(n.params["trainable"]) for op, n in zip(ops, nodes, strict=True)],
+        dtype=bool,
+    )
+    is_weight = np.array([op == "weight" for op in ops], dtype=bool)
+    layout_op = np.array([op in LAYOUT_OPS for op in ops], dtype=bool)
+    # A class needs a gradient unless some e-node in it computes it without a trainable weight
+    # (its value then does not depend on one; other e-nodes in it may mention one, e.g. an
+    # output of a Split of a Concat with a weight).
+    needs_grad = ~_derivable(egraph, ~trainable)
+    # A source layout: a source, or Partition/Replicate of a source layout.
+    source_layout = _fixpoint_any(egraph, np.flatnonzero(is_source), layout_op)
+    weight_layout = _fixpoint_any(egraph, np.flatnonzero(is_weight), layout_op)
+    trainable_layout = _fixpoint_any(egraph, np.flatnonzero(trainable), layout_op)
+
+    # Output shapes of multi-output classes, from their `out` e-nodes.
+    tuple_outs: dict[int, dict[int, ParallelTensorShape]] = {}
+    for n in nodes:
+        if n.op == OUT:
+            shape = shapes[n.eclass]
+            assert shape is not None
+            tuple_outs.setdefault(n.children[0], {})[n.params["index"]] = shape
+
+    node_s = np.zeros(num_nodes)
+    free = np.zeros(num_nodes, dtype=bool)
+    backward = np.zeros(num_nodes, dtype=bool)
+    memo: dict[tuple, tuple[float, bool]] = {}
+    for i, n in enumerate(nodes):
+        if n.op == OUT or is_source[i]:
+            free[i] = True
+            continue
+        if layout_op[i] and source_layout[n.children[0]]:
+            free[i] = True
+            continue
+        ins = tuple(shapes[c] for c in n.children)
+        out_shape = shapes[n.eclass]
+        if out_shape is None:
+            by_index = tuple_outs.get(n.eclass, {})
+            outs = tuple(by_index[k] for k in sorted(by_index))
+        else:
+            outs = (out_shape,)
+        grads = tuple(bool(needs_grad[c]) for c in n.children)
+        key = (n.op, n.params, ins, outs, grads)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = _local_cost(n.op, n.params, ins, outs, grads, machine)
+        node_s[i], backward[i] = hit
+        node_s[i] += _EPSILON_S
+
+    stored_s = np.zeros(num_classes)
+    stored_mem = np.zeros(num_classes)
+    act_mem = np.zeros(num_classes)
+    for c, shape in enumerate(shapes):
+        if shape is None:
+            continue
+        nbytes = shape.shard_nbytes
+        if not weight_layout[c]:
+            act_mem[c] = nbytes
+            continue
+        stored_mem[c] = nbytes
+        if trainable_layout[c]:
+            stored_mem[c] += (1 + opt.states) * nbytes
+            stored_s[c] = update_s(nbytes, opt, device)
+            if shape.copy_degree > 1:
+                groups = default_groups(shape.copy_degree, shape.num_shards)
+                stored_s[c] += collective_cost("all_reduce", groups, nbytes, machine).seconds
+    return ENodeCosts(
+        egraph=egraph,
+        machine=machine,
+        optimizer=opt,
+        node_s=node_s,
+        free=free,
+        backward=backward,
+        weight_layout=weight_layout,
+        stored_s=stored_s,
+        stored_mem=stored_mem,
+        act_mem=act_mem,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def _local_cost(
+    op: str,
+    params,
+    ins: tuple[ParallelTensorShape, ...],
+    outs: tuple[ParallelTensorShape, ...],
+    grads: tuple[bool, ...],
+    machine: Machine,
+) -> tuple[float, bool]:
+    """Seconds of one e-node, and whether it has a backward that keeps its inputs."""
+    spec = get_op(op)
+    if spec.kind is OpKind.COMPUTE:
+        node = Node(op, op, tuple(TensorRef(f"in{k}") for k in range(len(ins))), params)
+        _, forward_s, backward_s = compute_times(node, ins, outs, grads, machine.device)
+        return forward_s + backward_s, any(grads)
+    collectives = parallel_collectives(op, grads[0] if grads else False)
+    if not collectives:
+        return 0.0, False
+    width = max(ins[0].num_shards, outs[0].num_shards)
+    if width > machine.num_devices:
+        return float("inf"), False
+    groups = default_groups(params["degree"], width)
+    nbytes = max(ins[0].shard_nbytes, outs[0].shard_nbytes)
+    seconds = sum(collective_cost(kind, groups, nbytes, machine).seconds for kind, _ in collectives)
+    return seconds, False
+
+
+# --- The cost of a choice ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class DagCost:
+    """A choice's cost in the extraction model: seconds and bytes per device, shared e-classes
+    counted once."""
+
+    seconds: float
+    memory_bytes: float
+    classes: int
+
+    def objective(self, capacity: float) -> float:
+        """Seconds, plus a penalty that makes any plan that fits better than any that does not."""
+        over = self.memory_bytes - capacity
+        return self.seconds if over <= 0 else 1e6 + self.seconds + over * 1e-6
+
+
+def dag_cost(costs: ENodeCosts, choice: Mapping[int, int]) -> DagCost:
+    """The cost of the PCG ``choice`` spells (module docstring). Raises
+    :class:`ExtractionError` if the choice misses a needed class or has a cycle."""
+    nodes = costs.egraph.nodes
+    seen: set[int] = set()
+    on_path: set[int] = set()
+    stored: set[int] = set(costs.egraph.roots)
+    kept: set[int] = set()
+    seconds = 0.0
+    stack: list[tuple[int, bool]] = [(r, False) for r in costs.egraph.roots]
+    while stack:
+        c, done = stack.pop()
+        if done:
+            on_path.discard(c)
+            continue
+        if c in seen:
+            if c in on_path:
+                raise ExtractionError(f"the choice has a cycle through e-class c{c}")
+            continue
+        seen.add(c)
+        on_path.add(c)
+        i = choice.get(c)
+        if i is None:
+            raise ExtractionError(f"no e-node chosen for needed e-class c{c}")
+        seconds += costs.node_s[i]
+        n = nodes[i]
+        if not costs.free[i]:
+            stored.update(n.children)
+        if costs.backward[i]:
+            kept.update(n.children)
+        stack.append((c, True))
+        stack.extend((ch, False) for ch in n.children)
+    memory = 0.0
+    for c in seen:
+        if costs.weight_layout[c]:
+            if c in stored:
+                seconds += costs.stored_s[c]
+                memory += costs.stored_mem[c]
+        elif c in kept:
+            memory += costs.act_mem[c]
+    return DagCost(float(seconds), memory, len(seen))
+
+
+# --- Extractors -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Extraction:
+    """A choice of e-nodes (``{e-class: e-node}``, only the classes the outputs need), its cost
+    in the extraction model, how it was found and how long that took."""
+
+    choice: Mapping[int, int]
+    cost: DagCost
+    method: str
+    seconds: float
+    improvements: int = 0
+    optimal: bool = False
+
+    def __repr__(self) -> str:
+        return (
+            f"Extraction({self.method}: {self.cost.seconds * 1e3:.4g} ms, "
+            f"{self.cost.memory_bytes / 2**30:.3g} GiB, {len(self.choice)} classes, "
+            f"{self.seconds:.3g} s)"
+        )
+
+
+def _reachable(egraph: EGraphData, choice: Mapping[int, int]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    stack = list(egraph.roots)
+    while stack:
+        c = stack.pop()
+        if c in out:
+            continue
+        out[c] = choice[c]
+        stack.extend(egraph.nodes[out[c]].children)
+    return out
+
+
+def _tree_best(costs: ENodeCosts) -> dict[int, int]:
+    """Knuth's algorithm: every class's e-node of least tree cost, children finalized first."""
+    egraph = costs.egraph
+    nodes = egraph.nodes
+    parents: list[list[int]] = [[] for _ in range(egraph.num_eclasses)]
+    waiting = np.zeros(egraph.num_enodes, dtype=np.int64)
+    heap: list[tuple[float, int, int]] = []
+    extra = costs.stored_s
+    for i, n in enumerate(nodes):
+        distinct = set(n.children)
+        waiting[i] = len(distinct)
+        for c in distinct:
+            parents[c].append(i)
+        if not distinct:
+            heapq.heappush(heap, (float(costs.node_s[i]), i, n.eclass))
+    best: dict[int, int] = {}
+    cost = np.full(egraph.num_eclasses, np.inf)
+    while heap:
+        total, i, c = heapq.heappop(heap)
+        if c in best:
+            continue
+        best[c] = i
+        cost[c] = total
+        for p in parents[c]:
+            waiting[p] -= 1
+            if waiting[p] == 0:
+                n = nodes[p]
+                if n.eclass in best:
+                    continue
+                t = costs.node_s[p] + sum(cost[ch] for ch in n.children)
+                if not costs.free[p]:
+                    t += sum(extra[ch] for ch in set(n.children))
+                heapq.heappush(heap, (float(t), p, n.eclass))
+    missing = [r for r in egraph.roots if r not in best]
+    if missing:
+        raise ExtractionError(
+            f"no acyclic extraction reaches output e-class c{missing[0]} (every e-node of some "
+            "needed class depends on itself)"
+        )
+    return best
+
+
+def extract_greedy(costs: ENodeCosts, *, time_limit_s: float = 10.0) -> Extraction:
+    """Tree-cost greedy extraction, then local search on the DAG cost (module docstring) until
+    no single swap helps or ``time_limit_s`` has passed. Never returns a cycle."""
+    start = time.perf_counter()
+    egraph = costs.egraph
+    capacity = costs.memory_capacity
+    full = _tree_best(costs)
+    choice = _reachable(egraph, full)
+    current = dag_cost(costs, choice)
+    improvements = 0
+    improved = True
+    while improved and time.perf_counter() - start < time_limit_s:
+        improved = False
+        for c in list(choice):
+            if c not in choice or len(egraph.classes[c]) < 2:
+                continue
+            for i in egraph.classes[c]:
+                if i == choice[c]:
+                    continue
+                trial_full = dict(full)
+                trial_full.update(choice)
+                trial_full[c] = i
+                try:
+                    trial = _reachable_checked(egraph, trial_full)
+                    cost = dag_cost(costs, trial)
+                except ExtractionError:
+                    continue
+                if cost.objective(capacity) < current.objective(capacity) - 1e-15:
+                    choice, current = trial, cost
+                    improvements += 1
+                    improved = True
+                    break
+            if time.perf_counter() - start >= time_limit_s:
+                break
+    return Extraction(
+        choice=choice,
+        cost=current,
+        method="greedy",
+        seconds=time.perf_counter() - start,
+        improvements=improvements,
+    )
+
+
+def _reachable_checked(egraph: EGraphData, choice: Mapping[int, int]) -> dict[int, int]:
+    """The needed part of ``choice``; :class:`ExtractionError` on a cycle."""
+    out: dict[int, int] = {}
+    state: dict[int, int] = {}  # 1 on the path, 2 done
+    for root in egraph.roots:
+        stack: list[tuple[int, bool]] = [(root, False)]
+        while stack:
+            c, done = stack.pop()
+            if done:
+                state[c] = 2
+                continue
+            s = state.get(c)
+            if s == 2:
+                continue
+            if s == 1:
+                raise ExtractionError(f"cycle through e-class c{c}")
+            state[c] = 1
+            out[c] = choice[c]
+            stack.append((c, True))
+            stack.extend((ch, False) for ch in egraph.nodes[out[c]].children)
+    return out
+
+
+def _needed_classes(egraph: EGraphData) -> list[int]:
+    """Every class some choice could need: reachable from the roots through any e-node."""
+    seen: set[int] = set()
+    stack = list(egraph.roots)
+    while stack:
+        c = stack.pop()
+        if c in seen:
+            continue
+        seen.add(c)
+        for i in egraph.classes[c]:
+            stack.extend(egraph.nodes[i].children)
+    return sorted(seen)
+
+
+def extract_ilp(
+    costs: ENodeCosts,
+    *,
+    time_limit_s: float = 60.0,
+    max_enodes: int = 50_000,
+    warm_start: Extraction | None = None,
+) -> Extraction:
+    """The optimal extraction for the model in the module docstring, memory capacity included,
+    as a 0-1 program solved by HiGHS, started from ``warm_start`` if given (so the result is
+    never worse than it). Raises :class:`ExtractionError` above ``max_enodes``
+    needed e-nodes (use :func:`extract_greedy`), if the solver finds no solution in
+    ``time_limit_s`` or if no acyclic choice fits; ``optimal`` says whether it proved
+    optimality in time."""
+    try:
+        import highspy
+    except ImportError as e:  # pragma: no cover - declared dependency
+        raise ExtractionError("extract_ilp needs highspy (pip install highspy)") from e
+    start = time.perf_counter()
+    egraph = costs.egraph
+    classes = _needed_classes(egraph)
+    cls_col = {c: k for k, c in enumerate(classes)}
+    enodes = [i for c in classes for i in egraph.classes[c]]
+    if len(enodes) > max_enodes:
+        raise ExtractionError(
+            f"the e-graph has {len(enodes)} needed e-nodes, over max_enodes={max_enodes}; "
+            "use extract_greedy"
+        )
+    num_x, nc = len(enodes), len(classes)
+    # Columns: x (e-nodes), stored s (weight classes), kept k (other classes), order o.
+    x0, s0, k0, o0 = 0, num_x, num_x + nc, num_x + 2 * nc
+    ncols = num_x + 3 * nc
+    lower = np.zeros(ncols)
+    upper = np.ones(ncols)
+    upper[o0:] = nc
+    cost = np.zeros(ncols)
+    for j, i in enumerate(enodes):
+        n = egraph.nodes[i]
+        finite = bool(np.isfinite(costs.node_s[i]))
+        cost[x0 + j] = costs.node_s[i] if finite else 0.0
+        if not finite or n.eclass in n.children:  # too wide for the machine, or a self-loop
+            upper[x0 + j] = 0
+    for k, c in enumerate(classes):
+        cost[s0 + k] = costs.stored_s[c]
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.setOptionValue("time_limit", float(time_limit_s))
+    inf = highspy.kHighsInf
+    h.addVars(ncols, lower, upper)
+    # HiGHS's tolerances are absolute: in microseconds and GiB the coefficients are O(1).
+    h.changeColsCost(ncols, np.arange(ncols, dtype=np.int32), cost * 1e6)
+    h.setOptionValue("mip_rel_gap", 1e-7)
+    h.setOptionValue("mip_abs_gap", 0.0)
+    integer = np.arange(o0, dtype=np.int32)
+    h.changeColsIntegrality(
+        len(integer), integer, np.full(len(integer), highspy.HighsVarType.kInteger)
+    )
+
+    def row(lo: float, hi: float, idx: list[int], val: list[float]) -> None:
+        h.addRow(lo, hi, len(idx), np.array(idx, dtype=np.int32), np.array(val, dtype=float))
+
+    node_col = {i: x0 + j for j, i in enumerate(enodes)}
+    roots = set(egraph.roots)
+    # Active classes: y_c = sum of its x; a root is active; at most one e-node per class.
+    y_of = {c: [node_col[i] for i in egraph.classes[c]] for c in classes}
+    for c in classes:
+        cols = y_of[c]
+        row(1.0 if c in roots else 0.0, 1.0, cols, [1.0] * len(cols))
+    # Acyclicity constraints only matter inside strongly connected components of the class
+    # graph: an edge between components can never close a cycle.
+    class_graph = nx.DiGraph()
+    class_graph.add_nodes_from(classes)
+    class_graph.add_edges_from(
+        (egraph.nodes[i].eclass, ch) for i in enodes for ch in egraph.nodes[i].children
+    )
+    component = {}
+    for k, members in enumerate(nx.strongly_connected_components(class_graph)):
+        for c in members:
+            component[c] = k
+    big = nc + 1
+    for i in enodes:
+        n = egraph.nodes[i]
+        xc = node_col[i]
+        for ch in set(n.children) - {n.eclass}:
+            # A chosen e-node needs its children: x_i <= sum x over child class.
+            row(-inf, 0.0, [xc, *y_of[ch]], [1.0] + [-1.0] * len(y_of[ch]))
+            # Acyclic: o_c - o_ch >= 1 - big (1 - x_i).
+            if component[ch] == component[n.eclass]:
+                row(
+                    1.0 - big,
+                    inf,
+                    [o0 + cls_col[n.eclass], o0 + cls_col[ch], xc],
+                    [1.0, -1.0, -big],
+                )
+            if costs.weight_layout[ch] and not costs.free[i]:
+                row(-inf, 0.0, [xc, s0 + cls_col[ch]], [1.0, -1.0])
+            if costs.backward[i] and not costs.weight_layout[ch]:
+                row(-inf, 0.0, [xc, k0 + cls_col[ch]], [1.0, -1.0])
+    for c in roots:
+        if costs.weight_layout[c]:
+            row(1.0, 1.0, [s0 + cls_col[c]], [1.0])
+    # Memory: stored weights and kept activations fit in the device.
+    mem_idx = [s0 + k for k, c in enumerate(classes) if costs.stored_mem[c]]
+    mem_idx += [k0 + k for k, c in enumerate(classes) if costs.act_mem[c]]
+    mem_val = [costs.stored_mem[classes[j - s0]] for j in mem_idx if j < k0]
+    mem_val += [costs.act_mem[classes[j - k0]] for j in mem_idx if j >= k0]
+    if mem_idx:
+        gib = float(2**30)
+        row(-inf, costs.memory_capacity / gib, mem_idx, [v / gib for v in mem_val])
+    if warm_start is not None:
+        v = _as_solution(egraph, costs, warm_start.choice, ncols, node_col, cls_col, nc)
+        h.setSolution(ncols, np.arange(ncols, dtype=np.int32), v)
+    h.run()
+    status = h.getModelStatus()
+    solution = h.getSolution()
+    if not solution.value_valid:
+        raise ExtractionError(
+            f"the ILP found no extraction ({h.modelStatusToString(status)}): no acyclic choice "
+            "fits the device memory, or the time limit was too short"
+        )
+    values = np.asarray(solution.col_value)
+    picked = {egraph.nodes[i].eclass: i for i in enodes if values[node_col[i]] > 0.5}
+    choice = _reachable_checked(egraph, picked)
+    return Extraction(
+        choice=choice,
+        cost=dag_cost(costs, choice),
+        method="ilp",
+        seconds=time.perf_counter() - start,
+        optimal=status == highspy.HighsModelStatus.kOptimal,
+    )
+
+
+def _as_solution(
+    egraph: EGraphData,
+    costs: ENodeCosts,
+    choice: Mapping[int, int],
+    ncols: int,
+    node_col: Mapping[int, int],
+    cls_col: Mapping[int, int],
+    nc: int,
+) -> np.ndarray:
+    """``choice`` as a column vector of :func:`extract_ilp`'s program."""
+    x0 = min(node_col.values())
+    nx_ = len(node_col)
+    s0, k0, o0 = x0 + nx_, x0 + nx_ + nc, x0 + nx_ + 2 * nc
+    v = np.zeros(ncols)
+    depth: dict[int, int] = {}
+    for c in _post_order(egraph, choice):
+        n = egraph.nodes[choice[c]]
+        depth[c] = 1 + max((depth[ch] for ch in n.children), default=0)
+        v[node_col[choice[c]]] = 1.0
+        v[o0 + cls_col[c]] = depth[c]
+        for ch in n.children:
+            if costs.weight_layout[ch] and not costs.free[choice[c]]:
+                v[s0 + cls_col[ch]] = 1.0
+            if costs.backward[choice[c]] and not costs.weight_layout[ch]:
+                v[k0 + cls_col[ch]] = 1.0
+    for c in egraph.roots:
+        if costs.weight_layout[c]:
+            v[s0 + cls_col[c]] = 1.0
+    return v
+
+
+def _post_order(egraph: EGraphData, choice: Mapping[int, int]) -> list[int]:
+    """The classes of an acyclic ``choice``, children before parents."""
+    order: list[int] = []
+    done: set[int] = set()
+    stack: list[tuple[int, bool]] = [(r, False) for r in egraph.roots]
+    while stack:
+        c, expanded = stack.pop()
+        if c in done:
+            continue
+        if expanded:
+            done.add(c)
+            order.append(c)
+            continue
+        stack.append((c, True))
+        stack.extend((ch, False) for ch in egraph.nodes[choice[c]].children if ch not in done)
+    return order

@@ -1,0 +1,405 @@
+"""The library call: :func:`saturate_and_extract` turns a PCG and a machine into a :class:`Plan`.
+
+Phases, each timed in :attr:`Plan.stats`:
+
+1. **saturate**: the verified rules explore the equivalent PCGs in one e-graph
+   (:func:`pcgopt.egraph.saturate`) within a share of the time budget;
+2. **extract**: the cheapest PCG the e-graph holds under the cost model, shared subgraphs
+   counted once and the device memory respected (:mod:`pcgopt.extract.extraction`: exact ILP for
+   small e-graphs, greedy plus local search otherwise);
+3. **baselines**: data parallelism, Megatron-style tensor parallelism and sequential
+   optimization (:mod:`pcgopt.extract.baselines`), costed by the same model. The plan returned is
+   the fastest that fits in memory among the extraction and the baselines, so it is never worse
+   than a baseline; :attr:`SearchStats.chosen` says which one won;
+4. **check**: the plan is evaluated against the input on random inputs with the reference
+   evaluator (:func:`pcgopt.equivalent`), and :class:`PlanCheckError` is raised if they differ.
+
+The machine defaults to one 8-GPU DGX-H100 node. ``PCGOPT_MACHINE`` overrides it, either a preset
+spec ``NAME[:NODES[:DEVICES_PER_NODE]]`` (e.g. ``summit:2``) or the path of a machine file
+(JSON or YAML, :meth:`pcgopt.Machine.load`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pcgopt.egraph import Budget, saturate
+from pcgopt.errors import PCGError
+from pcgopt.evaluate import equivalent
+from pcgopt.extract.baselines import BaselineError, data_parallel, megatron, sequential
+from pcgopt.extract.cost import CostBreakdown, CostError, default_groups, iteration_cost
+from pcgopt.extract.extraction import (
+    Extraction,
+    ExtractionError,
+    enode_costs,
+    extract_greedy,
+    extract_ilp,
+)
+from pcgopt.graph import PCG
+from pcgopt.machine import Machine, MachineError
+from pcgopt.ops import OpKind
+from pcgopt.render import forward_flops
+from pcgopt.render import to_dot as pcg_to_dot
+from pcgopt.rewrite import Rule
+from pcgopt.serialize import pcg_to_dict
+
+__all__ = [
+    "DEFAULT_MACHINE",
+    "Plan",
+    "PlanCheckError",
+    "SearchStats",
+    "default_machine",
+    "machine_from_spec",
+    "saturate_and_extract",
+]
+
+#: The machine planned for when none is given and ``PCGOPT_MACHINE`` is not set.
+DEFAULT_MACHINE = "dgx-h100:1"
+
+#: Above this many forward FLOPs the reference evaluator would take minutes; the check is then
+#: skipped with a warning (``Plan.check`` says so).
+CHECK_FLOPS_LIMIT = 2e9
+
+#: Needed e-nodes up to which the exact ILP extractor runs after the greedy one.
+ILP_MAX_ENODES = 3_000
+
+
+class PlanCheckError(PCGError):
+    """The returned plan does not compute what the input PCG computes (a soundness bug)."""
+
+
+def machine_from_spec(spec: str) -> Machine:
+    """A machine from ``NAME[:NODES[:DEVICES_PER_NODE]]`` (a preset) or a machine file path.
+
+    >>> machine_from_spec("summit:2").num_devices
+    12
+    """
+    if not isinstance(spec, str) or not spec:
+        raise MachineError(f"a machine spec must be a non-empty string, got {spec!r}")
+    if Path(spec).suffix.lower() in (".json", ".yaml", ".yml"):
+        return Machine.load(spec)
+    name, *rest = spec.split(":")
+    if len(rest) > 2:
+        raise MachineError(
+            f"machine spec {spec!r}: expected NAME[:NODES[:DEVICES_PER_NODE]], e.g. 'summit:2'"
+        )
+    try:
+        numbers = [int(x) for x in rest]
+    except ValueError:
+        raise MachineError(
+            f"machine spec {spec!r}: NODES and DEVICES_PER_NODE must be integers"
+        ) from None
+    nodes = numbers[0] if numbers else 1
+    per_node = numbers[1] if len(numbers) > 1 else None
+    return Machine.preset(name, nodes=nodes, devices_per_node=per_node)
+
+
+def default_machine() -> Machine:
+    """``PCGOPT_MACHINE`` if set (a preset spec or a machine file), else one DGX-H100 node."""
+    spec = os.environ.get("PCGOPT_MACHINE", "").strip()
+    if not spec:
+        return machine_from_spec(DEFAULT_MACHINE)
+    try:
+        return machine_from_spec(spec)
+    except MachineError as e:
+        raise MachineError(f"PCGOPT_MACHINE={spec!r}: {e}") from None
+
+
+@dataclass(frozen=True)
+class SearchStats:
+    """How the plan was found: e-graph size and why saturation stopped, the extraction, the cost
+    of every candidate (seconds per iteration, None if it did not apply), which won, and the
+    time of each phase."""
+
+    num_enodes: int
+    num_eclasses: int
+    iterations: int
+    stop_reason: str
+    extraction: str
+    candidates: Mapping[str, float | None]
+    chosen: str
+    phase_seconds: Mapping[str, float]
+    peak_rss_bytes: int
+
+    @property
+    def seconds(self) -> float:
+        return sum(self.phase_seconds.values())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "num_enodes": self.num_enodes,
+            "num_eclasses": self.num_eclasses,
+            "iterations": self.iterations,
+            "stop_reason": self.stop_reason,
+            "extraction": self.extraction,
+            "candidates": dict(self.candidates),
+            "chosen": self.chosen,
+            "phase_seconds": dict(self.phase_seconds),
+            "peak_rss_bytes": self.peak_rss_bytes,
+        }
+
+
+@dataclass(frozen=True)
+class Plan:
+    """An optimized PCG for a machine: the graph, where its collectives run (``mapping``: device
+    groups of every parallel node), what an iteration costs, how it was found, and how it was
+    checked."""
+
+    pcg: PCG
+    machine: Machine
+    cost: CostBreakdown
+    mapping: Mapping[str, tuple[tuple[int, ...], ...]]
+    stats: SearchStats
+    check: str
+    input_cost: CostBreakdown = field(repr=False)
+
+    @property
+    def speedup(self) -> float:
+        """Predicted speedup over the input PCG as given (usually on one device)."""
+        return self.input_cost.total_s / self.cost.total_s if self.cost.total_s else 1.0
+
+    def __repr__(self) -> str:
+        return (
+            f"Plan({len(self.pcg.nodes)} nodes on {self.machine.name} ({self.machine.num_devices}"
+            f" devices): {self.cost.total_s * 1e3:.4g} ms/iteration, from {self.stats.chosen})"
+        )
+
+    def explain(self, *, max_rows: int | None = 40) -> str:
+        """Per-node strategy: how each compute node's output is split, which collectives run
+        where, and where the time goes (the costliest ``max_rows`` nodes; None: all)."""
+        c, s = self.cost, self.stats
+        lines = [
+            f"plan for {self.machine.name} ({self.machine.num_devices} x "
+            f"{self.machine.device.name}), chosen from {s.chosen}",
+            f"  predicted {c.total_s * 1e3:.4g} ms per training iteration "
+            f"(input as given: {self.input_cost.total_s * 1e3:.4g} ms, {self.speedup:.3g}x); "
+            f"compute {c.compute_s * 1e3:.4g} ms, communication {c.comm_s * 1e3:.4g} ms "
+            f"({c.comm_bytes / 2**20:.4g} MiB), update {c.update_s * 1e3:.4g} ms",
+            f"  memory per device {c.memory_per_device / 2**30:.3g} GiB of "
+            f"{c.memory_capacity / 2**30:.3g} GiB ({'fits' if c.feasible else 'DOES NOT FIT'})",
+            "  candidates: "
+            + ", ".join(
+                f"{k} {v * 1e3:.4g} ms" if v is not None else f"{k} n/a"
+                for k, v in s.candidates.items()
+            ),
+            f"  search: {s.num_enodes:,} e-nodes, {s.num_eclasses:,} e-classes after "
+            f"{s.iterations} iteration(s) ({s.stop_reason}); extraction {s.extraction}; "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in s.phase_seconds.items()),
+            f"  check: {self.check}",
+            "",
+        ]
+        rows = []
+        for node in self.pcg.nodes:
+            nc = c.per_node[node.name]
+            if node.spec.kind is OpKind.SOURCE and not nc.memory_bytes:
+                continue
+            shapes = self.pcg.output_shapes(node.name)
+            layout = " ".join(repr(sh) for sh in shapes)
+            what = ""
+            if nc.collectives:
+                what = ", ".join(
+                    f"{k.kind}({k.purpose}, {k.degree} dev x {k.groups})" for k in nc.collectives
+                )
+            rows.append((nc.total_s, node.name, node.op, layout, what))
+        rows.sort(key=lambda r: -r[0])
+        hidden = 0
+        if max_rows is not None and len(rows) > max_rows:
+            hidden, rows = len(rows) - max_rows, rows[:max_rows]
+        lines.append(f"  {'time':>10}  {'node':<24} {'op':<14} output layout / collectives")
+        for t, name, op, layout, what in rows:
+            lines.append(f"  {t * 1e6:>8.4g}µs  {name[:24]:<24} {op:<14} {layout}")
+            if what:
+                lines.append(f"  {'':>10}  {'':<24} {'':<14} {what}")
+        if hidden:
+            lines.append(f"  ... {hidden} more nodes")
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict[str, Any]:
+        c = self.cost
+        return {
+            "machine": {"name": self.machine.name, "num_devices": self.machine.num_devices},
+            "pcg": pcg_to_dict(self.pcg),
+            "mapping": {k: [list(g) for g in v] for k, v in self.mapping.items()},
+            "cost": {
+                "total_s": c.total_s,
+                "compute_s": c.compute_s,
+                "comm_s": c.comm_s,
+                "update_s": c.update_s,
+                "comm_bytes": c.comm_bytes,
+                "comm_bytes_per_level": dict(c.comm_bytes_per_level),
+                "memory_per_device": c.memory_per_device,
+                "memory_capacity": c.memory_capacity,
+                "feasible": c.feasible,
+            },
+            "input_total_s": self.input_cost.total_s,
+            "stats": self.stats.to_dict(),
+            "check": self.check,
+        }
+
+    def to_json(self, indent: int | None = 1) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+    def to_dot(self) -> str:
+        return pcg_to_dot(self.pcg)
+
+
+def _mapping(pcg: PCG) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """The device groups of every parallel node that takes a degree, in the cost model's
+    placement (consecutive devices)."""
+    out = {}
+    for node in pcg.nodes:
+        if node.spec.kind is OpKind.PARALLEL and "degree" in node.params:
+            width = max(
+                max(s.num_shards for s in pcg.input_shapes(node.name)),
+                max(s.num_shards for s in pcg.output_shapes(node.name)),
+            )
+            out[node.name] = default_groups(node.params["degree"], width)
+    return out
+
+
+def _check(model: PCG, plan: PCG, limit: float) -> str:
+    flops = forward_flops(model)
+    if flops > limit:
+        message = (
+            f"skipped: the model needs {flops:.3g} forward FLOPs, over the evaluator's limit of "
+            f"{limit:.3g} (check_flops_limit); every rewrite used is a proved rule"
+        )
+        warnings.warn(f"saturate_and_extract: equivalence check {message}", stacklevel=3)
+        return message
+    if not equivalent(model, plan):
+        raise PlanCheckError(
+            "the optimized PCG does not compute what the input computes on random inputs; "
+            "this is a bug in pcgopt, please report it with the model"
+        )
+    return "equivalent to the input on 3 random inputs (reference evaluator)"
+
+
+def saturate_and_extract(
+    pcg: PCG,
+    machine: Machine | None = None,
+    *,
+    time_budget_s: float = 60.0,
+    memory_budget: int = 4 * 2**30,
+    rules: list[Rule] | None = None,
+    check: bool = True,
+    optimizer: str = "adam",
+    baselines: bool = True,
+    check_flops_limit: float = CHECK_FLOPS_LIMIT,
+    progress: bool | Callable[[str], None] = False,
+) -> Plan:
+    """Optimize ``pcg`` for training on ``machine`` (module docstring): returns the fastest
+    plan found that fits in device memory, with its predicted cost.
+
+    ``time_budget_s``: the search's wall-time target (saturation gets 60% of it, extraction up
+    to 30%); ``memory_budget``: the search's own memory limit in bytes (saturation stops
+    before it); ``rules``: the rewrite rules (default: the shipped, proved ones); ``check``:
+    verify the plan against the input with the reference evaluator (module docstring);
+    ``baselines``: also consider the data-parallel, Megatron and sequential plans;
+    ``progress``: True prints phases to stderr, or a callable receives them.
+    """
+    if not isinstance(pcg, PCG):
+        raise PCGError(f"saturate_and_extract takes a pcgopt.PCG, got {type(pcg).__name__}")
+    if machine is None:
+        machine = default_machine()
+    if not isinstance(machine, Machine):
+        raise PCGError(
+            f"machine must be a pcgopt.Machine (or None for the default), got "
+            f"{type(machine).__name__}"
+        )
+    if not time_budget_s > 0:
+        raise PCGError(f"time_budget_s must be > 0 seconds, got {time_budget_s!r}")
+    say = _reporter(progress)
+    phases: dict[str, float] = {}
+    input_cost = iteration_cost(pcg, machine, optimizer=optimizer)
+
+    start = time.perf_counter()
+    say(f"saturating on {machine.name} ({machine.num_devices} devices)")
+    sat = saturate(
+        pcg,
+        machine,
+        rules=rules,
+        budget=Budget(seconds=0.6 * time_budget_s, memory_bytes=memory_budget),
+        progress=bool(progress),
+    )
+    phases["saturate"] = time.perf_counter() - start
+    say(sat.summary())
+
+    start = time.perf_counter()
+    costs = enode_costs(sat.egraph, machine, optimizer=optimizer)
+    extraction: Extraction = extract_greedy(costs, time_limit_s=0.2 * time_budget_s)
+    if sat.num_enodes <= ILP_MAX_ENODES:
+        try:
+            extraction = extract_ilp(costs, time_limit_s=0.1 * time_budget_s, warm_start=extraction)
+        except ExtractionError as e:
+            say(f"exact extraction skipped: {e}")
+    extracted = sat.egraph.to_pcg(extraction.choice)
+    phases["extract"] = time.perf_counter() - start
+    say(f"extracted: {extraction!r}")
+
+    start = time.perf_counter()
+    candidates: dict[str, tuple[PCG, CostBreakdown] | None] = {
+        "e-graph": (extracted, iteration_cost(extracted, machine, optimizer=optimizer)),
+        "input": (pcg, input_cost),
+    }
+    if baselines:
+        for name, make in (
+            ("data parallel", data_parallel),
+            ("megatron", megatron),
+            ("sequential", sequential),
+        ):
+            try:
+                plan = make(pcg, machine)
+                candidates[name] = (plan, iteration_cost(plan, machine, optimizer=optimizer))
+            except (BaselineError, CostError) as e:
+                say(f"baseline {name} does not apply: {e}")
+                candidates[name] = None
+    phases["baselines"] = time.perf_counter() - start
+
+    def rank(item: tuple[str, tuple[PCG, CostBreakdown] | None]) -> tuple[bool, float]:
+        _, value = item
+        assert value is not None
+        return (not value[1].feasible, value[1].total_s)
+
+    chosen, (best, best_cost) = min(
+        ((k, v) for k, v in candidates.items() if v is not None), key=rank
+    )
+    start = time.perf_counter()
+    verdict = _check(pcg, best, check_flops_limit) if check else "not checked (check=False)"
+    phases["check"] = time.perf_counter() - start
+    stats = SearchStats(
+        num_enodes=sat.num_enodes,
+        num_eclasses=sat.num_eclasses,
+        iterations=sat.iterations,
+        stop_reason=str(sat.stop_reason.value),
+        extraction=repr(extraction),
+        candidates={k: (v[1].total_s if v is not None else None) for k, v in candidates.items()},
+        chosen=chosen,
+        phase_seconds=phases,
+        peak_rss_bytes=sat.peak_rss_bytes,
+    )
+    return Plan(
+        pcg=best,
+        machine=machine,
+        cost=best_cost,
+        mapping=_mapping(best),
+        stats=stats,
+        check=verdict,
+        input_cost=input_cost,
+    )
+
+
+def _reporter(progress: bool | Callable[[str], None]) -> Callable[[str], None]:
+    if callable(progress):
+        return progress
+    if progress:
+        import sys
+
+        return lambda msg: print(f"[pcgopt] {msg}", file=sys.stderr, flush=True)
+    return lambda msg: None

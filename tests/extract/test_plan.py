@@ -1,0 +1,95 @@
+"""saturate_and_extract: the library call of the design card, its Plan, its default machine and
+its errors."""
+
+import json
+
+import pytest
+
+import pcgopt
+from pcgopt import Machine, MachineError, PCGError, equivalent
+from pcgopt.extract import (
+    DEFAULT_MACHINE,
+    PlanCheckError,
+    default_machine,
+    machine_from_spec,
+    saturate_and_extract,
+)
+from pcgopt.extract import plan as plan_module
+from pcgopt.models import mnist_mlp
+from pcgopt.serialize import pcg_from_dict
+
+MNIST = mnist_mlp(batch=64, in_features=784, hidden=512, out_features=10)
+TWO_GPUS = Machine.preset("summit", nodes=1, devices_per_node=2)
+
+
+@pytest.fixture(scope="module")
+def mnist_plan():
+    return saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=15)
+
+
+def test_the_plan_is_never_worse_than_a_baseline_and_is_checked(mnist_plan):
+    plan = mnist_plan
+    costs = [v for v in plan.stats.candidates.values() if v is not None]
+    assert {"e-graph", "data parallel", "megatron", "sequential"} <= set(plan.stats.candidates)
+    assert plan.cost.total_s == min(costs)
+    assert plan.cost.feasible
+    assert plan.stats.chosen == "e-graph"
+    assert plan.check.startswith("equivalent")
+    assert equivalent(MNIST, plan.pcg)
+    assert plan.speedup > 1
+
+
+def test_the_plan_reports_search_statistics_and_mapping(mnist_plan):
+    s = mnist_plan.stats
+    assert s.num_enodes > 0 and s.num_eclasses > 0 and s.iterations >= 1
+    assert set(s.phase_seconds) == {"saturate", "extract", "baselines", "check"}
+    for name, groups in mnist_plan.mapping.items():
+        node = mnist_plan.pcg.node(name)
+        assert all(len(g) == node.params["degree"] for g in groups)
+
+
+def test_explain_json_and_dot(mnist_plan):
+    text = mnist_plan.explain()
+    assert "summit" in text and "reduce" in text and "ms per training iteration" in text
+    data = json.loads(mnist_plan.to_json())
+    assert data["machine"]["num_devices"] == 2
+    assert data["cost"]["total_s"] == pytest.approx(mnist_plan.cost.total_s)
+    assert equivalent(pcg_from_dict(data["pcg"]), mnist_plan.pcg)
+    assert mnist_plan.to_dot().startswith("digraph")
+
+
+def test_the_design_card_call_works_with_the_default_machine(monkeypatch):
+    monkeypatch.delenv("PCGOPT_MACHINE", raising=False)
+    assert default_machine().num_devices == 8
+    assert DEFAULT_MACHINE.startswith("dgx-h100")
+    monkeypatch.setenv("PCGOPT_MACHINE", "summit:1:2")
+    plan = pcgopt.saturate_and_extract(MNIST, time_budget_s=5)
+    assert plan.machine.num_devices == 2 and plan.machine.name == "summit"
+    assert plan.cost.total_s <= min(v for v in plan.stats.candidates.values() if v is not None)
+
+
+def test_machine_specs_and_their_errors(monkeypatch, tmp_path):
+    assert machine_from_spec("v100-ring").num_devices == 8
+    assert machine_from_spec("dgx-a100:2:4").num_devices == 8
+    with pytest.raises(MachineError, match="NODES and DEVICES_PER_NODE must be integers"):
+        machine_from_spec("summit:two")
+    with pytest.raises(MachineError, match="expected NAME"):
+        machine_from_spec("summit:1:2:3")
+    monkeypatch.setenv("PCGOPT_MACHINE", "nosuch")
+    with pytest.raises(MachineError, match="PCGOPT_MACHINE='nosuch'"):
+        default_machine()
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(PCGError, match=r"takes a pcgopt\.PCG, got str"):
+        saturate_and_extract("mnist")
+    with pytest.raises(PCGError, match=r"machine must be a pcgopt\.Machine"):
+        saturate_and_extract(MNIST, "summit")
+    with pytest.raises(PCGError, match="time_budget_s must be > 0"):
+        saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=0)
+
+
+def test_a_plan_that_differs_from_the_input_is_refused(monkeypatch):
+    monkeypatch.setattr(plan_module, "equivalent", lambda a, b: False)
+    with pytest.raises(PlanCheckError, match="does not compute what the input computes"):
+        saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=5)
