@@ -19,7 +19,7 @@ def readme_commands():
 def test_readme_gives_exactly_two_commands():
     commands = readme_commands()
     assert len(commands) == 2
-    assert "pcgopt summary" in commands[0]
+    assert "pcgopt optimize" in commands[0]
     assert "pytest" in commands[1]
 
 

@@ -1,0 +1,122 @@
+"""The optimizer end to end: Unity's seven models on Summit, joint plan against the baselines.
+
+For each model and node count, ``saturate_and_extract`` runs in its own process (so the peak
+memory measured is the search's alone) with the same weak-scaling setup as bench/baselines.py;
+the table gives each baseline's predicted iteration time, the joint plan's, its speedup over the
+best feasible baseline, which candidate won, the search time and its peak memory.
+
+    python bench/run.py                                  # all, updates bench/RESULTS.md
+    python bench/run.py --models mlp dlrm --nodes 1 --budget 20 --no-write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from _results import write_section
+
+UNITY_MODELS = ("mlp", "bert_large", "dlrm", "xdl", "candle_uno", "resnext50", "inception_v3")
+HEADING = "## Joint optimization (saturate_and_extract)"
+
+CHILD = """
+import inspect, json, resource, sys, time, warnings
+from pcgopt import Machine, models
+from pcgopt.extract import saturate_and_extract
+name, nodes, budget = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+machine = Machine.preset("summit", nodes=nodes)
+per_gpu = inspect.signature(models.ZOO[name].builder).parameters["batch"].default
+pcg = models.build(name, batch=per_gpu * machine.num_devices)
+warnings.simplefilter("ignore")
+t0 = time.perf_counter()
+plan = saturate_and_extract(pcg, machine, time_budget_s=budget)
+seconds = time.perf_counter() - t0
+print(json.dumps({
+    "gpus": machine.num_devices,
+    "candidates": plan.stats.candidates,
+    "chosen": plan.stats.chosen,
+    "total_s": plan.cost.total_s,
+    "feasible": plan.cost.feasible,
+    "enodes": plan.stats.num_enodes,
+    "stop": plan.stats.stop_reason,
+    "check": plan.check.split(":")[0],
+    "seconds": seconds,
+    "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+}))
+"""
+
+
+def ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value * 1e3:.2f} ms"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=list(UNITY_MODELS))
+    parser.add_argument("--nodes", nargs="+", type=int, default=[1, 2, 4, 8])
+    parser.add_argument("--budget", type=float, default=30.0, help="time_budget_s per run")
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    rows = [
+        "| model | nodes | GPUs | data parallel | megatron | sequential | joint plan | speedup "
+        "over best baseline | chosen | e-nodes | saturation stop | search time | search peak "
+        "RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    start = time.perf_counter()
+    for name in args.models:
+        for nodes in args.nodes:
+            out = subprocess.run(
+                [sys.executable, "-c", CHILD, name, str(nodes), str(args.budget)],
+                capture_output=True,
+                text=True,
+                cwd=Path(__file__).parent,
+            )
+            if out.returncode != 0:
+                print(out.stderr, file=sys.stderr)
+                rows.append(f"| {name} | {nodes} | | failed: {out.stderr.splitlines()[-1]} |")
+                continue
+            r = json.loads(out.stdout.strip().splitlines()[-1])
+            c = r["candidates"]
+            base = [c[k] for k in ("data parallel", "megatron", "sequential") if c.get(k)]
+            speedup = min(base) / r["total_s"] if base else float("nan")
+            rows.append(
+                f"| {name} | {nodes} | {r['gpus']} | {ms(c.get('data parallel'))} | "
+                f"{ms(c.get('megatron'))} | {ms(c.get('sequential'))} | {ms(r['total_s'])} | "
+                f"{speedup:.2f}x | {r['chosen']} | {r['enodes']:,} | {r['stop']} | "
+                f"{r['seconds']:.1f} s | {r['peak_rss'] / 2**20:.0f} MiB |"
+            )
+            print(rows[-1], flush=True)
+    total = time.perf_counter() - start
+    command = "python bench/run.py" + (
+        "" if sys.argv[1:] == [] else " " + " ".join(sys.argv[1:]).replace(" --no-write", "")
+    )
+    section = "\n".join(
+        [
+            HEADING,
+            "",
+            f"Command: `{command}` ({total / 60:.0f} min on the development machine, 2 cores).",
+            "",
+            "Unity's seven models, full size, Summit nodes (6 V100 each), weak scaling as in the "
+            "Baselines table. Predicted time per training iteration under "
+            "`pcgopt.extract.cost.iteration_cost` (Adam). 'joint plan' is what "
+            f"`saturate_and_extract(pcg, machine, time_budget_s={args.budget:g})` returns: the "
+            "fastest feasible of its e-graph extraction and the baselines ('chosen' says which). "
+            "Speedup is over the fastest baseline (feasible or not). Search time includes loading "
+            "the rules, saturation, extraction, costing the baselines and the check.",
+            "",
+            *rows,
+            "",
+        ]
+    )
+    print(section)
+    if not args.no_write:
+        write_section(HEADING, section)
+
+
+if __name__ == "__main__":
+    main()
