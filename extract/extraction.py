@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import networkx as nx
@@ -355,18 +355,6 @@ class Extraction:
         )
 
 
-def _reachable(egraph: EGraphData, choice: Mapping[int, int]) -> dict[int, int]:
-    out: dict[int, int] = {}
-    stack = list(egraph.roots)
-    while stack:
-        c = stack.pop()
-        if c in out:
-            continue
-        out[c] = choice[c]
-        stack.extend(egraph.nodes[out[c]].children)
-    return out
-
-
 def _tree_best(costs: ENodeCosts) -> dict[int, int]:
     """Knuth's algorithm: every class's e-node of least tree cost, children finalized first."""
     egraph = costs.egraph
@@ -415,8 +403,11 @@ def extract_greedy(costs: ENodeCosts, *, time_limit_s: float = 10.0) -> Extracti
     start = time.perf_counter()
     egraph = costs.egraph
     capacity = costs.memory_capacity
-    full = _tree_best(costs)
-    choice = _reachable(egraph, full)
+    # `merged`: the current choice where it has one, the tree-best elsewhere, so that a swap
+    # can pull in classes the current choice does not need yet. Kept up to date on acceptance
+    # rather than rebuilt per trial.
+    merged = _tree_best(costs)
+    choice = _reachable_checked(egraph, merged.__getitem__)
     current = dag_cost(costs, choice)
     improvements = 0
     improved = True
@@ -428,16 +419,18 @@ def extract_greedy(costs: ENodeCosts, *, time_limit_s: float = 10.0) -> Extracti
             for i in egraph.classes[c]:
                 if i == choice[c]:
                     continue
-                trial_full = dict(full)
-                trial_full.update(choice)
-                trial_full[c] = i
+
+                def pick(k: int, c: int = c, i: int = i) -> int:
+                    return i if k == c else merged[k]
+
                 try:
-                    trial = _reachable_checked(egraph, trial_full)
+                    trial = _reachable_checked(egraph, pick)
                     cost = dag_cost(costs, trial)
                 except ExtractionError:
                     continue
                 if cost.objective(capacity) < current.objective(capacity) - 1e-15:
                     choice, current = trial, cost
+                    merged.update(trial)
                     improvements += 1
                     improved = True
                     break
@@ -452,8 +445,9 @@ def extract_greedy(costs: ENodeCosts, *, time_limit_s: float = 10.0) -> Extracti
     )
 
 
-def _reachable_checked(egraph: EGraphData, choice: Mapping[int, int]) -> dict[int, int]:
-    """The needed part of ``choice``; :class:`ExtractionError` on a cycle."""
+def _reachable_checked(egraph: EGraphData, pick: Callable[[int], int]) -> dict[int, int]:
+    """The part of a choice (``pick(class) -> e-node``) the outputs need;
+    :class:`ExtractionError` on a cycle."""
     out: dict[int, int] = {}
     state: dict[int, int] = {}  # 1 on the path, 2 done
     for root in egraph.roots:
@@ -469,7 +463,7 @@ def _reachable_checked(egraph: EGraphData, choice: Mapping[int, int]) -> dict[in
             if s == 1:
                 raise ExtractionError(f"cycle through e-class c{c}")
             state[c] = 1
-            out[c] = choice[c]
+            out[c] = pick(c)
             stack.append((c, True))
             stack.extend((ch, False) for ch in egraph.nodes[out[c]].children)
     return out
@@ -610,7 +604,7 @@ def extract_ilp(
         )
     values = np.asarray(solution.col_value)
     picked = {egraph.nodes[i].eclass: i for i in enodes if values[node_col[i]] > 0.5}
-    choice = _reachable_checked(egraph, picked)
+    choice = _reachable_checked(egraph, picked.__getitem__)
     return Extraction(
         choice=choice,
         cost=dag_cost(costs, choice),

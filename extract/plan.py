@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
@@ -411,7 +412,5 @@ def _reporter(progress: bool | Callable[[str], None]) -> Callable[[str], None]:
     if callable(progress):
         return progress
     if progress:
-        import sys
-
         return lambda msg: print(f"[pcgopt] {msg}", file=sys.stderr, flush=True)
     return lambda msg: None
