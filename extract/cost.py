@@ -76,9 +76,15 @@ level ``i`` with ``p_i`` participating units moves, through each unit's link::
 
 All the inner participants of a unit send through its link together, which is why these
 volumes do not shrink with the inner phases (on DGX-A100, 16 GPUs share one NIC). AllToAll has
-no hierarchical form here. The hook ``reduction_cost`` replaces the time of every AllReduce
-(forward, backward and weight-gradient synchronization) with a synthesized reduction program's
-(P^2 section 3; a later issue); the bytes reported stay those of the alpha-beta algorithm.
+no hierarchical form here.
+
+An AllReduce or Reduce whose groups span two or more levels also gets every reduction program
+P^2's synthesis finds for that layout (:mod:`pcgopt.extract.reduction`: Reduce-AllReduce-
+Broadcast, ReduceScatter-AllReduce-AllGather, AllReduce inside then across, ..., each step priced
+with the flat algorithms above), and the fastest of flat, hierarchical and synthesized is
+charged (``algorithm="synthesized"`` in :class:`CollectiveCost`). The hook ``reduction_cost``
+replaces the time of every AllReduce (forward, backward and weight-gradient synchronization)
+with the caller's own; the bytes reported stay those of the alpha-beta algorithm.
 
 **Sources and weight-gradient synchronization.** Partition and Replicate applied to a graph
 input or weight (directly or after other Partitions and Replicates) cost nothing: the data
@@ -164,7 +170,7 @@ Collective = Literal[
 ]
 COLLECTIVES: tuple[str, ...] = get_args(Collective)
 
-Algorithm = Literal["flat", "hierarchical", "best"]
+Algorithm = Literal["flat", "hierarchical", "synthesized", "best"]
 
 
 class CostError(PCGError):
@@ -379,6 +385,27 @@ def _hierarchical(
     return _Algo(sum(per_level), tuple(float(b) for b in by_level), tuple(per_level))
 
 
+def _synthesized(
+    kind: str, groups: tuple[tuple[int, ...], ...], nbytes: float, machine: Machine
+) -> _Algo | None:
+    """The best reduction program P^2-style synthesis finds (:mod:`pcgopt.extract.reduction`)
+    for an AllReduce or Reduce whose groups span two or more levels; None otherwise."""
+    if kind not in ("all_reduce", "reduce"):
+        return None
+    if len(machine.group_levels(groups[0])) < 2:
+        return None
+    if kind == "reduce" and any(list(g) != sorted(g) for g in groups):
+        return None  # programs reduce to the lowest-numbered member; this root is another
+    # The synthesizer prices its steps with this module's flat algorithms, so it imports this
+    # module; importing it here, at first use, keeps the two free of an import cycle.
+    from pcgopt.extract.reduction import best_program
+
+    best = best_program(groups, nbytes, machine, target=kind)  # type: ignore[arg-type]
+    if best is None:
+        return None
+    return _Algo(best.seconds, best.bytes_per_level, best.seconds_per_level)
+
+
 def _as_groups(groups: Iterable[Iterable[int]], machine: Machine) -> tuple[tuple[int, ...], ...]:
     out = tuple(tuple(g) for g in groups)
     if not out:
@@ -417,9 +444,11 @@ def collective_cost(
     ``groups`` (device indices; the first member is the root of rooted collectives), with a
     per-device message of ``nbytes`` (see :func:`flat_coefficients`).
 
-    ``algorithm``: ``"flat"``, ``"hierarchical"`` (flat where no hierarchical form applies) or
-    ``"best"``, the faster of the two. ``reduction_cost``: the hook that times
-    AllReduce instead (see :class:`ReductionCost`).
+    ``algorithm``: ``"flat"``, ``"hierarchical"`` (flat where no hierarchical form applies),
+    ``"synthesized"`` (for an AllReduce or Reduce spanning two or more levels, the fastest
+    program of :func:`pcgopt.extract.reduction.best_program`; otherwise as ``"hierarchical"``)
+    or ``"best"``, the fastest of the three. ``reduction_cost``: the hook that times AllReduce
+    instead (see :class:`ReductionCost`).
 
     >>> m = Machine.preset("summit", nodes=1, devices_per_node=2)
     >>> c = collective_cost("all_reduce", [(0, 1)], 4e6, m)
@@ -429,8 +458,11 @@ def collective_cost(
     _check_collective(kind)
     if not isinstance(machine, Machine):
         raise CostError(f"machine must be a pcgopt.Machine, got {machine!r}")
-    if algorithm not in ("flat", "hierarchical", "best"):
-        raise CostError(f"algorithm must be 'flat', 'hierarchical' or 'best', got {algorithm!r}")
+    if algorithm not in get_args(Algorithm):
+        raise CostError(
+            f"algorithm must be one of {', '.join(map(repr, get_args(Algorithm)))}, "
+            f"got {algorithm!r}"
+        )
     groups = _as_groups(groups, machine)
     nbytes = float(nbytes)
     flat_coefficients(kind, len(groups[0]), nbytes)  # validates nbytes
@@ -444,6 +476,13 @@ def collective_cost(
     chosen, label = flat, "flat"
     if hier is not None and (algorithm == "hierarchical" or hier.seconds < flat.seconds):
         chosen, label = hier, "hierarchical"
+    if algorithm in ("synthesized", "best") and reduction_cost is None:
+        synthesized = _synthesized(kind, groups, nbytes, machine)
+        # Ties keep the simpler algorithm (a flat AllReduce is also a one-step program).
+        if synthesized is not None and (
+            algorithm == "synthesized" or synthesized.seconds < chosen.seconds * (1 - 1e-9)
+        ):
+            chosen, label = synthesized, "synthesized"
     seconds, per_level = chosen.seconds, dict(zip(names, chosen.seconds_per_level, strict=True))
     if reduction_cost is not None and kind == "all_reduce":
         seconds = float(reduction_cost(groups, nbytes, machine))

@@ -437,3 +437,43 @@ def feeds(pcg: PCG, dtype: type = np.float64) -> st.SearchStrategy[dict[str, np.
     """Values for the Input and Weight nodes of ``pcg`` (drawn by seed, so they shrink poorly but
     are valid: indices in range, statistics positive)."""
     return st.integers(0, 2**32 - 1).map(lambda seed: random_feeds(pcg, seed, dtype))
+
+
+@dataclass(frozen=True)
+class Placement:
+    """A parallelism placement as plain data (P^2 section 3.1): ``rows[i][j]`` splits axis ``i``
+    at level ``j``; ``axes`` are the row products, ``hierarchy`` the column products."""
+
+    hierarchy: tuple[int, ...]
+    axes: tuple[int, ...]
+    rows: tuple[tuple[int, ...], ...]
+    reduce_axes: tuple[int, ...]
+
+
+def _split_into(draw, n: int, parts: int) -> tuple[int, ...]:
+    """A random ordered factorization of ``n`` into ``parts`` factors."""
+    out = [1] * parts
+    for p in _factor(n):
+        out[draw(st.integers(0, parts - 1))] *= p
+    return tuple(out)
+
+
+@st.composite
+def placements(draw, *, max_devices: int = 16, max_levels: int = 3, max_axes: int = 3) -> Placement:
+    """Small machine hierarchies (level counts of factors 2 and 3, at most ``max_devices``
+    devices), parallelism axes, one matrix placing them, and a non-empty set of axes to reduce
+    over."""
+    levels = draw(st.integers(1, max_levels))
+    hierarchy: list[int] = []
+    for _ in range(levels):
+        room = max_devices // max(1, math.prod(hierarchy))
+        choices = [c for c in (1, 2, 3, 4) if c <= room]
+        hierarchy.append(draw(st.sampled_from(choices)))
+    num_axes = draw(st.integers(1, max_axes))
+    columns = [_split_into(draw, count, num_axes) for count in hierarchy]
+    rows = tuple(tuple(col[i] for col in columns) for i in range(num_axes))
+    axes = tuple(math.prod(r) for r in rows)
+    reduce_axes = draw(
+        st.lists(st.integers(0, num_axes - 1), min_size=1, max_size=num_axes, unique=True)
+    )
+    return Placement(tuple(hierarchy), axes, rows, tuple(sorted(reduce_axes)))

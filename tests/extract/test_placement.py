@@ -1,0 +1,105 @@
+"""Parallelism matrices (P^2 section 3.1) and the device groups of a reduction under them."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import pytest
+from hypothesis import given, settings
+
+from pcgopt.extract.placement import (
+    ParallelismMatrix,
+    PlacementError,
+    matrices,
+    parallelism_matrices,
+)
+from pcgopt.testing.strategies import Placement, placements
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _brute_force(hierarchy: list[int], axes: list[int]) -> set[tuple[tuple[int, ...], ...]]:
+    """Every matrix of divisors whose rows and columns multiply right, by exhaustion."""
+    cells = [_divisors(min(a, h)) for a in axes for h in hierarchy]
+    found = set()
+    for flat in itertools.product(*cells):
+        rows = tuple(
+            tuple(flat[i * len(hierarchy) : (i + 1) * len(hierarchy)]) for i in range(len(axes))
+        )
+        if all(math.prod(r) == a for r, a in zip(rows, axes, strict=True)) and all(
+            math.prod(col) == h for col, h in zip(zip(*rows, strict=True), hierarchy, strict=True)
+        ):
+            found.add(rows)
+    return found
+
+
+def test_the_figure_2_placements_are_among_the_matrices():
+    # P^2 Figure 2: rack 1, servers 2, CPUs 2, GPUs 4; data parallelism 4 x 4 parameter shards.
+    found = parallelism_matrices([1, 2, 2, 4], [4, 4])
+    assert [[1, 2, 2, 1], [1, 1, 1, 4]] in found  # Figure 2b: each CPU one replica
+    assert [[1, 1, 2, 2], [1, 2, 1, 2]] in found  # Figure 2d
+    assert len(found) == len({str(m) for m in found})  # no duplicates
+
+
+def test_two_axes_on_two_nodes_of_sixteen():
+    assert parallelism_matrices([2, 16], [4, 8]) == [[[1, 4], [2, 4]], [[2, 2], [1, 8]]]
+
+
+@settings(max_examples=60, deadline=None)
+@given(placements(max_devices=24))
+def test_matrices_are_exactly_those_whose_rows_and_columns_multiply_right(p: Placement):
+    found = matrices(p.hierarchy, p.axes)
+    assert {m.rows for m in found} == _brute_force(list(p.hierarchy), list(p.axes))
+    assert p.rows in {m.rows for m in found}
+
+
+@settings(max_examples=60, deadline=None)
+@given(placements())
+def test_reduction_groups_partition_the_devices_and_vary_only_the_reduced_axes(p: Placement):
+    m = ParallelismMatrix(p.hierarchy, p.axes, p.rows)
+    groups = m.groups(p.reduce_axes)
+    size = math.prod(p.axes[i] for i in p.reduce_axes)
+    assert sorted(d for g in groups for d in g) == list(range(m.num_devices))
+    assert all(len(g) == size and list(g) == sorted(g) for g in groups)
+    for g in groups:
+        kept = {
+            tuple(v for i, v in enumerate(m.axis_indices(d)) if i not in p.reduce_axes) for d in g
+        }
+        assert len(kept) == 1
+    # Every device holds a distinct combination of axis indices, and digits round-trip.
+    assert len({m.axis_indices(d) for d in range(m.num_devices)}) == m.num_devices
+    assert all(m.device(m.digits(d)) == d for d in range(m.num_devices))
+    # The synthesis hierarchy covers exactly the group.
+    assert math.prod(c for _, c in m.reduction_levels(p.reduce_axes)) == size
+
+
+def test_where_an_axis_lands_decides_which_links_its_reduction_crosses():
+    # Figure 2b: parameter sharding inside each CPU; its reductions stay among 4 GPUs of a CPU.
+    inside = ParallelismMatrix((1, 2, 2, 4), (4, 4), ((1, 2, 2, 1), (1, 1, 1, 4)))
+    assert inside.groups([1])[:2] == ((0, 1, 2, 3), (4, 5, 6, 7))
+    assert inside.reduction_levels([1]) == ((3, 4),)
+    # Figure 2d: half of the reduction inside a CPU, the rest across servers.
+    spread = ParallelismMatrix((1, 2, 2, 4), (4, 4), ((1, 1, 2, 2), (1, 2, 1, 2)))
+    assert spread.groups([1])[0] == (0, 1, 8, 9)
+    assert spread.reduction_levels([1]) == ((1, 2), (3, 2))
+
+
+def test_bad_placements_are_refused_with_the_reason():
+    with pytest.raises(PlacementError, match="multiply to 8 but .* has 16 devices.* size 2"):
+        parallelism_matrices([2, 8], [2, 4])
+    with pytest.raises(PlacementError, match=r"hierarchy\[1\] must be a positive integer"):
+        parallelism_matrices([2, 0], [2])
+    with pytest.raises(PlacementError, match=r"column 0 \[2, 2\] multiplies to 4"):
+        ParallelismMatrix((2, 8), (4, 4), ((2, 2), (2, 2)))
+    with pytest.raises(PlacementError, match=r"rows\[0\] has 1 entries"):
+        ParallelismMatrix((2, 8), (16,), ((16,),))
+    m = ParallelismMatrix((2, 8), (4, 4), ((1, 4), (2, 2)))
+    with pytest.raises(PlacementError, match="reduce axis 2 is not one of the 2 axes"):
+        m.groups([2])
+    with pytest.raises(PlacementError, match="names an axis twice"):
+        m.groups([0, 0])
+    with pytest.raises(PlacementError, match="device 16 is not one of 0..15"):
+        m.axis_indices(16)
