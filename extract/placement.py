@@ -38,14 +38,22 @@ ParallelismMatrix([[1, 4], [2, 2]], hierarchy=[2, 8], axes=[4, 4])
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from pcgopt.extract.cost import CostBreakdown, iteration_cost
+from pcgopt.graph import PCG
+from pcgopt.machine import Machine
+from pcgopt.ops import OpKind
 
 __all__ = [
     "ParallelismMatrix",
     "PlacementError",
+    "PlanPlacement",
     "matrices",
     "parallelism_matrices",
+    "place_plan",
+    "plan_axes",
 ]
 
 
@@ -272,3 +280,140 @@ def parallelism_matrices(hierarchy: Sequence[int], axes: Sequence[int]) -> list[
     [[[1, 4], [2, 4]], [[2, 2], [1, 8]]]
     """
     return [m.to_list() for m in matrices(hierarchy, axes)]
+
+
+# --- Placing a plan ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanPlacement:
+    """Where a PCG's collectives run: ``axes`` (the plan's parallelism axes, an ``unused`` one
+    last when the plan spans fewer devices than the machine), the chosen ``matrix`` (None when
+    the plan has no axes this view can name, then the cost model's default placement is
+    used), ``devices`` (the device groups of every parallel node, as
+    :func:`pcgopt.extract.cost.iteration_cost` takes them), its ``cost``, and every matrix
+    tried with its iteration time (``tried``). ``reason`` says why the default was kept, if it
+    was."""
+
+    axes: tuple[int, ...]
+    matrix: ParallelismMatrix | None
+    devices: Mapping[str, tuple[tuple[int, ...], ...]]
+    cost: CostBreakdown
+    tried: tuple[tuple[ParallelismMatrix, float], ...] = ()
+    reason: str = ""
+
+    @property
+    def considered(self) -> int:
+        """How many placements were tried."""
+        return len(self.tried)
+
+    def __repr__(self) -> str:
+        where = self.matrix.to_list() if self.matrix is not None else f"default ({self.reason})"
+        return (
+            f"PlanPlacement(axes={list(self.axes)}, matrix={where}, "
+            f"{self.cost.total_s * 1e3:.4g} ms, {self.considered} matrices tried)"
+        )
+
+
+def _parallel_nodes(pcg: PCG) -> list[tuple[str, int, int]]:
+    """(name, degree, width) of every parallel node that takes a degree above 1."""
+    out = []
+    for node in pcg.nodes:
+        if node.spec.kind is OpKind.PARALLEL and node.params.get("degree", 1) > 1:
+            width = max(
+                max(s.num_shards for s in pcg.input_shapes(node.name)),
+                max(s.num_shards for s in pcg.output_shapes(node.name)),
+            )
+            out.append((node.name, int(node.params["degree"]), width))
+    return out
+
+
+def plan_axes(pcg: PCG) -> tuple[tuple[int, ...], str]:
+    """The parallelism axes of a plan, read from the degrees of its parallel nodes: one axis per
+    distinct degree when they multiply to the plan's width (data parallelism 4 x tensor
+    parallelism 2 on 8 devices: [4, 2]), or a single degree completed by a second axis. Empty,
+    with the reason, when the degrees do not name the axes unambiguously (two nested axes of the
+    same size, sizes that do not multiply to the width)."""
+    nodes = _parallel_nodes(pcg)
+    if not nodes:
+        return (), "the plan has no parallel operators"
+    width = max(w for _, _, w in nodes)
+    degrees = sorted({d for _, d, _ in nodes}, reverse=True)
+    if len(degrees) == 1:
+        (d,) = degrees
+        rest = width // d
+        if rest == d:
+            return (), f"two axes of size {d}: collectives of degree {d} could run on either"
+        return ((d, rest) if rest > 1 else (d,)), ""
+    if math.prod(degrees) == width:
+        return tuple(degrees), ""
+    return (), f"degrees {degrees} do not multiply to the plan's width {width}"
+
+
+def sub_hierarchies(counts: Sequence[int], devices: int) -> list[tuple[int, ...]]:
+    """The ways to take ``devices`` devices from a machine of level ``counts`` as a regular
+    sub-machine: at every level the first ``c_j <= counts[j]`` units, with the product of the
+    ``c_j`` equal to ``devices``."""
+    out: list[tuple[int, ...]] = []
+
+    def pick(j: int, left: int, chosen: tuple[int, ...]) -> None:
+        if j == len(counts):
+            if left == 1:
+                out.append(chosen)
+            return
+        for c in range(1, min(counts[j], left) + 1):
+            if left % c == 0:
+                pick(j + 1, left // c, (*chosen, c))
+
+    pick(0, devices, ())
+    return out
+
+
+def place_plan(
+    pcg: PCG,
+    machine: Machine,
+    *,
+    optimizer: str = "adam",
+    default_cost: CostBreakdown | None = None,
+) -> PlanPlacement:
+    """The fastest placement of a plan's parallelism axes on the machine hierarchy. For every
+    regular sub-machine of the plan's width (:func:`sub_hierarchies`; the whole machine when
+    the plan uses every device) and every parallelism matrix of the axes of
+    :func:`plan_axes` on it, the collectives of degree ``axes[i]`` run in the groups of axis
+    ``i`` (:meth:`ParallelismMatrix.groups`); the one with the lowest iteration time under
+    :func:`pcgopt.extract.cost.iteration_cost` is kept (feasible ones first). Reductions that
+    span levels are priced with the best synthesized program, so placement and reduction
+    strategy are chosen together. Plans whose axes cannot be named keep the cost model's
+    default placement, with the reason."""
+    axes, reason = plan_axes(pcg)
+    default = iteration_cost(pcg, machine, optimizer=optimizer)
+    if not axes:
+        return PlanPlacement((), None, {}, default, (), reason)
+    nodes = _parallel_nodes(pcg)
+    width = max(w for _, _, w in nodes)
+    strides = [math.prod(machine.counts[j + 1 :]) for j in range(len(machine.counts))]
+    candidates = [m for sub in sub_hierarchies(machine.counts, width) for m in matrices(sub, axes)]
+    if not candidates:
+        return PlanPlacement(axes, None, {}, default, (), "no regular sub-machine fits the plan")
+    best: PlanPlacement | None = None
+    tried = []
+    for m in candidates:
+        # A device of the sub-machine is the machine device with the same coordinates.
+        sub_strides = [math.prod(m.hierarchy[j + 1 :]) for j in range(len(m.hierarchy))]
+
+        def on_machine(d: int, m: ParallelismMatrix = m, ss: list[int] = sub_strides) -> int:
+            return sum((d // s) % c * t for s, c, t in zip(ss, m.hierarchy, strides, strict=True))
+
+        devices: dict[str, tuple[tuple[int, ...], ...]] = {}
+        for name, degree, w in nodes:
+            groups = m.groups([axes.index(degree)])[: w // degree]
+            devices[name] = tuple(tuple(on_machine(d) for d in g) for g in groups)
+        cost = iteration_cost(pcg, machine, devices=devices, optimizer=optimizer)
+        tried.append((m, cost.total_s))
+        if best is None or (not cost.feasible, cost.total_s) < (
+            not best.cost.feasible,
+            best.cost.total_s,
+        ):
+            best = PlanPlacement(axes, m, devices, cost)
+    assert best is not None
+    return replace(best, tried=tuple(tried))

@@ -11,7 +11,11 @@ Phases, each timed in :attr:`Plan.stats`:
    optimization (:mod:`pcgopt.extract.baselines`), costed by the same model. The plan returned is
    the fastest that fits in memory among the extraction and the baselines, so it is never worse
    than a baseline; :attr:`SearchStats.chosen` says which one won;
-4. **check**: the plan is evaluated against the input on random inputs with the reference
+4. **placement**: every candidate's parallelism axes are placed on the machine hierarchy with
+   P^2's parallelism matrices (:func:`pcgopt.extract.placement.place_plan`; reductions across
+   levels priced with the best synthesized program), and candidates are compared by their
+   placed cost; :attr:`Plan.placement` holds the chosen matrix;
+5. **check**: the plan is evaluated against the input on random inputs with the reference
    evaluator (:func:`pcgopt.equivalent`), and :class:`PlanCheckError` is raised if they differ.
 
 The machine defaults to one 8-GPU DGX-H100 node. ``PCGOPT_MACHINE`` overrides it, either a preset
@@ -43,6 +47,7 @@ from pcgopt.extract.extraction import (
     extract_greedy,
     extract_ilp,
 )
+from pcgopt.extract.placement import PlanPlacement, place_plan
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine, MachineError
 from pcgopt.ops import OpKind
@@ -164,6 +169,7 @@ class Plan:
     stats: SearchStats
     check: str
     input_cost: CostBreakdown = field(repr=False)
+    placement: PlanPlacement | None = field(default=None, repr=False)
 
     @property
     def speedup(self) -> float:
@@ -198,8 +204,17 @@ class Plan:
             f"{s.iterations} iteration(s) ({s.stop_reason}); extraction {s.extraction}; "
             + ", ".join(f"{k} {v:.2f} s" for k, v in s.phase_seconds.items()),
             f"  check: {self.check}",
-            "",
         ]
+        if self.placement is not None:
+            p = self.placement
+            where = (
+                f"parallelism matrix {p.matrix.to_list()} on levels {list(p.matrix.hierarchy)} "
+                f"(best of {p.considered})"
+                if p.matrix is not None
+                else f"default (consecutive devices): {p.reason}"
+            )
+            lines.append(f"  placement: axes {list(p.axes)}, {where}")
+        lines.append("")
         rows = []
         for node in self.pcg.nodes:
             nc = c.per_node[node.name]
@@ -242,6 +257,18 @@ class Plan:
                 "memory_per_device": c.memory_per_device,
                 "memory_capacity": c.memory_capacity,
                 "feasible": c.feasible,
+            },
+            "placement": None
+            if self.placement is None
+            else {
+                "axes": list(self.placement.axes),
+                "matrix": None
+                if self.placement.matrix is None
+                else self.placement.matrix.to_list(),
+                "hierarchy": None
+                if self.placement.matrix is None
+                else list(self.placement.matrix.hierarchy),
+                "reason": self.placement.reason,
             },
             "input_total_s": self.input_cost.total_s,
             "stats": self.stats.to_dict(),
@@ -375,6 +402,17 @@ def saturate_and_extract(
                 candidates[name] = None
     phases["baselines"] = time.perf_counter() - start
 
+    # Place every candidate's parallelism axes on the hierarchy (P^2's parallelism matrices,
+    # reductions priced with synthesized programs) and compare the placed costs.
+    start = time.perf_counter()
+    placements: dict[str, PlanPlacement] = {}
+    for name, value in list(candidates.items()):
+        if value is not None:
+            placed = place_plan(value[0], machine, optimizer=optimizer, default_cost=value[1])
+            placements[name] = placed
+            candidates[name] = (value[0], placed.cost)
+    phases["placement"] = time.perf_counter() - start
+
     def rank(item: tuple[str, tuple[PCG, CostBreakdown] | None]) -> tuple[bool, float]:
         _, value = item
         assert value is not None
@@ -401,10 +439,11 @@ def saturate_and_extract(
         pcg=best,
         machine=machine,
         cost=best_cost,
-        mapping=_mapping(best),
+        mapping={**_mapping(best), **placements[chosen].devices},
         stats=stats,
         check=verdict,
         input_cost=input_cost,
+        placement=placements[chosen],
     )
 
 

@@ -4,6 +4,8 @@
     pcgopt models
     pcgopt ops [NAME]
     pcgopt equivalent A.json B.json [--logical] [--trials N]
+    pcgopt optimize MODEL [--machine PRESET[:NODES[:GPUS]]] [--budget S] [--json OUT] [--dot OUT]
+    pcgopt reductions --machine PRESET:NODES --axes 4,16 --reduce 0 [--bytes N] [--top K]
 
 MODEL is a zoo name (``pcgopt models`` lists them) or a PCG JSON file.
 """
@@ -133,6 +135,58 @@ def _optimize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _int_list(text: str, what: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(
+            f"{what} takes comma-separated integers, e.g. 4,16; got {text!r}"
+        ) from None
+    if not values:
+        raise UsageError(f"{what} needs at least one integer")
+    return values
+
+
+def _reductions(args: argparse.Namespace) -> int:
+    from pcgopt.extract.placement import PlacementError
+    from pcgopt.extract.plan import machine_from_spec
+    from pcgopt.extract.reduction import explore
+
+    machine = machine_from_spec(args.machine)
+    axes = _int_list(args.axes, "--axes")
+    reduce_axes = _int_list(args.reduce, "--reduce")
+    try:
+        reports = explore(
+            machine,
+            axes,
+            reduce_axes,
+            bytes_per_device=args.bytes,
+            max_size=args.max_size,
+            target=args.target,
+        )
+    except PlacementError as e:
+        raise UsageError(str(e)) from None
+    names = " x ".join(f"{level.name} {level.count}" for level in machine.levels)
+    print(
+        f"{machine.name}: hierarchy [{names}]; axes {axes}, {args.target} over axes "
+        f"{reduce_axes}; {args.bytes:,.0f} bytes per device; programs of at most "
+        f"{args.max_size} steps"
+    )
+    total = sum(len(r.programs) for r in reports)
+    print(f"{len(reports)} parallelism matrices, {total} valid programs in total\n")
+    for i, r in enumerate(reports):
+        best = r.best
+        print(
+            f"matrix {i}: {r.matrix.to_list()}  {len(r.programs)} programs; one "
+            f"{'AllReduce' if args.target == 'all_reduce' else 'Reduce'} "
+            f"{r.allreduce_seconds * 1e3:.3f} ms, best {best.seconds * 1e3:.3f} ms "
+            f"({best.speedup:.2f}x)"
+        )
+        for program, seconds in r.programs[: args.top]:
+            print(f"    {seconds * 1e3:10.3f} ms  {program.describe(machine)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pcgopt", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -171,6 +225,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=_optimize)
+
+    p = sub.add_parser(
+        "reductions",
+        help="placements of parallelism axes and the best reduction programs for them (P^2)",
+    )
+    p.add_argument(
+        "--machine", required=True, metavar="PRESET[:NODES[:GPUS]]", help="preset or file"
+    )
+    p.add_argument("--axes", required=True, help="parallelism axis sizes, e.g. 4,16")
+    p.add_argument("--reduce", required=True, help="the axes to reduce over, e.g. 0 or 0,2")
+    p.add_argument("--bytes", type=float, default=2.0**31, help="bytes per device (default 2 GiB)")
+    p.add_argument("--max-size", type=int, default=5, help="longest program (default 5)")
+    p.add_argument("--top", type=int, default=3, help="programs to show per matrix")
+    p.add_argument("--target", choices=("all_reduce", "reduce"), default="all_reduce")
+    p.set_defaults(run=_reductions)
 
     p = sub.add_parser("models", help="list the model zoo")
     p.set_defaults(run=_models)

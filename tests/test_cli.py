@@ -88,3 +88,16 @@ def test_optimize_a_zoo_model_writes_the_plan(tmp_path, capsys):
 def test_optimize_names_a_bad_machine(capsys):
     assert main(["optimize", "mnist_mlp", "--machine", "summit:two"]) == 2
     assert "machine spec 'summit:two'" in capsys.readouterr().err
+
+
+def test_reductions_lists_placements_and_their_best_programs(capsys):
+    argv = ["reductions", "--machine", "dgx-a100:4", "--axes", "4,16", "--reduce", "0"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "3 parallelism matrices, 99 valid programs in total" in out
+    assert "matrix 1: [[2, 2], [2, 8]]  93 programs" in out
+    assert "ReduceScatter[gpu] ; AllReduce[node] ; AllGather[gpu]" in out
+    assert main(["reductions", "--machine", "dgx-a100:4", "--axes", "4,15", "--reduce", "0"]) == 2
+    assert "multiply to 60 but the hierarchy [4, 16] has 64 devices" in capsys.readouterr().err
+    assert main(["reductions", "--machine", "dgx-a100:2", "--axes", "4,x", "--reduce", "0"]) == 2
+    assert "comma-separated integers" in capsys.readouterr().err

@@ -88,7 +88,7 @@ def test_where_an_axis_lands_decides_which_links_its_reduction_crosses():
 
 
 def test_bad_placements_are_refused_with_the_reason():
-    with pytest.raises(PlacementError, match="multiply to 8 but .* has 16 devices.* size 2"):
+    with pytest.raises(PlacementError, match=r"multiply to 8 but .* has 16 devices.* size 2"):
         parallelism_matrices([2, 8], [2, 4])
     with pytest.raises(PlacementError, match=r"hierarchy\[1\] must be a positive integer"):
         parallelism_matrices([2, 0], [2])
@@ -101,5 +101,38 @@ def test_bad_placements_are_refused_with_the_reason():
         m.groups([2])
     with pytest.raises(PlacementError, match="names an axis twice"):
         m.groups([0, 0])
-    with pytest.raises(PlacementError, match="device 16 is not one of 0..15"):
+    with pytest.raises(PlacementError, match=r"device 16 is not one of 0\.\.15"):
         m.axis_indices(16)
+
+
+def test_placing_a_hybrid_plan_keeps_tensor_parallelism_inside_a_socket():
+    from pcgopt.extract.baselines import megatron
+    from pcgopt.extract.cost import iteration_cost
+    from pcgopt.extract.placement import place_plan, plan_axes, sub_hierarchies
+    from pcgopt.machine import Machine
+    from pcgopt.models import ZOO
+
+    summit = Machine.preset("summit", nodes=2)  # [node 2, socket 2, gpu 3]
+    plan = megatron(ZOO["mlp"].build(), summit)  # 4-way data x 2-way tensor parallelism
+    assert plan_axes(plan) == ((4, 2), "")
+    assert (2, 2, 2) in sub_hierarchies(summit.counts, 8)
+    placed = place_plan(plan, summit)
+    assert placed.matrix is not None and placed.matrix.rows == ((2, 2, 1), (1, 1, 2))
+    assert placed.cost.total_s == iteration_cost(plan, summit, devices=placed.devices).total_s
+    # Consecutive devices (the cost model's default) straddle sockets on Summit's 3-GPU sockets.
+    assert placed.cost.total_s < iteration_cost(plan, summit).total_s
+    # Every other placement of the same axes is slower: where the axes land matters.
+    assert placed.considered == 3
+    others = [t for m, t in placed.tried if m != placed.matrix]
+    assert len(others) == 2 and all(t > placed.cost.total_s for t in others)
+
+
+def test_plans_whose_axes_cannot_be_named_keep_the_default_placement():
+    from pcgopt.extract.baselines import megatron
+    from pcgopt.extract.placement import place_plan
+    from pcgopt.machine import Machine
+    from pcgopt.models import ZOO
+
+    m = Machine.preset("summit", nodes=1)
+    placed = place_plan(megatron(ZOO["mlp"].build(), m), m)  # 2 x 2: which axis is which?
+    assert placed.matrix is None and "two axes of size 2" in placed.reason

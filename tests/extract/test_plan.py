@@ -42,7 +42,9 @@ def test_the_plan_is_never_worse_than_a_baseline_and_is_checked(mnist_plan):
 def test_the_plan_reports_search_statistics_and_mapping(mnist_plan):
     s = mnist_plan.stats
     assert s.num_enodes > 0 and s.num_eclasses > 0 and s.iterations >= 1
-    assert set(s.phase_seconds) == {"saturate", "extract", "baselines", "check"}
+    assert set(s.phase_seconds) == {"saturate", "extract", "baselines", "placement", "check"}
+    assert mnist_plan.placement is not None
+    assert mnist_plan.cost.total_s == mnist_plan.placement.cost.total_s
     for name, groups in mnist_plan.mapping.items():
         node = mnist_plan.pcg.node(name)
         assert all(len(g) == node.params["degree"] for g in groups)

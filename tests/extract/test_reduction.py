@@ -86,7 +86,7 @@ def test_the_hoare_rules_of_figure_8():
         apply_collective("ReduceScatter", [s[0], s[1], s[2]])
 
 
-# --- Synthesis -------------------------------------------------------------------------------------
+# --- Synthesis ---------------------------------------------------------------------------------
 
 
 def test_the_well_known_two_level_programs_are_synthesized_and_ranked_by_the_network():
@@ -166,7 +166,7 @@ def test_a_reduction_over_axes_of_size_one_needs_no_step():
     assert len(program) == 0 and all(len(g) == 1 for g in program.groups)
 
 
-# --- Simulation and ranking --------------------------------------------------------------------------
+# --- Simulation and ranking --------------------------------------------------------------------
 
 
 def test_one_allreduce_costs_what_the_cost_model_charges_a_flat_allreduce():
