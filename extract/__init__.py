@@ -1,5 +1,5 @@
-"""pcgopt.extract: the cost model, extraction, and the optimizer's entry point (to come: the
-machine-mapping DP, placement and reduction synthesis).
+"""pcgopt.extract: the cost model, extraction, placement and reduction synthesis, and the
+optimizer's entry point (to come: the machine-mapping DP).
 
 Lives in the top-level folder ``extract/`` and installs as ``pcgopt.extract`` (see DESIGN.md).
 
@@ -12,6 +12,11 @@ Lives in the top-level folder ``extract/`` and installs as ``pcgopt.extract`` (s
   :func:`sequential`, the hand-written plans the optimizer must never lose to;
 * :mod:`pcgopt.extract.extraction`: :func:`extract_greedy` and :func:`extract_ilp`, the cheapest
   PCG in an e-graph under the cost model;
+* :mod:`pcgopt.extract.placement`: P^2's parallelism matrices (:func:`parallelism_matrices`)
+  and :func:`place_plan`, a plan's axes placed on the hierarchy;
+* :mod:`pcgopt.extract.reduction`: P^2's reduction-program synthesis (:func:`synthesize`),
+  simulator (:func:`simulate`) and ranking (:func:`best_reduction`);
+  :mod:`pcgopt.extract.jax_lowering` runs programs as JAX collectives (optional extra);
 * :mod:`pcgopt.extract.plan`: :func:`saturate_and_extract`, PCG and machine to :class:`Plan`.
 """
 
@@ -55,6 +60,13 @@ from pcgopt.extract.extraction import (
     extract_greedy,
     extract_ilp,
 )
+from pcgopt.extract.placement import (
+    ParallelismMatrix,
+    PlacementError,
+    PlanPlacement,
+    parallelism_matrices,
+    place_plan,
+)
 from pcgopt.extract.plan import (
     DEFAULT_MACHINE,
     Plan,
@@ -63,6 +75,13 @@ from pcgopt.extract.plan import (
     default_machine,
     machine_from_spec,
     saturate_and_extract,
+)
+from pcgopt.extract.reduction import (
+    ReductionError,
+    ReductionProgram,
+    best_reduction,
+    simulate,
+    synthesize,
 )
 
 __all__ = [
@@ -83,10 +102,16 @@ __all__ = [
     "MemoryBreakdown",
     "NodeCost",
     "Optimizer",
+    "ParallelismMatrix",
+    "PlacementError",
     "Plan",
     "PlanCheckError",
+    "PlanPlacement",
     "ReductionCost",
+    "ReductionError",
+    "ReductionProgram",
     "SearchStats",
+    "best_reduction",
     "calibrated",
     "collective_cost",
     "dag_cost",
@@ -102,7 +127,11 @@ __all__ = [
     "load_csv",
     "machine_from_spec",
     "megatron",
+    "parallelism_matrices",
+    "place_plan",
     "roofline_s",
     "saturate_and_extract",
     "sequential",
+    "simulate",
+    "synthesize",
 ]
