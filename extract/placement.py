@@ -328,26 +328,55 @@ def _parallel_nodes(pcg: PCG) -> list[tuple[str, int, int]]:
     return out
 
 
-def plan_axes(pcg: PCG) -> tuple[tuple[int, ...], str]:
-    """The parallelism axes of a plan, read from the degrees of its parallel nodes: one axis per
-    distinct degree when they multiply to the plan's width (data parallelism 4 x tensor
-    parallelism 2 on 8 devices: [4, 2]), or a single degree completed by a second axis. Empty,
-    with the reason, when the degrees do not name the axes unambiguously (two nested axes of the
-    same size, sizes that do not multiply to the width)."""
+def _subsets_with_product(axes: tuple[int, ...], value: int) -> list[tuple[int, ...]]:
+    """The sets of axis positions whose sizes multiply to ``value``."""
+    out = []
+    for mask in range(1, 1 << len(axes)):
+        chosen = tuple(i for i in range(len(axes)) if mask >> i & 1)
+        if math.prod(axes[i] for i in chosen) == value:
+            out.append(chosen)
+    return out
+
+
+def _factorizations_into(n: int, largest: int) -> Iterator[tuple[int, ...]]:
+    """Factorizations of ``n`` into factors > 1 in non-increasing order, none above
+    ``largest``."""
+    if n == 1:
+        yield ()
+        return
+    for f in range(min(n, largest), 1, -1):
+        if n % f == 0:
+            for rest in _factorizations_into(n // f, f):
+                yield (f, *rest)
+
+
+def plan_axes(pcg: PCG) -> tuple[tuple[int, ...], dict[int, tuple[int, ...]], str]:
+    """The parallelism axes of a plan, read from the degrees of its parallel nodes: the fewest
+    axes, multiplying to the plan's width, such that every degree is the product of exactly one
+    set of them (data parallelism 2 x tensor parallelism 4 on 8 devices, with collectives of
+    degree 2, 4 and 8: axes [4, 2], degree 8 spanning both). Returns the axes, the axes each
+    degree spans, and, when no such axes exist (two nested axes of the same size, whose
+    collectives could run on either), empty axes and the reason."""
     nodes = _parallel_nodes(pcg)
     if not nodes:
-        return (), "the plan has no parallel operators"
+        return (), {}, "the plan has no parallel operators"
     width = max(w for _, _, w in nodes)
     degrees = sorted({d for _, d, _ in nodes}, reverse=True)
-    if len(degrees) == 1:
-        (d,) = degrees
-        rest = width // d
-        if rest == d:
-            return (), f"two axes of size {d}: collectives of degree {d} could run on either"
-        return ((d, rest) if rest > 1 else (d,)), ""
-    if math.prod(degrees) == width:
-        return tuple(degrees), ""
-    return (), f"degrees {degrees} do not multiply to the plan's width {width}"
+    best: tuple[tuple[int, ...], dict[int, tuple[int, ...]]] | None = None
+    for axes in _factorizations_into(width, width):
+        spans = {d: _subsets_with_product(axes, d) for d in degrees}
+        if all(len(v) == 1 for v in spans.values()) and (best is None or len(axes) < len(best[0])):
+            best = axes, {d: v[0] for d, v in spans.items()}
+    if best is None:
+        return (
+            (),
+            {},
+            (
+                f"no axes name the degrees {degrees} of the plan's {width} devices unambiguously "
+                "(nested axes of the same size)"
+            ),
+        )
+    return best[0], best[1], ""
 
 
 def sub_hierarchies(counts: Sequence[int], devices: int) -> list[tuple[int, ...]]:
@@ -379,14 +408,14 @@ def place_plan(
     """The fastest placement of a plan's parallelism axes on the machine hierarchy. For every
     regular sub-machine of the plan's width (:func:`sub_hierarchies`; the whole machine when
     the plan uses every device) and every parallelism matrix of the axes of
-    :func:`plan_axes` on it, the collectives of degree ``axes[i]`` run in the groups of axis
-    ``i`` (:meth:`ParallelismMatrix.groups`); the one with the lowest iteration time under
+    :func:`plan_axes` on it, the collectives of each degree run in the groups of the axes it
+    spans (:meth:`ParallelismMatrix.groups`); the one with the lowest iteration time under
     :func:`pcgopt.extract.cost.iteration_cost` is kept (feasible ones first). Reductions that
     span levels are priced with the best synthesized program, so placement and reduction
     strategy are chosen together. Plans whose axes cannot be named keep the cost model's
-    default placement, with the reason."""
-    axes, reason = plan_axes(pcg)
-    default = iteration_cost(pcg, machine, optimizer=optimizer)
+    default placement, with the reason (``default_cost``: its cost, if already known)."""
+    axes, spans, reason = plan_axes(pcg)
+    default = default_cost or iteration_cost(pcg, machine, optimizer=optimizer)
     if not axes:
         return PlanPlacement((), None, {}, default, (), reason)
     nodes = _parallel_nodes(pcg)
@@ -406,7 +435,7 @@ def place_plan(
 
         devices: dict[str, tuple[tuple[int, ...], ...]] = {}
         for name, degree, w in nodes:
-            groups = m.groups([axes.index(degree)])[: w // degree]
+            groups = m.groups(spans[degree])[: w // degree]
             devices[name] = tuple(tuple(on_machine(d) for d in g) for g in groups)
         cost = iteration_cost(pcg, machine, devices=devices, optimizer=optimizer)
         tried.append((m, cost.total_s))

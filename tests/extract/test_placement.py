@@ -114,7 +114,7 @@ def test_placing_a_hybrid_plan_keeps_tensor_parallelism_inside_a_socket():
 
     summit = Machine.preset("summit", nodes=2)  # [node 2, socket 2, gpu 3]
     plan = megatron(ZOO["mlp"].build(), summit)  # 4-way data x 2-way tensor parallelism
-    assert plan_axes(plan) == ((4, 2), "")
+    assert plan_axes(plan) == ((4, 2), {4: (0,), 2: (1,)}, "")
     assert (2, 2, 2) in sub_hierarchies(summit.counts, 8)
     placed = place_plan(plan, summit)
     assert placed.matrix is not None and placed.matrix.rows == ((2, 2, 1), (1, 1, 2))
@@ -135,4 +135,4 @@ def test_plans_whose_axes_cannot_be_named_keep_the_default_placement():
 
     m = Machine.preset("summit", nodes=1)
     placed = place_plan(megatron(ZOO["mlp"].build(), m), m)  # 2 x 2: which axis is which?
-    assert placed.matrix is None and "two axes of size 2" in placed.reason
+    assert placed.matrix is None and "nested axes of the same size" in placed.reason
