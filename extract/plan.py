@@ -54,6 +54,7 @@ from pcgopt.ops import OpKind
 from pcgopt.render import forward_flops
 from pcgopt.render import to_dot as pcg_to_dot
 from pcgopt.rewrite import Rule
+from pcgopt.sbp import sbp_of
 from pcgopt.serialize import pcg_to_dict
 
 __all__ = [
@@ -183,8 +184,9 @@ class Plan:
         )
 
     def explain(self, *, max_rows: int | None = 40) -> str:
-        """Per-node strategy: how each compute node's output is split, which collectives run
-        where, and where the time goes (the costliest ``max_rows`` nodes; None: all)."""
+        """Per-node strategy: how each compute node's output is split (parallel shape and its SBP
+        signature, AutoDDL's notation), which collectives run where, and where the time goes
+        (the costliest ``max_rows`` nodes; None: all)."""
         c, s = self.cost, self.stats
         lines = [
             f"plan for {self.machine.name} ({self.machine.num_devices} x "
@@ -221,7 +223,7 @@ class Plan:
             if node.spec.kind is OpKind.SOURCE and not nc.memory_bytes:
                 continue
             shapes = self.pcg.output_shapes(node.name)
-            layout = " ".join(repr(sh) for sh in shapes)
+            layout = " ".join(f"{sh!r} {sbp_of(sh)}" for sh in shapes)
             what = ""
             if nc.collectives:
                 what = ", ".join(
