@@ -446,9 +446,9 @@ def collective_cost(
 
     ``algorithm``: ``"flat"``, ``"hierarchical"`` (flat where no hierarchical form applies),
     ``"synthesized"`` (for an AllReduce or Reduce spanning two or more levels, the fastest
-    program of :func:`pcgopt.extract.reduction.best_program`; otherwise as ``"hierarchical"``)
-    or ``"best"``, the fastest of the three. ``reduction_cost``: the hook that times AllReduce
-    instead (see :class:`ReductionCost`).
+    program of :func:`pcgopt.extract.reduction.best_program`; otherwise the faster of flat and
+    hierarchical) or ``"best"``, the fastest of the three. ``reduction_cost``: the hook that
+    times AllReduce instead (see :class:`ReductionCost`).
 
     >>> m = Machine.preset("summit", nodes=1, devices_per_node=2)
     >>> c = collective_cost("all_reduce", [(0, 1)], 4e6, m)
@@ -476,7 +476,8 @@ def collective_cost(
     chosen, label = flat, "flat"
     if hier is not None and (algorithm == "hierarchical" or hier.seconds < flat.seconds):
         chosen, label = hier, "hierarchical"
-    if algorithm in ("synthesized", "best") and reduction_cost is None:
+    # The hook replaces AllReduce only; Reduce keeps its synthesized programs.
+    if algorithm in ("synthesized", "best") and (reduction_cost is None or kind == "reduce"):
         synthesized = _synthesized(kind, groups, nbytes, machine)
         # Ties keep the simpler algorithm (a flat AllReduce is also a one-step program).
         if synthesized is not None and (

@@ -204,6 +204,16 @@ class ParallelismMatrix:
 
     def device(self, digits: Sequence[Sequence[int]]) -> int:
         """The device number of per-axis, per-level digits (the inverse of :meth:`digits`)."""
+        for i, row in enumerate(self.rows):
+            for j, radix in enumerate(row):
+                try:
+                    d = digits[i][j]
+                except (IndexError, TypeError):
+                    raise PlacementError(
+                        f"digits must be {len(self.rows)} rows of {len(row)} digits, got {digits!r}"
+                    ) from None
+                if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < radix:
+                    raise PlacementError(f"digits[{i}][{j}] must be in 0..{radix - 1}, got {d!r}")
         number = 0
         for j, count in enumerate(self.hierarchy):
             coord = sum(digits[i][j] * self._strides[j][i] for i in range(len(self.axes)))

@@ -34,7 +34,11 @@ unit) to the innermost (``n``). The slice at level ``e`` cuts devices into the u
     InsideGroup     the devices of each unit of level e (they differ below e)
     Parallel(a)     the r-th device of each unit of level e, over the units of level e inside the
                     same unit of level a (they differ at levels a+1..e), for every r
-    Master(a)       the same, for r = 0 only (the first device of each unit)
+    Master(a)       the same, for r = 0 only (the first device of each unit of level e), one
+                    group per unit of level a. P^2's Table 2 shows Master only under a root
+                    of one unit; one group per unit of ``a`` is our generalization, which
+                    lets a hierarchical Reduce run at every level (every lowered program is
+                    still checked against the state semantics by :func:`execute`)
 
 **Synthesis hierarchy** (sections 2.5, 3.4). Programs are synthesized over the factors of the
 reduction axes only, one level per hardware level where they are split (factors of several
@@ -202,6 +206,8 @@ def _contains(big: DeviceState, small: DeviceState) -> bool:
 def apply_collective(op: str, states: Sequence[DeviceState]) -> list[DeviceState]:
     """The states of one group after ``op`` (one of :data:`COLLECTIVE_OPS`), the first member
     being the root; raises :class:`InvalidStep` when the pre-condition fails."""
+    if op not in COLLECTIVE_OPS:
+        raise ReductionError(f"unknown collective {op!r}; valid: {', '.join(COLLECTIVE_OPS)}")
     p = len(states)
     if p < 2:
         raise InvalidStep(f"{op} needs a group of at least 2 devices")
@@ -283,6 +289,28 @@ class Step:
     form: str
     ancestor: int | None = None
 
+    def __post_init__(self) -> None:
+        if self.collective not in COLLECTIVE_OPS:
+            raise ReductionError(
+                f"unknown collective {self.collective!r}; valid: {', '.join(COLLECTIVE_OPS)}"
+            )
+        if self.form not in FORMS:
+            raise ReductionError(f"unknown form {self.form!r}; valid: {', '.join(FORMS)}")
+        if isinstance(self.slice, bool) or not isinstance(self.slice, int) or self.slice < 0:
+            raise ReductionError(f"slice must be a level number >= 0, got {self.slice!r}")
+        if self.form == "InsideGroup":
+            if self.ancestor is not None:
+                raise ReductionError("InsideGroup takes no ancestor level")
+        elif (
+            isinstance(self.ancestor, bool)
+            or not isinstance(self.ancestor, int)
+            or not 0 <= self.ancestor < self.slice
+        ):
+            raise ReductionError(
+                f"{self.form}(e) needs an ancestor level 0 <= e < slice {self.slice}, got "
+                f"{self.ancestor!r}"
+            )
+
     def __repr__(self) -> str:
         form = self.form if self.ancestor is None else f"{self.form}({self.ancestor})"
         return f"Step({self.slice}, {form}, {self.collective})"
@@ -325,10 +353,10 @@ def _instructions(counts: tuple[int, ...]) -> list[tuple[Step, tuple[tuple[int, 
     same groups and without those whose groups are single devices."""
     depth = len(counts)
     out, seen = [], set()
-    candidates = [Step("", e, "InsideGroup") for e in range(depth)]
+    candidates = [Step("AllReduce", e, "InsideGroup") for e in range(depth)]
     for e in range(1, depth):
         for a in range(e):
-            candidates += [Step("", e, "Parallel", a), Step("", e, "Master", a)]
+            candidates += [Step("AllReduce", e, "Parallel", a), Step("AllReduce", e, "Master", a)]
     for step in candidates:
         groups = step.groups(counts)
         if all(len(g) < 2 for g in groups) or groups in seen:
@@ -503,25 +531,47 @@ def run_lowered(
     that changes nothing, or that sums into a device data from outside its reduction group
     (it could never be taken out again), and if the end is not the requested reduction."""
     _check_target(target)
-    targets = [0] * num_devices
+    if isinstance(num_devices, bool) or not isinstance(num_devices, int) or num_devices < 1:
+        raise ReductionError(f"num_devices must be a positive integer, got {num_devices!r}")
+    # A device outside every reduction group must end as it started: its target is itself.
+    targets = [1 << d for d in range(num_devices)]
     reduction = [tuple(g) for g in groups]
+    covered: set[int] = set()
     for g in reduction:
-        mask = 0
-        for d in g:
-            if not 0 <= d < num_devices or targets[d]:
-                raise ReductionError(
-                    f"reduction group {list(g)}: device {d} is out of range or in two groups"
-                )
-            mask |= 1 << d
+        _check_disjoint_groups([g], num_devices, covered, "reduction group")
+        mask = sum(1 << d for d in g)
         for d in g:
             targets[d] = mask
     state = initial_state(num_devices)
-    for op, step_groups in steps:
-        state = _step(state, op, [tuple(g) for g in step_groups], targets)
-    roots = [g[0] for g in reduction]
-    if any(len(g) > 1 for g in reduction) and not _is_final(state, targets, roots, target):
-        raise InvalidStep(f"the steps end before the requested {target}")
+    for i, (op, step_groups) in enumerate(steps):
+        groups_t = [tuple(g) for g in step_groups]
+        _check_disjoint_groups(groups_t, num_devices, set(), f"step {i} ({op})")
+        state = _step(state, op, groups_t, targets)
+    if any(len(g) > 1 for g in reduction):
+        every = (1 << num_devices) - 1
+        for g in reduction:
+            done = (
+                all(state[d] == ((targets[d], every),) for d in g)
+                if target == "all_reduce"
+                else state[g[0]] == ((targets[g[0]], every),)
+            )
+            if not done:
+                raise InvalidStep(f"the steps end before the requested {target} in group {list(g)}")
     return state
+
+
+def _check_disjoint_groups(
+    groups: Sequence[tuple[int, ...]], num_devices: int, seen: set[int], what: str
+) -> None:
+    for g in groups:
+        for d in g:
+            if isinstance(d, bool) or not isinstance(d, int) or not 0 <= d < num_devices:
+                raise ReductionError(f"{what}: device {d!r} is not one of 0..{num_devices - 1}")
+            if d in seen:
+                raise ReductionError(
+                    f"{what}: device {d} is in two groups; the groups of a collective are disjoint"
+                )
+            seen.add(d)
 
 
 def execute(program: ReductionProgram) -> State:
@@ -693,6 +743,8 @@ def best_reduction(
 ) -> list[RankedReduction]:
     """The fastest (placement, program) pairs for reducing over ``reduce_axes`` of ``axes`` on
     ``machine``, ranked by simulated time (``top`` of them, or all with ``top=None``)."""
+    if top is not None and (isinstance(top, bool) or not isinstance(top, int) or top < 1):
+        raise ReductionError(f"top must be a positive integer or None, got {top!r}")
     ranked = [
         RankedReduction(r.matrix, p, t, r.allreduce_seconds)
         for r in explore(
@@ -815,11 +867,24 @@ def best_program(
     ('ReduceScatter[gpu] ; AllReduce[node] ; AllGather[gpu]', 141.8)
     """
     _check_target(target)
+    _check_size(max_size)
+    if not isinstance(machine, Machine):
+        raise ReductionError(f"machine must be a pcgopt.Machine, got {machine!r}")
+    if (
+        isinstance(nbytes, bool)
+        or not isinstance(nbytes, int | float)
+        or not math.isfinite(nbytes)
+        or nbytes < 0
+    ):
+        raise ReductionError(f"nbytes must be a finite number >= 0, got {nbytes!r}")
     key = tuple(tuple(sorted(g)) for g in groups)
     lines = _program_lines(machine, key, target, max_size)
     if lines is None:
         return None
     n = float(nbytes)
+    if n == 0:  # nothing to send: no step runs (as in simulate)
+        zeros = (0.0,) * len(machine.levels)
+        return ProgramCost(lines.programs[0], 0.0, zeros, zeros)
     per_level = lines.seconds_a + lines.seconds_b * n
     totals = per_level.sum(axis=1)
     i = int(np.argmin(totals))

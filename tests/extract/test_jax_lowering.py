@@ -101,7 +101,15 @@ def test_programs_on_8_virtual_devices_equal_a_plain_allreduce():
 
 @pytest.mark.slow
 def test_programs_on_16_virtual_devices_equal_a_plain_allreduce():
-    report = _run(16, [[[2, 8], [4, 4], [0], [[1, 4], [2, 2]]], [[2, 8], [16], [0], [[2, 8]]]])
+    report = _run(
+        16,
+        [
+            [[2, 8], [4, 4], [0], [[1, 4], [2, 2]]],
+            [[2, 8], [16], [0], [[2, 8]]],
+            # Two reduction axes collapsed on both levels: axes 0 and 2 of [2, 2, 4].
+            [[2, 8], [2, 2, 4], [0, 2], [[1, 2], [1, 2], [2, 2]]],
+        ],
+    )
     _check(report)
     for program in (
         "Reduce[L1] ; AllReduce[L0, first] ; Broadcast[L1]",

@@ -103,6 +103,8 @@ def test_bad_placements_are_refused_with_the_reason():
         m.groups([0, 0])
     with pytest.raises(PlacementError, match=r"device 16 is not one of 0\.\.15"):
         m.axis_indices(16)
+    with pytest.raises(PlacementError, match=r"digits\[0\]\[1\] must be in 0\.\.3, got 9"):
+        m.device(((0, 9), (0, 0)))
 
 
 def test_placing_a_hybrid_plan_keeps_tensor_parallelism_inside_a_socket():

@@ -169,25 +169,26 @@ def test_a_reduction_over_axes_of_size_one_needs_no_step():
 # --- Simulation and ranking --------------------------------------------------------------------
 
 
-def test_one_allreduce_costs_what_the_cost_model_charges_a_flat_allreduce():
+def test_one_allreduce_inside_a_node_costs_the_ring_formula():
+    # 2 nodes of 16 A100; the reduced axis inside a node: one 16-GPU ring per node, at once.
     m = Machine.preset("dgx-a100", nodes=2)
-    matrix = ParallelismMatrix((2, 16), (16, 2), ((2, 8), (1, 2)))
-    program = next(p for p in synthesize((2, 16), (16, 2), [0], matrix) if len(p) == 1)
-    flat = collective_cost("all_reduce", matrix.groups([0]), 2**30, m, algorithm="flat")
-    assert program.describe(m) == "AllReduce[node+gpu]"
-    assert simulate(program, m, 2**30) == pytest.approx(flat.seconds)
-    assert [c.kind for c in timeline(program, m, 2**30)] == ["all_reduce"]
+    matrix = ParallelismMatrix((2, 16), (16, 2), ((1, 16), (2, 1)))
+    (program,) = [p for p in synthesize((2, 16), (16, 2), [0], matrix) if len(p) == 1]
+    assert program.describe(m) == "AllReduce[gpu]"
+    n, p, nvlink = 2**30, 16, m.levels[1].link
+    ring = 2 * (p - 1) * nvlink.latency_s + 2 * (p - 1) / p * n / nvlink.bandwidth_Bps
+    assert simulate(program, m, n) == pytest.approx(ring)
+    assert [c.kind for c in timeline(program, m, n)] == ["all_reduce"]
 
 
 def test_ranking_placements_and_programs():
     m = Machine.preset("dgx-a100", nodes=2)
     reports = explore(m, [16, 2], [0])
     assert [r.matrix.to_list() for r in reports] == [[[1, 16], [2, 1]], [[2, 8], [1, 2]]]
-    for r in reports:
-        times = [t for _, t in r.programs]
-        assert times == sorted(times)
-        assert r.best.speedup >= 1.0  # the single AllReduce is among the programs
     inside, across = reports
+    assert inside.allreduce_seconds == pytest.approx(
+        2 * 15 * 3.4e-6 + 2 * 15 / 16 * 2**31 / 270e9
+    )  # one 16-GPU NVSwitch ring per node
     # Result 1: where the axis lands changes the reduction by orders of magnitude.
     assert across.allreduce_seconds > 30 * inside.allreduce_seconds
     # Result 5: across nodes, a topology-aware program beats one AllReduce.
@@ -223,3 +224,57 @@ def test_bad_requests_are_refused_with_the_reason():
         simulate(program, Machine.preset("dgx-a100", nodes=2), 1e6)
     with pytest.raises(ReductionError, match="bytes_per_device must be a number >= 0"):
         simulate(program, _two_level(1e9, gpus=4), -1)
+
+
+def test_run_lowered_checks_hand_written_programs():
+    # Devices 2 and 3 take no part in the reduction: they must stay as they are.
+    state = run_lowered([("AllReduce", [(0, 1)])], [(0, 1)], 4)
+    assert state[2] == initial_state(4)[2] and state[0] == ((0b0011, 0b1111),)
+    with pytest.raises(InvalidStep, match="must not reduce with"):
+        run_lowered([("AllReduce", [(0, 1), (2, 3)])], [(0, 1)], 4)
+    with pytest.raises(ReductionError, match=r"step 1 \(AllReduce\): device 0 is in two groups"):
+        run_lowered(
+            [("AllReduce", [(0, 1), (2, 3)]), ("AllReduce", [(0, 2), (1, 3), (0, 3)])],
+            [(0, 1, 2, 3)],
+            4,
+        )
+    with pytest.raises(ReductionError, match=r"device 7 is not one of 0\.\.3"):
+        run_lowered([("AllReduce", [(0, 7)])], [(0, 1)], 4)
+    with pytest.raises(ReductionError, match="unknown collective 'Gather'"):
+        apply_collective("Gather", [()])
+
+
+@settings(max_examples=30, deadline=None)
+@given(placements(max_devices=12))
+def test_lowered_groups_span_the_levels_each_step_names(p: Placement):
+    machine = Machine(
+        tuple(Level(f"l{j}", c, Link(1e9, 1e-6, "switched")) for j, c in enumerate(p.hierarchy)),
+        DeviceSpec("toy", {"f32": 1e12}, 1e12, 2**34, 0.0),
+    )
+    for program in synthesize(p.hierarchy, p.axes, p.reduce_axes, p.rows, max_size=3):
+        for step, (_, groups) in zip(program.steps, program.lowered(), strict=True):
+            spans = {tuple(g.index for g in machine.group_levels(grp)) for grp in groups}
+            assert spans == {program.step_levels(step)}
+
+
+def test_reduce_programs_leave_the_sum_on_the_root():
+    m = ParallelismMatrix((2, 4), (2, 4), ((1, 2), (2, 2)))
+    for program in synthesize((2, 4), (2, 4), [1], m, target="reduce"):
+        state = execute(program)
+        for g in program.groups:
+            assert state[g[0]] == ((sum(1 << d for d in g), 0xFF),)
+
+
+def test_malformed_steps_and_requests_name_the_fault():
+    from pcgopt.extract.reduction import Step
+
+    with pytest.raises(ReductionError, match=r"Parallel\(e\) needs an ancestor level"):
+        Step("AllReduce", 1, "Parallel")
+    with pytest.raises(ReductionError, match="unknown form 'Inside'"):
+        Step("AllReduce", 1, "Inside")
+    m = Machine.preset("dgx-a100", nodes=2)
+    with pytest.raises(ReductionError, match="nbytes must be a finite number >= 0"):
+        best_program([range(32)], -1.0, m)
+    assert best_program([range(32)], 0, m).seconds == 0.0
+    with pytest.raises(ReductionError, match="top must be a positive integer"):
+        best_reduction(m, [32], [0], top=0)
