@@ -369,10 +369,11 @@ def _instructions(counts: tuple[int, ...]) -> list[tuple[Step, tuple[tuple[int, 
 @functools.lru_cache(maxsize=256)
 def _synthesize_counts(
     counts: tuple[int, ...], max_size: int, target: str
-) -> tuple[tuple[Step, ...], ...]:
+) -> tuple[tuple[tuple[Step, ...], tuple[int, ...]], ...]:
     """Every program over the synthesis hierarchy ``counts`` reaching ``target``, shortest
-    first (syntax-guided enumeration with memoized suffixes: states reached by different
-    prefixes are explored once)."""
+    first, with the number of chunks the first member of a group holds before each step
+    (what the step sends; the largest over its groups). Syntax-guided enumeration with
+    memoized suffixes: states reached by different prefixes are explored once."""
     k = math.prod(counts)
     every = (1 << k) - 1
     targets = [every] * k
@@ -381,28 +382,32 @@ def _synthesize_counts(
         for s, groups in _instructions(counts)
         for op in COLLECTIVE_OPS
     ]
-    memo: dict[tuple[State, int], list[tuple[Step, ...]]] = {}
+    Suffix = tuple[tuple[Step, ...], tuple[int, ...]]
+    memo: dict[tuple[State, int], list[Suffix]] = {}
 
-    def suffixes(state: State, budget: int) -> list[tuple[Step, ...]]:
+    def suffixes(state: State, budget: int) -> list[Suffix]:
         if _is_final(state, targets, (0,), target):
-            return [()]
+            return [((), ())]
         if budget == 0:
             return []
         key = (state, budget)
         if key in memo:
             return memo[key]
-        out: list[tuple[Step, ...]] = []
+        out: list[Suffix] = []
         for step, groups in instructions:
             try:
                 new = _step(state, step.collective, groups, targets)
             except InvalidStep:
                 continue
-            out.extend((step, *rest) for rest in suffixes(new, budget - 1))
+            held = max(_chunks(state[g[0]]).bit_count() for g in groups)
+            out.extend(
+                ((step, *steps), (held, *helds)) for steps, helds in suffixes(new, budget - 1)
+            )
         memo[key] = out
         return out
 
     programs = suffixes(initial_state(k), max_size)
-    return tuple(sorted(programs, key=lambda p: (len(p), [repr(s) for s in p])))
+    return tuple(sorted(programs, key=lambda p: (len(p[0]), [repr(s) for s in p[0]])))
 
 
 # --- Programs on a machine -----------------------------------------------------------------------
@@ -514,7 +519,7 @@ def synthesize(
     counts = tuple(c for _, c in levels)
     return [
         ReductionProgram(steps, levels, groups, m.hierarchy, target)
-        for steps in _synthesize_counts(counts, max_size, target)
+        for steps, _ in _synthesize_counts(counts, max_size, target)
     ]
 
 
@@ -764,20 +769,6 @@ def best_reduction(
 # --- The cost model's hook ---------------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=256)
-def _held_counts(
-    counts: tuple[int, ...], max_size: int, target: str
-) -> tuple[tuple[int, ...], ...]:
-    """For every program of :func:`_synthesize_counts`, the chunks held before each step."""
-    levels = tuple(enumerate(counts))
-    k = math.prod(counts)
-    groups = (tuple(range(k)),)
-    return tuple(
-        tuple(held for _, _, held in _walk(ReductionProgram(steps, levels, groups, counts, target)))
-        for steps in _synthesize_counts(counts, max_size, target)
-    )
-
-
 @dataclass(frozen=True, slots=True)
 class _Lines:
     """Every program of a group layout with its cost per level as affine functions of the
@@ -802,9 +793,9 @@ def _program_lines(
     if not levels or math.prod(p for _, p in levels) != len(groups[0]):
         return None
     counts = tuple(p for _, p in levels)
+    synthesized = _synthesize_counts(counts, max_size, target)
     programs = tuple(
-        ReductionProgram(steps, levels, groups, machine.counts, target)
-        for steps in _synthesize_counts(counts, max_size, target)
+        ReductionProgram(steps, levels, groups, machine.counts, target) for steps, _ in synthesized
     )
     if not programs:
         return None
@@ -814,9 +805,7 @@ def _program_lines(
     # Programs share steps: each distinct (step, chunks held) is priced once, at two sizes.
     probe = 2.0**20
     memo: dict[tuple[Step, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    for i, (program, helds) in enumerate(
-        zip(programs, _held_counts(counts, max_size, target), strict=True)
-    ):
+    for i, (program, (_, helds)) in enumerate(zip(programs, synthesized, strict=True)):
         for step, held in zip(program.steps, helds, strict=True):
             line = memo.get((step, held))
             if line is None:

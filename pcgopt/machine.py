@@ -363,6 +363,12 @@ class Machine:
     name: str = "custom"
     # Mixed-radix place value of each level's digit in a device number.
     _strides: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    # Derived once: the cost model asks for these per collective, in its hot loop.
+    _num_devices: int = field(init=False, repr=False, compare=False)
+    _group_levels: dict[tuple[int, ...], tuple[GroupLevel, ...]] = field(
+        init=False, repr=False, compare=False
+    )
+    _coordinates: tuple[tuple[int, ...], ...] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _name(self.name, "name")
@@ -392,12 +398,24 @@ class Machine:
         for i in range(len(levels) - 2, -1, -1):
             strides[i] = strides[i + 1] * levels[i + 1].count
         object.__setattr__(self, "_strides", tuple(strides))
+        object.__setattr__(self, "_num_devices", math.prod(level.count for level in levels))
+        object.__setattr__(self, "_group_levels", {})
+        table = None
+        if self._num_devices <= 1 << 16:
+            table = tuple(
+                tuple(
+                    (d // stride) % level.count
+                    for stride, level in zip(strides, levels, strict=True)
+                )
+                for d in range(self._num_devices)
+            )
+        object.__setattr__(self, "_coordinates", table)
 
     # --- Shape of the machine --------------------------------------------------------------
 
     @property
     def num_devices(self) -> int:
-        return math.prod(level.count for level in self.levels)
+        return self._num_devices
 
     @property
     def counts(self) -> tuple[int, ...]:
@@ -410,7 +428,9 @@ class Machine:
         >>> Machine.preset("summit", nodes=2).coordinates(7)
         (1, 0, 1)
         """
-        d = _device_index(device, self.num_devices)
+        d = _device_index(device, self._num_devices)
+        if self._coordinates is not None:
+            return self._coordinates[d]
         return tuple(
             (d // stride) % level.count
             for stride, level in zip(self._strides, self.levels, strict=True)
@@ -440,9 +460,12 @@ class Machine:
         parallelism axis placed on the hierarchy is), the product of the participants is the
         size of the group.
         """
-        members = sorted({_device_index(d, self.num_devices) for d in devices})
+        members = tuple(sorted({_device_index(d, self._num_devices) for d in devices}))
         if not members:
             raise MachineError("a device group must hold at least one device")
+        cached = self._group_levels.get(members)
+        if cached is not None:
+            return cached
         coords = [self.coordinates(d) for d in members]
         spans = []
         for i, level in enumerate(self.levels):
@@ -452,6 +475,8 @@ class Machine:
             participants = max(len(units) for units in children.values())
             if participants > 1:
                 spans.append(GroupLevel(i, level, participants))
+        if len(self._group_levels) < 100_000:  # bounded: groups are few per plan
+            self._group_levels[members] = tuple(spans)
         return tuple(spans)
 
     def slowest_link(self, devices: Iterable[int]) -> Link:
