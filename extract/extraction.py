@@ -93,6 +93,7 @@ class ENodeCosts:
     stored_mem: np.ndarray  # per e-class: weight, gradient, optimizer state if stored
     act_mem: np.ndarray  # per e-class: shard bytes if kept for a backward
     seconds: float  # time taken to build this table
+    uncosted: int = 0  # e-nodes that read a tensor without shape facts (never chosen)
 
     @property
     def memory_capacity(self) -> int:
@@ -182,15 +183,14 @@ def enode_costs(
     # Output shapes of multi-output classes, from their `out` e-nodes.
     tuple_outs: dict[int, dict[int, ParallelTensorShape]] = {}
     for n in nodes:
-        if n.op == OUT:
-            shape = shapes[n.eclass]
-            assert shape is not None
-            tuple_outs.setdefault(n.children[0], {})[n.params["index"]] = shape
+        if n.op == OUT and shapes[n.eclass] is not None:
+            tuple_outs.setdefault(n.children[0], {})[n.params["index"]] = shapes[n.eclass]
 
     node_s = np.zeros(num_nodes)
     free = np.zeros(num_nodes, dtype=bool)
     backward = np.zeros(num_nodes, dtype=bool)
     memo: dict[tuple, tuple[float, bool]] = {}
+    unshaped = 0
     for i, n in enumerate(nodes):
         if n.op == OUT or is_source[i]:
             free[i] = True
@@ -205,6 +205,12 @@ def enode_costs(
             outs = tuple(by_index[k] for k in sorted(by_index))
         else:
             outs = (out_shape,)
+        if not outs or any(s is None for s in ins):
+            # A tensor class without shape facts in the export (or a tuple consumed whole):
+            # nothing can be costed or built from it, so this e-node is never chosen.
+            node_s[i] = np.inf
+            unshaped += 1
+            continue
         grads = tuple(bool(needs_grad[c]) for c in n.children)
         key = (n.op, n.params, ins, outs, grads)
         hit = memo.get(key)
@@ -242,6 +248,7 @@ def enode_costs(
         stored_mem=stored_mem,
         act_mem=act_mem,
         seconds=time.perf_counter() - start,
+        uncosted=unshaped,
     )
 
 
@@ -368,7 +375,7 @@ def _tree_best(costs: ENodeCosts) -> dict[int, int]:
         waiting[i] = len(distinct)
         for c in distinct:
             parents[c].append(i)
-        if not distinct:
+        if not distinct and np.isfinite(costs.node_s[i]):
             heapq.heappush(heap, (float(costs.node_s[i]), i, n.eclass))
     best: dict[int, int] = {}
     cost = np.full(egraph.num_eclasses, np.inf)
@@ -387,7 +394,8 @@ def _tree_best(costs: ENodeCosts) -> dict[int, int]:
                 t = costs.node_s[p] + sum(cost[ch] for ch in n.children)
                 if not costs.free[p]:
                     t += sum(extra[ch] for ch in set(n.children))
-                heapq.heappush(heap, (float(t), p, n.eclass))
+                if np.isfinite(t):  # an e-node that cannot be costed is never chosen
+                    heapq.heappush(heap, (float(t), p, n.eclass))
     missing = [r for r in egraph.roots if r not in best]
     if missing:
         raise ExtractionError(

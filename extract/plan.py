@@ -375,19 +375,31 @@ def saturate_and_extract(
 
     start = time.perf_counter()
     costs = enode_costs(sat.egraph, machine, optimizer=optimizer)
-    extraction: Extraction = extract_greedy(costs, time_limit_s=0.2 * time_budget_s)
-    if sat.num_enodes <= ILP_MAX_ENODES:
-        try:
-            extraction = extract_ilp(costs, time_limit_s=0.1 * time_budget_s, warm_start=extraction)
-        except ExtractionError as e:
-            say(f"exact extraction skipped: {e}")
-    extracted = sat.egraph.to_pcg(extraction.choice)
+    if costs.uncosted:
+        say(f"{costs.uncosted} e-nodes read tensors without shape facts; they are left out")
+    extracted: PCG | None = None
+    try:
+        extraction: Extraction = extract_greedy(costs, time_limit_s=0.2 * time_budget_s)
+        if sat.num_enodes <= ILP_MAX_ENODES:
+            try:
+                extraction = extract_ilp(
+                    costs, time_limit_s=0.1 * time_budget_s, warm_start=extraction
+                )
+            except ExtractionError as e:
+                say(f"exact extraction skipped: {e}")
+        extracted = sat.egraph.to_pcg(extraction.choice)
+        extraction_text = repr(extraction)
+    except ExtractionError as e:
+        # The baselines and the input remain candidates: the call still returns a plan.
+        extraction_text = f"failed: {e}"
     phases["extract"] = time.perf_counter() - start
-    say(f"extracted: {extraction!r}")
+    say(f"extracted: {extraction_text}")
 
     start = time.perf_counter()
     candidates: dict[str, tuple[PCG, CostBreakdown] | None] = {
-        "e-graph": (extracted, iteration_cost(extracted, machine, optimizer=optimizer)),
+        "e-graph": None
+        if extracted is None
+        else (extracted, iteration_cost(extracted, machine, optimizer=optimizer)),
         "input": (pcg, input_cost),
     }
     if baselines:
@@ -431,7 +443,7 @@ def saturate_and_extract(
         num_eclasses=sat.num_eclasses,
         iterations=sat.iterations,
         stop_reason=str(sat.stop_reason.value),
-        extraction=repr(extraction),
+        extraction=extraction_text,
         candidates={k: (v[1].total_s if v is not None else None) for k, v in candidates.items()},
         chosen=chosen,
         phase_seconds=phases,

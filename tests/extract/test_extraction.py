@@ -179,3 +179,23 @@ def test_the_ilp_refuses_large_egraphs(mnist):
     _, costs = mnist
     with pytest.raises(ExtractionError, match="use extract_greedy"):
         extract_ilp(costs, max_enodes=100)
+
+
+def test_enodes_reading_a_tensor_without_shape_facts_are_never_chosen(one_iteration):
+    sat, _ = one_iteration
+    eg = sat.egraph
+    # Forget the facts of one class that some e-nodes read and that is not needed by every
+    # plan: the class of the first Partition of an input.
+    target = next(
+        n.eclass for n in eg.nodes if n.op == "partition" and eg.shapes[n.eclass] is not None
+    )
+    shapes = list(eg.shapes)
+    shapes[target] = None
+    damaged = dataclasses.replace(eg, shapes=shapes, _index=None)
+    costs = enode_costs(damaged, TWO_GPUS)
+    readers = [i for i, n in enumerate(eg.nodes) if target in n.children]
+    assert readers and costs.uncosted >= len(readers)
+    assert all(costs.node_s[i] == float("inf") for i in readers)
+    extraction = extract_greedy(costs, time_limit_s=2)  # the sequential plan remains
+    assert all(not set(eg.nodes[i].children) & {target} for i in extraction.choice.values())
+    assert_equivalent(MNIST, eg.to_pcg(extraction.choice))

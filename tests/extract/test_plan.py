@@ -95,3 +95,16 @@ def test_a_plan_that_differs_from_the_input_is_refused(monkeypatch):
     monkeypatch.setattr(plan_module, "equivalent", lambda a, b: False)
     with pytest.raises(PlanCheckError, match="does not compute what the input computes"):
         saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=5)
+
+
+def test_a_failed_extraction_still_returns_the_best_baseline(monkeypatch):
+    from pcgopt.extract import ExtractionError
+
+    def fail(*args, **kwargs):
+        raise ExtractionError("no acyclic extraction reaches output e-class c1")
+
+    monkeypatch.setattr(plan_module, "extract_greedy", fail)
+    plan = saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=4)
+    assert plan.stats.extraction.startswith("failed: no acyclic extraction")
+    assert plan.stats.candidates["e-graph"] is None
+    assert plan.stats.chosen != "e-graph" and equivalent(MNIST, plan.pcg)
