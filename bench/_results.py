@@ -17,3 +17,12 @@ def write_section(heading: str, section: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section
     RESULTS.write_text(text)
+
+
+def publish(heading: str, lines: list[str], *, write: bool) -> None:
+    """Prints the section ``heading`` followed by ``lines`` and, if ``write``, puts it in
+    bench/RESULTS.md (:func:`write_section`)."""
+    section = "\n".join([heading, "", *lines])
+    print(section)
+    if write:
+        write_section(heading, section)

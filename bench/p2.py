@@ -18,7 +18,7 @@ import argparse
 import statistics
 import time
 
-from _results import write_section
+from _results import publish
 
 from pcgopt import Machine
 from pcgopt.extract.placement import matrices
@@ -106,10 +106,9 @@ def main() -> None:
     rows, summary = run()
     times = synthesis_times()
     seconds = time.perf_counter() - start
-    section = "\n".join(
+    publish(
+        HEADING,
         [
-            HEADING,
-            "",
             f"Command: `python bench/p2.py` ({seconds:.0f} s on the development machine).",
             "",
             "The systems of P^2's Figure 9 with the bandwidths its simulator assumes (presets "
@@ -133,11 +132,9 @@ def main() -> None:
             "|---|---|---|---|---|---|---|",
             *times,
             "",
-        ]
+        ],
+        write=not args.no_write,
     )
-    print(section)
-    if not args.no_write:
-        write_section(HEADING, section)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from _results import write_section
+from _results import publish
 
 UNITY_MODELS = ("mlp", "bert_large", "dlrm", "xdl", "candle_uno", "resnext50", "inception_v3")
 HEADING = "## Joint optimization (saturate_and_extract)"
@@ -95,10 +95,9 @@ def main() -> None:
     command = "python bench/run.py" + (
         "" if sys.argv[1:] == [] else " " + " ".join(sys.argv[1:]).replace(" --no-write", "")
     )
-    section = "\n".join(
+    publish(
+        HEADING,
         [
-            HEADING,
-            "",
             f"Command: `{command}` ({total / 60:.0f} min on the development machine, 2 cores).",
             "",
             "Unity's seven models, full size, Summit nodes (6 V100 each), weak scaling as in the "
@@ -111,11 +110,9 @@ def main() -> None:
             "",
             *rows,
             "",
-        ]
+        ],
+        write=not args.no_write,
     )
-    print(section)
-    if not args.no_write:
-        write_section(HEADING, section)
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ from pcgopt.extract.reduction import (
     ReductionError,
     ReductionProgram,
     apply_collective,
+    chunk_list,
     initial_state,
 )
 
@@ -50,21 +51,6 @@ def _jax() -> Any:
             "running reduction programs on JAX needs the optional extra: pip install 'pcgopt[jax]'"
         ) from None
     return jax
-
-
-def _rows(state: tuple[tuple[int, int], ...]) -> list[int]:
-    held = 0
-    for _, rows in state:
-        held |= rows
-    return [i for i in range(held.bit_length()) if held >> i & 1]
-
-
-def _digits(rank: int, counts: Sequence[int]) -> tuple[int, ...]:
-    out = []
-    for c in reversed(counts):
-        out.append(rank % c)
-        rank //= c
-    return tuple(reversed(out))
 
 
 def _tables(program: ReductionProgram) -> list[dict[str, Any]]:
@@ -83,7 +69,7 @@ def _tables(program: ReductionProgram) -> list[dict[str, Any]]:
         for g in sgroups:
             before = [state[r] for r in g]
             after = apply_collective(step.collective, before)
-            rows = [_rows(s) for s in before]
+            rows = [chunk_list(s) for s in before]
             for i, r in enumerate(g):
                 root[r] = i == 0
                 if step.collective == "Broadcast":

@@ -51,6 +51,7 @@ __all__ = [
     "PlacementError",
     "PlanPlacement",
     "matrices",
+    "parallel_nodes",
     "parallelism_matrices",
     "place_plan",
     "plan_axes",
@@ -173,8 +174,9 @@ class ParallelismMatrix:
     def num_devices(self) -> int:
         return math.prod(self.hierarchy)
 
-    def digits(self, device: int) -> tuple[tuple[int, ...], ...]:
-        """``digits[i][j]``: axis ``i``'s digit at level ``j`` for ``device``."""
+    def coordinates(self, device: int) -> tuple[int, ...]:
+        """The unit of every level (outermost first) that holds ``device``, as
+        :meth:`pcgopt.Machine.coordinates` numbers them."""
         if isinstance(device, bool) or not isinstance(device, int):
             raise PlacementError(f"a device is an integer, got {device!r}")
         if not 0 <= device < self.num_devices:
@@ -183,7 +185,11 @@ class ParallelismMatrix:
         for count in reversed(self.hierarchy):
             coords.append(rest % count)
             rest //= count
-        coords.reverse()
+        return tuple(reversed(coords))
+
+    def digits(self, device: int) -> tuple[tuple[int, ...], ...]:
+        """``digits[i][j]``: axis ``i``'s digit at level ``j`` for ``device``."""
+        coords = self.coordinates(device)
         return tuple(
             tuple(
                 (coords[j] // self._strides[j][i]) % self.rows[i][j]
@@ -325,11 +331,12 @@ class PlanPlacement:
         )
 
 
-def _parallel_nodes(pcg: PCG) -> list[tuple[str, int, int]]:
-    """(name, degree, width) of every parallel node that takes a degree above 1."""
+def parallel_nodes(pcg: PCG) -> list[tuple[str, int, int]]:
+    """(name, degree, width) of every parallel node that takes a degree: ``width`` is the
+    number of devices it spans (the most shards among its inputs and outputs)."""
     out = []
     for node in pcg.nodes:
-        if node.spec.kind is OpKind.PARALLEL and node.params.get("degree", 1) > 1:
+        if node.spec.kind is OpKind.PARALLEL and "degree" in node.params:
             width = max(
                 max(s.num_shards for s in pcg.input_shapes(node.name)),
                 max(s.num_shards for s in pcg.output_shapes(node.name)),
@@ -367,7 +374,7 @@ def plan_axes(pcg: PCG) -> tuple[tuple[int, ...], dict[int, tuple[int, ...]], st
     degree 2, 4 and 8: axes [4, 2], degree 8 spanning both). Returns the axes, the axes each
     degree spans, and, when no such axes exist (two nested axes of the same size, whose
     collectives could run on either), empty axes and the reason."""
-    nodes = _parallel_nodes(pcg)
+    nodes = [n for n in parallel_nodes(pcg) if n[1] > 1]
     if not nodes:
         return (), {}, "the plan has no parallel operators"
     width = max(w for _, _, w in nodes)
@@ -428,9 +435,8 @@ def place_plan(
     default = default_cost or iteration_cost(pcg, machine, optimizer=optimizer)
     if not axes:
         return PlanPlacement((), None, {}, default, (), reason)
-    nodes = _parallel_nodes(pcg)
+    nodes = [n for n in parallel_nodes(pcg) if n[1] > 1]
     width = max(w for _, _, w in nodes)
-    strides = [math.prod(machine.counts[j + 1 :]) for j in range(len(machine.counts))]
     candidates = [m for sub in sub_hierarchies(machine.counts, width) for m in matrices(sub, axes)]
     if not candidates:
         return PlanPlacement(axes, None, {}, default, (), "no regular sub-machine fits the plan")
@@ -438,15 +444,11 @@ def place_plan(
     tried = []
     for m in candidates:
         # A device of the sub-machine is the machine device with the same coordinates.
-        sub_strides = [math.prod(m.hierarchy[j + 1 :]) for j in range(len(m.hierarchy))]
-
-        def on_machine(d: int, m: ParallelismMatrix = m, ss: list[int] = sub_strides) -> int:
-            return sum((d // s) % c * t for s, c, t in zip(ss, m.hierarchy, strides, strict=True))
-
+        on_machine = [machine.device_at(m.coordinates(d)) for d in range(m.num_devices)]
         devices: dict[str, tuple[tuple[int, ...], ...]] = {}
         for name, degree, w in nodes:
             groups = m.groups(spans[degree])[: w // degree]
-            devices[name] = tuple(tuple(on_machine(d) for d in g) for g in groups)
+            devices[name] = tuple(tuple(on_machine[d] for d in g) for g in groups)
         cost = iteration_cost(pcg, machine, devices=devices, optimizer=optimizer)
         tried.append((m, cost.total_s))
         if best is None or (not cost.feasible, cost.total_s) < (

@@ -47,7 +47,7 @@ from pcgopt.extract.extraction import (
     extract_greedy,
     extract_ilp,
 )
-from pcgopt.extract.placement import PlanPlacement, place_plan
+from pcgopt.extract.placement import PlanPlacement, parallel_nodes, place_plan
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine, MachineError
 from pcgopt.ops import OpKind
@@ -287,15 +287,7 @@ class Plan:
 def _mapping(pcg: PCG) -> dict[str, tuple[tuple[int, ...], ...]]:
     """The device groups of every parallel node that takes a degree, in the cost model's
     placement (consecutive devices)."""
-    out = {}
-    for node in pcg.nodes:
-        if node.spec.kind is OpKind.PARALLEL and "degree" in node.params:
-            width = max(
-                max(s.num_shards for s in pcg.input_shapes(node.name)),
-                max(s.num_shards for s in pcg.output_shapes(node.name)),
-            )
-            out[node.name] = default_groups(node.params["degree"], width)
-    return out
+    return {name: default_groups(degree, width) for name, degree, width in parallel_nodes(pcg)}
 
 
 def _check(model: PCG, plan: PCG, limit: float) -> str:

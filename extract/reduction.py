@@ -101,6 +101,7 @@ __all__ = [
     "apply_collective",
     "best_program",
     "best_reduction",
+    "chunk_list",
     "execute",
     "explore",
     "initial_state",
@@ -154,6 +155,18 @@ def _chunks(s: DeviceState) -> int:
     for _, rows in s:
         out |= rows
     return out
+
+
+def chunk_list(s: DeviceState) -> list[int]:
+    """The chunks a device state holds, in increasing order (the order ReduceScatter splits
+    them in)."""
+    held = _chunks(s)
+    return [i for i in range(held.bit_length()) if held >> i & 1]
+
+
+def _held(state: State, groups: Sequence[Sequence[int]]) -> int:
+    """The most chunks the first member of any of ``groups`` holds: what a step sends."""
+    return max(_chunks(state[g[0]]).bit_count() for g in groups)
 
 
 def _normal(entries: Iterable[tuple[int, int]]) -> DeviceState:
@@ -217,7 +230,7 @@ def apply_collective(op: str, states: Sequence[DeviceState]) -> list[DeviceState
             return [total] * p
         if op == "Reduce":
             return [total] + [()] * (p - 1)
-        rows = [i for i in range(_chunks(total).bit_length()) if _chunks(total) >> i & 1]
+        rows = chunk_list(total)
         if len(rows) % p:
             raise InvalidStep(f"ReduceScatter: {len(rows)} chunks do not split over {p} devices")
         block = len(rows) // p
@@ -399,7 +412,7 @@ def _synthesize_counts(
                 new = _step(state, step.collective, groups, targets)
             except InvalidStep:
                 continue
-            held = max(_chunks(state[g[0]]).bit_count() for g in groups)
+            held = _held(state, groups)
             out.extend(
                 ((step, *steps), (held, *helds)) for steps, helds in suffixes(new, budget - 1)
             )
@@ -597,8 +610,7 @@ def _walk(program: ReductionProgram) -> Iterator[tuple[Step, tuple[tuple[int, ..
     targets = [(1 << k) - 1] * k
     for step in program.steps:
         sgroups = step.groups(counts)
-        held = max(_chunks(state[g[0]]).bit_count() for g in sgroups)
-        yield step, sgroups, held
+        yield step, sgroups, _held(state, sgroups)
         state = _step(state, step.collective, sgroups, targets)
 
 
@@ -617,9 +629,13 @@ def _step_cost(
     return collective_cost(_KIND[step.collective], physical, nbytes, machine, algorithm="flat")
 
 
-def _check_machine(program: ReductionProgram, machine: Machine, bytes_per_device: float) -> None:
+def _require_machine(machine: object) -> None:
     if not isinstance(machine, Machine):
         raise ReductionError(f"machine must be a pcgopt.Machine, got {machine!r}")
+
+
+def _check_machine(program: ReductionProgram, machine: Machine, bytes_per_device: float) -> None:
+    _require_machine(machine)
     if machine.counts != program.hierarchy:
         raise ReductionError(
             f"the program was synthesized for hierarchy {list(program.hierarchy)}; machine "
@@ -691,12 +707,6 @@ class MatrixReport:
         return RankedReduction(self.matrix, program, seconds, self.allreduce_seconds)
 
 
-def _machine_and_axes(machine: Machine, axes: Sequence[int]) -> tuple[int, ...]:
-    if not isinstance(machine, Machine):
-        raise ReductionError(f"machine must be a pcgopt.Machine, got {machine!r}")
-    return tuple(axes)
-
-
 def explore(
     machine: Machine,
     axes: Sequence[int],
@@ -709,7 +719,8 @@ def explore(
     """For every placement of ``axes`` on ``machine``'s hierarchy, every program reducing over
     ``reduce_axes`` with its simulated time, for ``bytes_per_device`` bytes on every device
     (default 2 GiB: the 2^29 float32 values per device and node of P^2's experiments)."""
-    axes_t = _machine_and_axes(machine, axes)
+    _require_machine(machine)
+    axes_t = tuple(axes)
     reports = []
     for m in matrices(machine.counts, axes_t):
         programs = synthesize(machine.counts, axes_t, reduce_axes, m, max_size, target=target)
@@ -717,23 +728,11 @@ def explore(
             ((p, simulate(p, machine, bytes_per_device)) for p in programs),
             key=lambda pt: (pt[1], len(pt[0])),
         )
-        single = next(
-            (
-                t
-                for p, t in timed
-                if len(p) == 1
-                and p.steps[0].form == "InsideGroup"
-                and p.steps[0].slice == 0
-                and p.steps[0].collective == _single_op(target)
-            ),
-            timed[0][1],
-        )
+        # One AllReduce (Reduce) over the whole group: the root's InsideGroup step.
+        one = Step("AllReduce" if target == "all_reduce" else "Reduce", 0, "InsideGroup")
+        single = next((t for p, t in timed if p.steps == (one,)), timed[0][1])
         reports.append(MatrixReport(m, tuple(timed), single))
     return reports
-
-
-def _single_op(target: str) -> str:
-    return "AllReduce" if target == "all_reduce" else "Reduce"
 
 
 def best_reduction(
@@ -857,8 +856,7 @@ def best_program(
     """
     _check_target(target)
     _check_size(max_size)
-    if not isinstance(machine, Machine):
-        raise ReductionError(f"machine must be a pcgopt.Machine, got {machine!r}")
+    _require_machine(machine)
     if (
         isinstance(nbytes, bool)
         or not isinstance(nbytes, int | float)

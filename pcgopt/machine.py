@@ -436,6 +436,24 @@ class Machine:
             for stride, level in zip(self._strides, self.levels, strict=True)
         )
 
+    def device_at(self, coordinates: Iterable[int]) -> int:
+        """The device at ``coordinates`` (one unit per level, outermost first): the inverse of
+        :meth:`coordinates`.
+
+        >>> Machine.preset("summit", nodes=2).device_at((1, 0, 1))
+        7
+        """
+        coords = tuple(coordinates)
+        if len(coords) != len(self.levels) or any(
+            isinstance(c, bool) or not isinstance(c, int) or not 0 <= c < level.count
+            for c, level in zip(coords, self.levels, strict=False)
+        ):
+            raise MachineError(
+                f"coordinates must be one unit per level, within {list(self.counts)}; got "
+                f"{list(coords)}"
+            )
+        return sum(c * stride for c, stride in zip(coords, self._strides, strict=True))
+
     def peak_flops(self, dtype: DType | str) -> float:
         """The device's peak FLOP/s for ``dtype`` (a :class:`DType` or its name)."""
         return self.device.peak_flops_for(dtype)
