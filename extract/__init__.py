@@ -9,7 +9,9 @@ Lives in the top-level folder ``extract/`` and installs as ``pcgopt.extract`` (s
 * :mod:`pcgopt.extract.calibrate`: :func:`fit_alpha_beta`, alpha and beta fitted to measured
   collective timings (:func:`load_csv`);
 * :mod:`pcgopt.extract.baselines`: :func:`data_parallel`, :func:`megatron` and
-  :func:`sequential`, the hand-written plans the optimizer must never lose to;
+  :func:`sequential`, the hand-written plans the optimizer must never lose to, and
+  :func:`coordinate_descent`, AutoDDL's search (:mod:`pcgopt.extract.layerwise`: per-layer
+  SBP matmul strategies, :func:`metropolis_hastings`, :func:`summa_like`);
 * :mod:`pcgopt.extract.extraction`: :func:`extract_greedy` and :func:`extract_ilp`, the cheapest
   PCG in an e-graph under the cost model;
 * :mod:`pcgopt.extract.placement`: P^2's parallelism matrices (:func:`parallelism_matrices`)
@@ -22,6 +24,7 @@ Lives in the top-level folder ``extract/`` and installs as ``pcgopt.extract`` (s
 
 from pcgopt.extract.baselines import (
     BaselineError,
+    coordinate_descent,
     data_parallel,
     fuse,
     megatron,
@@ -45,6 +48,7 @@ from pcgopt.extract.cost import (
     NodeCost,
     Optimizer,
     ReductionCost,
+    accumulate_to_fit,
     collective_cost,
     flat_coefficients,
     iteration_cost,
@@ -59,6 +63,12 @@ from pcgopt.extract.extraction import (
     enode_costs,
     extract_greedy,
     extract_ilp,
+)
+from pcgopt.extract.layerwise import (
+    LayerwiseResult,
+    MatmulStrategy,
+    metropolis_hastings,
+    summa_like,
 )
 from pcgopt.extract.placement import (
     ParallelismMatrix,
@@ -98,6 +108,8 @@ __all__ = [
     "ENodeCosts",
     "Extraction",
     "ExtractionError",
+    "LayerwiseResult",
+    "MatmulStrategy",
     "Measurement",
     "MemoryBreakdown",
     "NodeCost",
@@ -111,9 +123,11 @@ __all__ = [
     "ReductionError",
     "ReductionProgram",
     "SearchStats",
+    "accumulate_to_fit",
     "best_reduction",
     "calibrated",
     "collective_cost",
+    "coordinate_descent",
     "dag_cost",
     "data_parallel",
     "default_machine",
@@ -127,11 +141,13 @@ __all__ = [
     "load_csv",
     "machine_from_spec",
     "megatron",
+    "metropolis_hastings",
     "parallelism_matrices",
     "place_plan",
     "roofline_s",
     "saturate_and_extract",
     "sequential",
     "simulate",
+    "summa_like",
     "synthesize",
 ]

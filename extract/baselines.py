@@ -46,7 +46,14 @@ from pcgopt.machine import Level, Machine
 from pcgopt.ops import OPERATORS, OpKind
 from pcgopt.ops.linalg import ACTIVATIONS
 
-__all__ = ["BaselineError", "data_parallel", "fuse", "megatron", "sequential"]
+__all__ = [
+    "BaselineError",
+    "coordinate_descent",
+    "data_parallel",
+    "fuse",
+    "megatron",
+    "sequential",
+]
 
 
 class BaselineError(PCGError):
@@ -307,8 +314,9 @@ class _Lowering:
 
     # -- one node -------------------------------------------------------------------------
 
-    def _megatron(self, node: Node) -> tuple[Tensor, ...] | None:
-        """Column- or row-parallel lowering of a dense layer, or None when it is neither."""
+    def _layer(self, node: Node) -> tuple[Tensor, ...] | None:
+        """Column- or row-parallel lowering of a dense layer, or None when it is neither
+        (then the node follows its inputs' layouts, :meth:`_attempts`)."""
         if self.tp == 1 or not _weight_matmul(self.pcg, node):
             return None
         xref = node.inputs[0]
@@ -343,6 +351,17 @@ class _Lowering:
             return (y,)
         return None
 
+    def _attempts(
+        self, node: Node, data: dict[int, Tensor]
+    ) -> list[Callable[[], dict[int, Tensor]]]:
+        """Input layouts to try for ``node``, in order; the last one (whole inputs) always
+        works and counts as a fallback."""
+        return [
+            lambda: data,
+            lambda: {i: self._gather(node.inputs[i], t) for i, t in data.items()},
+            lambda: {i: self._whole(node.inputs[i], t) for i, t in data.items()},
+        ]
+
     def _lower(self, node: Node) -> None:
         if node.op == "input":
             x = self._source(node.name)
@@ -356,15 +375,11 @@ class _Lowering:
             return  # materialized at its consumers
         outs: tuple[Tensor, ...] | None = None
         try:
-            outs = self._megatron(node)
+            outs = self._layer(node)
         except PCGError:
             outs = None
         data = {i: self.env[r] for i, r in enumerate(node.inputs) if r.node not in self.free}
-        attempts = (
-            lambda: data,
-            lambda: {i: self._gather(node.inputs[i], t) for i, t in data.items()},
-            lambda: {i: self._whole(node.inputs[i], t) for i, t in data.items()},
-        )
+        attempts = self._attempts(node, data)
         error: PCGError | None = None
         for k, attempt in enumerate(attempts):
             if outs is not None:
@@ -372,7 +387,7 @@ class _Lowering:
             try:
                 ins, _ = self._harmonize(node, attempt())
                 outs = self._apply(node, ins)
-                if k == 2:
+                if k == len(attempts) - 1:
                     self.fallbacks.append(node.name)
             except PCGError as e:
                 error = e
@@ -411,7 +426,12 @@ def _prune(pcg: PCG) -> PCG:
             live.add(name)
             stack.extend(r.node for r in pcg.node(name).inputs)
     nodes = [n for n in pcg.nodes if n.name in live or OPERATORS[n.op].kind is OpKind.SOURCE]
-    return pcg if len(nodes) == len(pcg) else PCG(nodes, pcg.outputs)
+    if len(nodes) == len(pcg):
+        return pcg
+    # A sub-graph closed under inputs of a valid PCG is valid: no shape rule needs re-running.
+    return PCG._checked(
+        tuple(nodes), {n.name: pcg.output_shapes(n.name) for n in nodes}, pcg.outputs
+    )
 
 
 # ----------------------------------------------------------------------------------------------
@@ -565,3 +585,13 @@ def _single_device(machine: Machine) -> Machine:
     """One device of ``machine`` (the single-device optimizer's view)."""
     inner = machine.levels[-1]
     return Machine((Level(inner.name, 1, inner.link),), machine.device, name=machine.name)
+
+
+def coordinate_descent(pcg: PCG, machine: Machine, *, restarts: int = 4, **options: Any):
+    """AutoDDL's coordinate descent over per-layer SBP matmul strategies, as a baseline: see
+    :func:`pcgopt.extract.layerwise.coordinate_descent` (``options``: its keywords). Returns a
+    :class:`~pcgopt.extract.layerwise.LayerwiseResult` (``.pcg``, ``.strategies``, ``.cost``)."""
+    # layerwise builds on this module's lowering, so it is imported when first needed.
+    from pcgopt.extract.layerwise import coordinate_descent as search
+
+    return search(pcg, machine, restarts=restarts, **options)

@@ -117,22 +117,31 @@ tensor a backward needs: each input of each node with a backward, except stored 
 (counted once as weights). It is the sum of the per-shard sizes of these tensors: under the
 default placement device 0 holds a shard of every tensor, and no device holds more, so this is
 the maximum over devices. A plan whose memory exceeds the device's capacity is infeasible.
+
+**Gradient accumulation.** ``micro_batches=m`` runs the iteration as ``m`` micro-batches, each
+with ``1/m`` of every data input's dimension 0 (AutoDDL section 5.2), accumulating gradients:
+the weights' gradient synchronization and the update happen once. Each collective on a tensor
+computed from data runs ``m`` times on ``1/m`` of the bytes (so its latency terms are paid ``m``
+times), one on a tensor computed from weights only runs ``m`` times in full; compute keeps its
+FLOPs and bytes and pays ``m`` kernel launches; activations kept for the backward are those of
+one micro-batch (``1/m``). :func:`accumulate_to_fit` picks the smallest ``m`` that fits memory.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from types import MappingProxyType
-from typing import Literal, Protocol, get_args
+from typing import Any, Literal, Protocol, get_args
 
 from pcgopt.errors import PCGError
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.machine import DeviceSpec, Machine, MachineError
-from pcgopt.ops import ComputeOp, OpKind
+from pcgopt.ops import ComputeOp, OpKind, Params
 from pcgopt.shapes import DType, ParallelTensorShape
 
 __all__ = [
@@ -473,9 +482,25 @@ def collective_cost(
             f"algorithm must be one of {', '.join(map(repr, get_args(Algorithm)))}, "
             f"got {algorithm!r}"
         )
-    groups = _as_groups(groups, machine)
+    try:
+        groups = _memo_groups(groups, machine)  # type: ignore[arg-type]
+    except TypeError:  # unhashable (lists): validate without the cache
+        groups = _as_groups(groups, machine)
     nbytes = float(nbytes)
     flat_coefficients(kind, len(groups[0]), nbytes)  # validates nbytes
+    if reduction_cost is None:
+        return _memo_collective(kind, groups, nbytes, machine, algorithm)
+    return _collective(kind, groups, nbytes, machine, algorithm, reduction_cost)
+
+
+def _collective(
+    kind: str,
+    groups: tuple[tuple[int, ...], ...],
+    nbytes: float,
+    machine: Machine,
+    algorithm: Algorithm,
+    reduction_cost: ReductionCost | None,
+) -> CollectiveCost:
     names = [level.name for level in machine.levels]
     degree = len(groups[0])
     if degree == 1 or nbytes == 0:
@@ -516,6 +541,25 @@ def collective_cost(
     )
 
 
+# The cost model asks for the same few group layouts thousands of times per plan.
+_memo_groups = functools.lru_cache(maxsize=4096)(
+    lambda groups, machine: _as_groups(groups, machine)
+)
+
+
+# Searches cost the same collectives over and over (every plan of a coordinate descent, every
+# e-node of an extraction); the result depends only on these arguments and is immutable.
+@functools.lru_cache(maxsize=1 << 16)
+def _memo_collective(
+    kind: str,
+    groups: tuple[tuple[int, ...], ...],
+    nbytes: float,
+    machine: Machine,
+    algorithm: Algorithm,
+) -> CollectiveCost:
+    return _collective(kind, groups, nbytes, machine, algorithm, None)
+
+
 # --- Compute --------------------------------------------------------------------------------------
 
 
@@ -543,18 +587,33 @@ def compute_times(
     docstring, "Compute"); ``grad_inputs[i]``: whether input ``i`` needs a gradient. The one
     place a compute node's time is computed: :func:`iteration_cost` and extraction's per-e-node
     costs both call it."""
-    spec = node.spec
-    flops = spec.flops(node.params, ins, outs)
-    moved = spec.bytes_accessed(node.params, ins, outs)
     try:
-        forward_s = roofline_s(flops, moved, outs[0].dtype, device)
-        backward_s = sum(
-            _gradient_s(node, ins, outs, i, forward_s, device)
-            for i, needed in enumerate(grad_inputs)
-            if needed
-        )
+        return _memo_compute(node.op, node.params, ins, outs, tuple(grad_inputs), device)
     except MachineError as e:
         raise CostError(f"node {node.name!r} ({node.op}): {e}", node=node.name) from None
+
+
+# A node's times depend on its operator, parameters and shard shapes, not on its name: plans
+# and e-graphs repeat the same layer many times.
+@functools.lru_cache(maxsize=1 << 16)
+def _memo_compute(
+    op: str,
+    params: Params,
+    ins: tuple[ParallelTensorShape, ...],
+    outs: tuple[ParallelTensorShape, ...],
+    grad_inputs: tuple[bool, ...],
+    device: DeviceSpec,
+) -> tuple[int, float, float]:
+    node = Node(op, op, (), params)
+    spec = node.spec
+    flops = spec.flops(params, ins, outs)
+    moved = spec.bytes_accessed(params, ins, outs)
+    forward_s = roofline_s(flops, moved, outs[0].dtype, device)
+    backward_s = sum(
+        _gradient_s(node, ins, outs, i, forward_s, device)
+        for i, needed in enumerate(grad_inputs)
+        if needed
+    )
     return flops, forward_s, backward_s
 
 
@@ -744,6 +803,7 @@ class CostBreakdown:
     memory_capacity: int
     devices_used: int
     per_node: Mapping[str, NodeCost]
+    micro_batches: int = 1
 
     @property
     def memory_per_device(self) -> int:
@@ -755,6 +815,8 @@ class CostBreakdown:
 
     def __repr__(self) -> str:
         fits = "feasible" if self.feasible else "INFEASIBLE"
+        if self.micro_batches > 1:
+            fits += f", {self.micro_batches} micro-batches"
         return (
             f"CostBreakdown({_fmt_s(self.total_s)} = compute {_fmt_s(self.compute_s)} + comm "
             f"{_fmt_s(self.comm_s)} + update {_fmt_s(self.update_s)}; moves "
@@ -768,7 +830,13 @@ class CostBreakdown:
         fits = "fits" if self.feasible else "DOES NOT FIT"
         lines = [
             f"training iteration on {self.machine}, {self.devices_used} devices used, "
-            f"optimizer {self.optimizer}: {_fmt_s(self.total_s)}",
+            f"optimizer {self.optimizer}"
+            + (
+                f", gradients accumulated over {self.micro_batches} micro-batches"
+                if self.micro_batches > 1
+                else ""
+            )
+            + f": {_fmt_s(self.total_s)}",
             f"  compute        {_fmt_s(self.compute_s):>10}  (forward {_fmt_s(self.forward_s)}, "
             f"backward {_fmt_s(self.backward_s)})",
             f"  communication  {_fmt_s(self.comm_s):>10}  ({_fmt_bytes(self.comm_bytes)} moved)",
@@ -960,6 +1028,7 @@ def iteration_cost(
     optimizer: str | Optimizer = "adam",
     devices: DevicePlacement | None = None,
     reduction_cost: ReductionCost | None = None,
+    micro_batches: int = 1,
 ) -> CostBreakdown:
     """The cost of one training iteration of ``pcg`` on ``machine`` (model in the module
     docstring): time, communication, memory per device and whether it fits.
@@ -967,7 +1036,8 @@ def iteration_cost(
     ``optimizer``: ``"adam"``, ``"momentum"``, ``"sgd"`` (see :data:`OPTIMIZERS`) or an
     :class:`Optimizer`. ``devices``: explicit device groups for parallel nodes (module
     docstring, "Placement"). ``reduction_cost``: times every AllReduce instead of the alpha-beta
-    model (:class:`ReductionCost`).
+    model (:class:`ReductionCost`). ``micro_batches``: gradient accumulation over that many
+    micro-batches (module docstring); every data input's dimension-0 blocks must divide by it.
 
     >>> from pcgopt import PCGBuilder
     >>> b = PCGBuilder()
@@ -985,6 +1055,10 @@ def iteration_cost(
     placement = _Placement(pcg, machine, devices)
     device = machine.device
     acc = {n.name: _Acc() for n in pcg.nodes}
+    m = _check_micro_batches(pcg, micro_batches)
+    on_data: dict[str, bool] = {}
+    for n in pcg.nodes:
+        on_data[n.name] = n.op == "input" or any(on_data[r.node] for r in n.inputs)
 
     # Which tensors need a gradient, and which nodes only load or store a source in a layout.
     needs_grad: dict[str, bool] = {}
@@ -1018,8 +1092,22 @@ def iteration_cost(
                 found += stored_below(c)
         return found
 
-    def collective(kind: str, groups, nbytes: float) -> CollectiveCost:
-        return collective_cost(kind, groups, nbytes, machine, reduction_cost=reduction_cost)
+    def collective(kind: str, groups, nbytes: float, name: str | None = None) -> CollectiveCost:
+        """One collective, or (``name`` given, with gradient accumulation) the ``m`` that node
+        runs, one per micro-batch."""
+        if m == 1 or name is None:
+            return collective_cost(kind, groups, nbytes, machine, reduction_cost=reduction_cost)
+        share = nbytes / m if on_data[name] else nbytes
+        one = collective_cost(kind, groups, share, machine, reduction_cost=reduction_cost)
+        return replace(
+            one,
+            seconds=m * one.seconds,
+            bytes=m * one.bytes,
+            bytes_per_level=MappingProxyType({k: m * v for k, v in one.bytes_per_level.items()}),
+            seconds_per_level=MappingProxyType(
+                {k: m * v for k, v in one.seconds_per_level.items()}
+            ),
+        )
 
     devices_used = 1
     for n in pcg.nodes:
@@ -1038,6 +1126,10 @@ def iteration_cost(
             grads = tuple(needs_grad[r.node] for r in n.inputs)
             a.flops, a.forward_s, a.backward_s = compute_times(n, ins, outs, grads, device)
             a.grad_inputs = sum(grads)
+            if m > 1 and on_data[n.name]:
+                launches = (m - 1) * device.launch_overhead_s
+                a.forward_s += launches
+                a.backward_s += launches * sum(grads)
         elif spec.kind is OpKind.PARALLEL and n.op in _DUALS:
             degree = n.params["degree"]
             width = max(ins[0].num_shards, outs[0].num_shards)
@@ -1046,7 +1138,7 @@ def iteration_cost(
             if n.name not in source_of:
                 groups = placement.groups(n, degree, width)
                 for kind, purpose in parallel_collectives(n.op, needs_grad[n.inputs[0].node]):
-                    a.add(collective(kind, groups, nbytes), purpose)
+                    a.add(collective(kind, groups, nbytes, n.name), purpose)
             elif n.op == "replicate" and needs_grad[n.name]:
                 # A replicated trainable weight: every copy must receive the summed gradient.
                 for layout in stored_below(n.name):
@@ -1081,6 +1173,8 @@ def iteration_cost(
                     kept[r] = None
     for r in kept:
         size = pcg.shape(r).shard_nbytes
+        if on_data[r.node]:
+            size = -(-size // m)  # one micro-batch's share
         activations += size
         acc[r.node].memory_bytes += size
 
@@ -1128,7 +1222,74 @@ def iteration_cost(
         memory_capacity=device.memory_bytes,
         devices_used=devices_used,
         per_node=MappingProxyType(per_node),
+        micro_batches=m,
     )
+
+
+def _check_micro_batches(pcg: PCG, micro_batches: int) -> int:
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        raise CostError(f"micro_batches must be a positive integer, got {micro_batches!r}")
+    if micro_batches == 1:
+        return 1
+    sources = {n.name for n in pcg.nodes if n.op == "input"}
+    for n in pcg.nodes:
+        if n.name in sources or (n.op in LAYOUT_OPS and n.inputs[0].node in sources):
+            if n.name not in sources:
+                sources.add(n.name)
+            shape = pcg.shape(n.name)
+            if shape.rank == 0 or shape.dims[0].block % micro_batches:
+                block = shape.dims[0].block if shape.rank else "a scalar"
+                raise CostError(
+                    f"node {n.name!r} ({n.op}): {micro_batches} micro-batches must divide every "
+                    f"data input's dimension-0 blocks, but this one's is {block}",
+                    node=n.name,
+                )
+    return micro_batches
+
+
+def accumulate_to_fit(
+    pcg: PCG,
+    machine: Machine,
+    *,
+    optimizer: str | Optimizer = "adam",
+    max_micro_batches: int = 64,
+    cost: CostBreakdown | None = None,
+    **options: Any,
+) -> CostBreakdown:
+    """The iteration cost with the fewest micro-batches (gradient accumulation, module
+    docstring) that makes ``pcg`` fit device memory, trying 1, 2, 3, ... up to
+    ``max_micro_batches`` among the counts every data input's batch blocks divide by; more
+    micro-batches only add time, so the fewest that fit is the fastest plan that fits. When none
+    fits, the single-batch cost (infeasible). ``cost``: the already-known single-batch cost."""
+    first = (
+        cost if cost is not None else iteration_cost(pcg, machine, optimizer=optimizer, **options)
+    )
+    if first.feasible:
+        return first
+    # Micro-batches shrink only the activations: if the rest does not fit, nothing will; else
+    # at least activations / (capacity - rest) micro-batches are needed.
+    mem = first.memory
+    rest = mem.total - mem.activations
+    room = first.memory_capacity - rest
+    if room <= 0:
+        return first
+    fewest = max(2, math.ceil(mem.activations / room))
+    blocks = [
+        pcg.shape(n.name).dims[0].block
+        for n in pcg.nodes
+        if n.op == "input" and pcg.shape(n.name).rank
+    ]
+    if not blocks:
+        return first
+    limit = min(max_micro_batches, *blocks)
+    for m in range(fewest, limit + 1):
+        try:
+            trial = iteration_cost(pcg, machine, optimizer=optimizer, micro_batches=m, **options)
+        except CostError:
+            continue  # m does not divide some layout's batch blocks
+        if trial.feasible:
+            return trial
+    return first
 
 
 # --- Readable numbers -----------------------------------------------------------------------------

@@ -39,7 +39,13 @@ from pcgopt.egraph import Budget, saturate
 from pcgopt.errors import PCGError
 from pcgopt.evaluate import equivalent
 from pcgopt.extract.baselines import BaselineError, data_parallel, megatron, sequential
-from pcgopt.extract.cost import CostBreakdown, CostError, default_groups, iteration_cost
+from pcgopt.extract.cost import (
+    CostBreakdown,
+    CostError,
+    accumulate_to_fit,
+    default_groups,
+    iteration_cost,
+)
 from pcgopt.extract.extraction import (
     Extraction,
     ExtractionError,
@@ -47,6 +53,7 @@ from pcgopt.extract.extraction import (
     extract_greedy,
     extract_ilp,
 )
+from pcgopt.extract.layerwise import coordinate_descent
 from pcgopt.extract.placement import PlanPlacement, parallel_nodes, place_plan
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine, MachineError
@@ -196,7 +203,12 @@ class Plan:
             f"compute {c.compute_s * 1e3:.4g} ms, communication {c.comm_s * 1e3:.4g} ms "
             f"({c.comm_bytes / 2**20:.4g} MiB), update {c.update_s * 1e3:.4g} ms",
             f"  memory per device {c.memory_per_device / 2**30:.3g} GiB of "
-            f"{c.memory_capacity / 2**30:.3g} GiB ({'fits' if c.feasible else 'DOES NOT FIT'})",
+            f"{c.memory_capacity / 2**30:.3g} GiB ({'fits' if c.feasible else 'DOES NOT FIT'})"
+            + (
+                f"; gradients accumulated over {c.micro_batches} micro-batches"
+                if c.micro_batches > 1
+                else ""
+            ),
             "  candidates: "
             + ", ".join(
                 f"{k} {v * 1e3:.4g} ms" if v is not None else f"{k} n/a"
@@ -259,6 +271,7 @@ class Plan:
                 "memory_per_device": c.memory_per_device,
                 "memory_capacity": c.memory_capacity,
                 "feasible": c.feasible,
+                "micro_batches": c.micro_batches,
             },
             "placement": None
             if self.placement is None
@@ -313,6 +326,23 @@ def _check(model: PCG, plan: PCG, limit: float) -> str:
             "this is a bug in pcgopt, please report it with the model"
         )
     return "equivalent to the input on 3 random inputs (reference evaluator)"
+
+
+def placed_cost(
+    plan: PCG, machine: Machine, *, optimizer: str = "adam", cost: CostBreakdown | None = None
+) -> tuple[PlanPlacement, CostBreakdown]:
+    """How :func:`saturate_and_extract` costs a candidate plan: its axes placed on the hierarchy
+    (:func:`~pcgopt.extract.placement.place_plan`), then, if it does not fit device memory,
+    gradient accumulation over the fewest micro-batches that fit
+    (:func:`~pcgopt.extract.cost.accumulate_to_fit`). ``cost``: its default-placement cost, if
+    known. Benchmarks use it to cost baselines the way the optimizer does."""
+    placed = place_plan(plan, machine, optimizer=optimizer, default_cost=cost)
+    final = placed.cost
+    if not final.feasible:
+        final = accumulate_to_fit(
+            plan, machine, optimizer=optimizer, cost=final, devices=placed.devices
+        )
+    return placed, final
 
 
 def saturate_and_extract(
@@ -408,15 +438,36 @@ def saturate_and_extract(
                 candidates[name] = None
     phases["baselines"] = time.perf_counter() - start
 
+    if baselines:
+        # AutoDDL's search over per-layer SBP matmul strategies (its 2.5D/3D layouts are not
+        # all reachable by the rules yet): a candidate the joint plan must not lose to.
+        start = time.perf_counter()
+        say("coordinate descent over per-layer SBP strategies")
+        try:
+            layerwise = coordinate_descent(
+                pcg,
+                machine,
+                restarts=4,
+                tie=True,
+                optimizer=optimizer,
+                time_limit_s=0.2 * time_budget_s,
+            )
+            candidates["coordinate descent"] = (layerwise.pcg, layerwise.cost)
+            say(repr(layerwise))
+        except (BaselineError, CostError) as e:
+            say(f"coordinate descent does not apply: {e}")
+            candidates["coordinate descent"] = None
+        phases["coordinate descent"] = time.perf_counter() - start
+
     # Place every candidate's parallelism axes on the hierarchy (P^2's parallelism matrices,
     # reductions priced with synthesized programs) and compare the placed costs.
     start = time.perf_counter()
     placements: dict[str, PlanPlacement] = {}
     for name, value in list(candidates.items()):
         if value is not None:
-            placed = place_plan(value[0], machine, optimizer=optimizer, default_cost=value[1])
+            placed, cost = placed_cost(value[0], machine, optimizer=optimizer, cost=value[1])
             placements[name] = placed
-            candidates[name] = (value[0], placed.cost)
+            candidates[name] = (value[0], cost)
     phases["placement"] = time.perf_counter() - start
 
     def rank(item: tuple[str, tuple[PCG, CostBreakdown] | None]) -> tuple[bool, float]:

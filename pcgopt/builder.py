@@ -148,4 +148,7 @@ class PCGBuilder:
         flat: list[Tensor] = []
         for o in outputs:
             flat.extend(o if isinstance(o, list | tuple) else [o])
-        return PCG(self._nodes, [t.ref for t in flat] if flat else None)
+        # Every node was validated as it was added: no need to run the shape rules again.
+        return PCG._checked(
+            tuple(self._nodes), self._shapes, [t.ref for t in flat] if flat else None
+        )

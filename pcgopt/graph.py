@@ -116,6 +116,32 @@ class PCG:
                     )
         self._hash = hash((self._nodes, self._outputs))
 
+    @classmethod
+    def _checked(
+        cls,
+        nodes: tuple[Node, ...],
+        shapes: Mapping[str, tuple[ParallelTensorShape, ...]],
+        outputs: Iterable[TensorRef] | None,
+    ) -> PCG:
+        """A PCG from nodes already validated one by one (in topological order, canonical
+        params, ``shapes`` inferred), as :class:`~pcgopt.PCGBuilder` makes them: skips
+        re-running every shape rule. Outputs are still checked."""
+        self = cls.__new__(cls)
+        self._nodes = tuple(nodes)
+        self._by_name = {n.name: n for n in self._nodes}
+        self._shapes = {n.name: shapes[n.name] for n in self._nodes}
+        if outputs is None:
+            self._outputs = _sinks(self._nodes, self._shapes)
+        else:
+            self._outputs = tuple(outputs)
+            for ref in self._outputs:
+                if ref.node not in self._shapes or ref.index >= len(self._shapes[ref.node]):
+                    raise DanglingEdgeError(
+                        f"graph output {ref} names no tensor of the graph", node=ref.node
+                    )
+        self._hash = hash((self._nodes, self._outputs))
+        return self
+
     # -- access ---------------------------------------------------------------------------------
 
     @property

@@ -749,6 +749,17 @@ V100_SXM2_16GB = DeviceSpec(
     launch_overhead_s=_LAUNCH_OVERHEAD_S,
 )
 
+# NVIDIA Tesla P100 PCIe 16 GB (NVIDIA Tesla P100 datasheet): 4.7 TFLOP/s fp64, 9.3 TFLOP/s
+# fp32, 18.7 TFLOP/s fp16, 732 GB/s HBM2, 16 GB. The GPU of a Piz Daint XC50 node (AutoDDL
+# section 5.2: "one NVIDIA P100 GPU with 16 GB global memory").
+P100_PCIE_16GB = DeviceSpec(
+    name="P100-PCIe-16GB",
+    peak_flops={"f64": 4.7e12, "f32": 9.3e12, "f16": 18.7e12},
+    memory_bandwidth_Bps=732e9,
+    memory_bytes=16 * _GiB,
+    launch_overhead_s=_LAUNCH_OVERHEAD_S,
+)
+
 # NVIDIA A100 SXM4 40 GB (NVIDIA A100 datasheet): 9.7 TFLOP/s fp64, 19.5 TFLOP/s fp32, 156
 # TFLOP/s tf32 and 312 TFLOP/s fp16/bf16 on tensor cores (dense; the datasheet's doubled figures
 # assume structured sparsity), 1,555 GB/s HBM2, 40 GB. AutoDDL section 5 confirms 40 GB A100s
@@ -844,6 +855,22 @@ def _v100_ring(nodes: int) -> Machine:
     )
 
 
+def _piz_daint(nodes: int) -> Machine:
+    """AutoDDL's Multi-Node-Single-GPU system (section 5.2): Piz Daint's Cray XC50 nodes, one
+    P100 each, on the Cray Aries network (Dragonfly). AutoDDL fits alpha and beta for it but does
+    not publish them; the bandwidth here is an assumed effective figure, to calibrate."""
+    return Machine(
+        name="piz-daint",
+        device=P100_PCIE_16GB,
+        levels=(
+            # Assumption: about 10 GB/s per node each way over Aries (its NIC sits on PCIe 3.0
+            # x16, 16 GB/s nominal; MPI sustains less). Not a measured or published figure.
+            Level("node", nodes, Link(10e9, _NETWORK_LATENCY_S, "switched")),
+            Level("gpu", 1, Link(10e9, _NETWORK_LATENCY_S, "switched")),
+        ),
+    )
+
+
 def _dgx_h100(nodes: int) -> Machine:
     """NVIDIA DGX H100: 8 H100 SXM5 joined by 4 NVSwitches (NVLink 4), 8 InfiniBand NDR ports
     per node. Nominal figures (NVIDIA DGX H100 datasheet and user guide)."""
@@ -864,6 +891,7 @@ def _dgx_h100(nodes: int) -> Machine:
 _PRESETS = {
     "dgx-a100": _dgx_a100,
     "dgx-h100": _dgx_h100,
+    "piz-daint": _piz_daint,
     "summit": _summit,
     "v100-ring": _v100_ring,
 }

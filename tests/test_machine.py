@@ -47,6 +47,7 @@ def tiny_device() -> DeviceSpec:
         ("summit", 3, 1, 3),
         ("dgx-a100", 2, 8, 16),
         ("dgx-h100", 1, 4, 4),
+        ("piz-daint", 64, None, 64),  # AutoDDL's Transformer run on 64 nodes
     ],
 )
 def test_preset_device_counts(name, nodes, devices_per_node, num_devices):
@@ -56,7 +57,7 @@ def test_preset_device_counts(name, nodes, devices_per_node, num_devices):
 
 
 def test_every_preset_name_is_listed_and_builds():
-    assert set(PRESET_NAMES) == {"summit", "dgx-a100", "v100-ring", "dgx-h100"}
+    assert set(PRESET_NAMES) == {"summit", "dgx-a100", "v100-ring", "dgx-h100", "piz-daint"}
     assert Machine.preset_names() == PRESET_NAMES
     for name in PRESET_NAMES:
         assert Machine.preset(name).name == name
@@ -231,7 +232,7 @@ def test_unknown_preset_lists_the_valid_ones():
     with pytest.raises(MachineError) as info:
         Machine.preset("dgx-b200")
     assert "'dgx-b200'" in str(info.value)
-    assert "dgx-a100, dgx-h100, summit, v100-ring" in str(info.value)
+    assert "dgx-a100, dgx-h100, piz-daint, summit, v100-ring" in str(info.value)
 
 
 @pytest.mark.parametrize(

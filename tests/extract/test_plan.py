@@ -30,7 +30,9 @@ def mnist_plan():
 def test_the_plan_is_never_worse_than_a_baseline_and_is_checked(mnist_plan):
     plan = mnist_plan
     costs = [v for v in plan.stats.candidates.values() if v is not None]
-    assert {"e-graph", "data parallel", "megatron", "sequential"} <= set(plan.stats.candidates)
+    assert {"e-graph", "data parallel", "megatron", "sequential", "coordinate descent"} <= set(
+        plan.stats.candidates
+    )
     assert plan.cost.total_s == min(costs)
     assert plan.cost.feasible
     assert plan.stats.chosen == "e-graph"
@@ -42,7 +44,14 @@ def test_the_plan_is_never_worse_than_a_baseline_and_is_checked(mnist_plan):
 def test_the_plan_reports_search_statistics_and_mapping(mnist_plan):
     s = mnist_plan.stats
     assert s.num_enodes > 0 and s.num_eclasses > 0 and s.iterations >= 1
-    assert set(s.phase_seconds) == {"saturate", "extract", "baselines", "placement", "check"}
+    assert set(s.phase_seconds) == {
+        "saturate",
+        "extract",
+        "baselines",
+        "coordinate descent",
+        "placement",
+        "check",
+    }
     assert mnist_plan.placement is not None
     assert mnist_plan.cost.total_s == mnist_plan.placement.cost.total_s
     for name, groups in mnist_plan.mapping.items():

@@ -1,0 +1,748 @@
+"""Per-layer SBP strategies and AutoDDL's heuristic searches over them (AutoDDL section 4).
+
+A *dense layer* is a MatMul or Linear of an activation ``x[..., K]`` by a rank-2 weight
+``W[K, N]`` (or by the transpose of one, as a tied output projection). AutoDDL's SBP matmul
+runs it on ``p = p0 * p1 * p2`` devices (section 4.2, Figure 6) with
+
+* input ``x``: ``(S0:p0, B:p1, S{last}:p2)``: batch split ``p0`` ways, contraction ``p2`` ways,
+  ``p1`` copies;
+* weight ``W``: ``(B:p0, S1:p1, S0:p2)``: stored split ``p2 x p1`` with ``p0`` copies (whose
+  gradients are all-reduced);
+* output: ``(S0:p0, S{last}:p1, P:p2)``: ``p2`` partial sums, kept as they are until a consumer
+  needs otherwise (a ReduceScatter into the dimension it splits, usually), which is what lets
+  the partial-sum state save an AllReduce.
+
+:class:`MatmulStrategy` ``(p0, p1, p2)`` is that choice: ``(p, 1, 1)`` is data parallelism,
+``(d, t, 1)`` and ``(d, 1, t)`` Megatron's column- and row-parallel halves, ``(1, a, b)`` a 2D
+weight-stationary split (no weight copies, as in AutoDDL's Figure 8), and ``(q, q, q)`` the 3D
+algorithm whose communication is ``Theta(n^2 / p^(2/3))``.
+
+:func:`lower` builds the parallel PCG of an assignment of strategies to dense layers: every
+other operator runs on its inputs' layout when its shape rule accepts it, otherwise on inputs
+redistributed to the first input's layout (partial sums reduce-scattered into a dimension, splits
+moved by AllToAll, AllGather or taken from copies), otherwise with splits other than the batch
+all-gathered, and as a last resort on whole inputs. Between dense layers the redistribution is
+section 4.2's path: ReduceScatter of the partial sums, AllToAll between split dimensions,
+AllGather into copies. The result is an ordinary PCG, equivalent to the input
+(``pcgopt.equivalent``), costed by :func:`~pcgopt.extract.cost.iteration_cost` like every other
+plan.
+
+The searches (section 4.4) rank assignments by ``iteration_cost``: feasible (fits device memory)
+before infeasible, then predicted time. Memory-aware pruning: a strategy whose weight shard alone
+(with gradient and optimizer state) exceeds device memory is never tried, and an assignment that
+does not fit never replaces one that does. An assignment that does not fit at full batch is
+costed with gradient accumulation over the fewest micro-batches that fit
+(:func:`~pcgopt.extract.cost.accumulate_to_fit`, AutoDDL section 5.2), so the micro-batch count
+is chosen with the strategies. Repeated evaluations are cached.
+
+* :func:`coordinate_descent`: from a start, set each layer in turn to its best strategy with the
+  others fixed, sweep until no layer changes, then restart from a random assignment; keep the
+  best (``restarts`` starts in all, the first data-parallel).
+* :func:`metropolis_hastings`: FlexFlow's MCMC as AutoDDL compares it: propose one layer's
+  strategy at random, accept with ``min(1, exp(-beta * (cost_new - cost_old)))``.
+* :func:`uniform_strategy`: one strategy for every dense layer; :func:`summa_like` is the best
+  uniform 2D weight-stationary one ``(1, a, b)`` over the grids ``a * b = p`` (AutoDDL's
+  hand-tuned "Summa" mesh; the streaming SUMMA algorithm itself is not modelled).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import re
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pcgopt.builder import Tensor
+from pcgopt.errors import PCGError
+from pcgopt.extract.baselines import (
+    BaselineError,
+    _check_sequential,
+    _largest_divisor,
+    _Lowering,
+    batch_size,
+)
+from pcgopt.extract.cost import CostBreakdown, CostError, accumulate_to_fit
+from pcgopt.graph import PCG, Node, TensorRef
+from pcgopt.machine import Machine
+from pcgopt.sbp import SBP
+
+__all__ = [
+    "LayerwiseResult",
+    "MatmulStrategy",
+    "coordinate_descent",
+    "dense_layers",
+    "lower",
+    "metropolis_hastings",
+    "strategies_for",
+    "summa_like",
+    "uniform_strategy",
+]
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class MatmulStrategy:
+    """AutoDDL's SBP matmul on ``batch * columns * contraction`` devices (module docstring):
+    ``batch`` = p0 splits the batch, ``columns`` = p1 splits the weight's output columns
+    (the input is copied p1 times), ``contraction`` = p2 splits the contraction (the output holds
+    p2 partial sums).
+
+    >>> s = MatmulStrategy(4, 2, 8)
+    >>> s
+    MatmulStrategy(x (S0:4, B:2, S1:8), w (B:4, S1:2, S0:8) -> (S0:4, S1:2, P:8))
+    >>> s.devices
+    64
+    """
+
+    batch: int = 1
+    columns: int = 1
+    contraction: int = 1
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "columns", "contraction"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise BaselineError(
+                    f"MatmulStrategy.{name} must be a positive integer, got {value!r}"
+                )
+
+    @property
+    def devices(self) -> int:
+        return self.batch * self.columns * self.contraction
+
+    def input_sbp(self, rank: int = 2) -> SBP:
+        return SBP((("S0", self.batch), ("B", self.columns), (f"S{rank - 1}", self.contraction)))
+
+    def weight_sbp(self) -> SBP:
+        return SBP((("B", self.batch), ("S1", self.columns), ("S0", self.contraction)))
+
+    def output_sbp(self, rank: int = 2) -> SBP:
+        return SBP((("S0", self.batch), (f"S{rank - 1}", self.columns), ("P", self.contraction)))
+
+    def __repr__(self) -> str:
+        return f"MatmulStrategy(x {self.input_sbp()}, w {self.weight_sbp()} -> {self.output_sbp()})"
+
+    def __str__(self) -> str:
+        return f"({self.batch}, {self.columns}, {self.contraction})"
+
+
+# ----------------------------------------------------------------------------------------------
+# dense layers and their candidate strategies
+# ----------------------------------------------------------------------------------------------
+
+
+def _weight_source(pcg: PCG, ref: TensorRef) -> tuple[str, bool] | None:
+    """The rank-2 Weight a dense layer multiplies by, and whether it is read transposed."""
+    node = pcg.node(ref.node)
+    if node.op == "weight" and pcg.shape(ref).rank == 2:
+        return node.name, False
+    if (
+        node.op == "transpose"
+        and tuple(node.params["perm"]) == (1, 0)
+        and pcg.node(node.inputs[0].node).op == "weight"
+    ):
+        return node.inputs[0].node, True
+    return None
+
+
+def dense_layers(pcg: PCG) -> tuple[str, ...]:
+    """The dense layers of ``pcg`` in graph order: MatMul/Linear nodes whose second input is a
+    rank-2 Weight or its transpose, and whose first is an activation of rank 2 or more."""
+    found = []
+    for node in pcg.nodes:
+        if node.op not in ("matmul", "linear") or len(node.inputs) < 2:
+            continue
+        if pcg.shape(node.inputs[0]).rank < 2 or _weight_source(pcg, node.inputs[1]) is None:
+            continue
+        if pcg.node(node.inputs[0].node).op == "weight":
+            continue
+        found.append(node.name)
+    return tuple(found)
+
+
+def _triples(p: int) -> list[tuple[int, int, int]]:
+    divisors = [d for d in range(1, p + 1) if p % d == 0]
+    return [(a, b, p // (a * b)) for a in divisors for b in divisors if (p // a) % b == 0]
+
+
+def strategies_for(
+    pcg: PCG, layer: str, machine: Machine, *, devices: int | None = None, optimizer_states: int = 2
+) -> tuple[MatmulStrategy, ...]:
+    """Every strategy on ``devices`` (default: all of the machine's) that divides the layer's
+    batch, columns and contraction, and whose weight shard with its gradient and
+    ``optimizer_states`` copies of state fits one device (memory-aware pruning)."""
+    p = machine.num_devices if devices is None else devices
+    node = pcg.node(layer)
+    x = pcg.shape(node.inputs[0])
+    w = pcg.shape(node.inputs[1])
+    k, n = w.sizes
+    capacity = machine.device.memory_bytes
+    found = []
+    for p0, p1, p2 in _triples(p):
+        if x.sizes[0] % p0 or n % p1 or k % p2:
+            continue
+        if w.nbytes // (p1 * p2) * (2 + optimizer_states) > capacity:
+            continue
+        found.append(MatmulStrategy(p0, p1, p2))
+    return tuple(found)
+
+
+# ----------------------------------------------------------------------------------------------
+# lowering
+# ----------------------------------------------------------------------------------------------
+
+
+def _target(s: Any, dim: int, factor: int) -> tuple[tuple[int, ...], int] | None:
+    """The degrees and copies of ``s`` with ``factor`` more splits of ``dim``, or None."""
+    degrees = list(s.degrees)
+    degrees[dim] *= factor
+    if s.sizes[dim] % degrees[dim]:
+        return None
+    return tuple(degrees), s.copy_degree
+
+
+class _LayerwiseLowering(_Lowering):
+    """:class:`~pcgopt.extract.baselines._Lowering` with one :class:`MatmulStrategy` per dense
+    layer and redistribution between layouts (module docstring)."""
+
+    def __init__(self, pcg: PCG, strategies: Mapping[str, MatmulStrategy], input_degree: int):
+        super().__init__(pcg, input_degree)
+        self.strategies = strategies
+
+    # -- redistribution ---------------------------------------------------------------------
+
+    def _redistribute(
+        self, ref: TensorRef, t: Tensor, degrees: Sequence[int], copies: int
+    ) -> Tensor:
+        """``t`` in the layout with these per-dimension ``degrees`` and ``copies`` (no partial
+        sums): partial sums reduce-scattered into a dimension that needs more splits (else
+        all-reduced), excess splits moved by AllToAll to dimensions that need them, the rest
+        all-gathered; missing splits taken from copies; copies matched last."""
+        key = ("redistribute", ref, t, tuple(degrees), copies)
+        if key in self.cache:
+            return self.cache[key]
+        b, x, base = self.b, t, ref.node
+        s = x.shape
+
+        def need(dim: int) -> int:
+            have, want = s.degrees[dim], degrees[dim]
+            return want // have if want % have == 0 else 1
+
+        while s.sum_degree > 1:
+            p = s.sum_degree
+            dims = [d for d in reversed(range(s.rank)) if math.gcd(need(d), p) > 1]
+            if dims:
+                g = math.gcd(need(dims[0]), p)
+                x = b.reduce_scatter(x, dim=dims[0], degree=g, name=self._name(f"{base}.rs"))
+            else:
+                x = b.all_reduce(x, degree=p, name=self._name(f"{base}.allreduce"))
+            s = x.shape
+        for src in range(s.rank):
+            have, want = s.degrees[src], degrees[src]
+            excess = have // math.gcd(have, want)
+            for dst in range(s.rank):
+                if excess == 1 or dst == src:
+                    continue
+                g = math.gcd(excess, need(dst))
+                if g > 1 and s.sizes[dst] % (s.degrees[dst] * g) == 0:
+                    x = b.all_to_all(
+                        x, src_dim=src, dst_dim=dst, degree=g, name=self._name(f"{base}.a2a")
+                    )
+                    s, excess = x.shape, excess // g
+            if excess > 1:
+                x = b.all_gather(x, dim=src, degree=excess, name=self._name(f"{base}.gather"))
+                s = x.shape
+        for dst in range(s.rank):
+            have, want = s.degrees[dst], degrees[dst]
+            if have == want:
+                continue
+            g = want // have
+            if s.copy_degree % g == 0:
+                x = b.discard_copies(x, degree=g, name=self._name(f"{base}.one"))
+            x = b.partition(x, dim=dst, degree=g, name=self._name(f"{base}.split"))
+            s = x.shape
+        if s.copy_degree < copies and copies % s.copy_degree == 0:
+            x = b.replicate(x, degree=copies // s.copy_degree, name=self._name(f"{base}.r"))
+        elif s.copy_degree > copies and s.copy_degree % copies == 0:
+            x = b.discard_copies(x, degree=s.copy_degree // copies, name=self._name(f"{base}.one"))
+        if tuple(x.shape.degrees) != tuple(degrees) or x.shape.copy_degree != copies:
+            raise BaselineError(f"cannot bring {ref} from {t.shape} to degrees {degrees} x{copies}")
+        self.cache[key] = x
+        return x
+
+    def _weight(self, ref: TensorRef, strategy: MatmulStrategy) -> Tensor:
+        """A dense layer's weight stored as ``(B:p0, S1:p1, S0:p2)``: layout operators on the
+        Weight (free), a transpose after them for a tied weight."""
+        source, transposed = _weight_source(self.pcg, ref)  # type: ignore[misc]
+        p0, p1, p2 = strategy.batch, strategy.columns, strategy.contraction
+
+        def make() -> Tensor:
+            w = self._source(source)
+            splits = ((1, p2), (0, p1)) if transposed else ((0, p2), (1, p1))
+            for dim, degree in splits:
+                if degree > 1:
+                    w = self.b.partition(w, dim=dim, degree=degree, name=self._name(f"{source}.s"))
+            if p0 > 1:
+                w = self.b.replicate(w, degree=p0, name=self._name(f"{source}.r{p0}"))
+            if transposed:
+                w = self.b.transpose(w, perm=(1, 0), name=self._name(f"{ref.node}"))
+            return w
+
+        return self._memo(("weight", ref, strategy), make)
+
+    def _bias(self, ref: TensorRef, split: int, copies: int) -> Tensor:
+        def make() -> Tensor:
+            v = self._source(ref.node)
+            if split > 1:
+                v = self.b.partition(v, dim=0, degree=split, name=self._name(f"{ref.node}.s"))
+            if copies > 1:
+                v = self.b.replicate(v, degree=copies, name=self._name(f"{ref.node}.r{copies}"))
+            return v
+
+        return self._memo(("bias", ref, split, copies), make)
+
+    # -- one node ---------------------------------------------------------------------------
+
+    def _lower(self, node: Node) -> None:
+        """A data input read by a dense layer is loaded straight in that layer's input layout
+        (layout operators on a source move nothing); other inputs are split by batch."""
+        if node.op == "input":
+            first = self._first_dense_reader(node.name)
+            if first is not None:
+                strategy = self.strategies[first]
+                x = self._source(node.name)
+                rank = x.shape.rank
+                for dim, degree in ((0, strategy.batch), (rank - 1, strategy.contraction)):
+                    if degree > 1:
+                        x = self.b.partition(
+                            x, dim=dim, degree=degree, name=self._name(f"{node.name}.split")
+                        )
+                if strategy.columns > 1:
+                    x = self.b.replicate(
+                        x, degree=strategy.columns, name=self._name(f"{node.name}.r")
+                    )
+                self.env[node.output()] = x
+                return
+        super()._lower(node)
+
+    def _first_dense_reader(self, name: str) -> str | None:
+        for reader, slot in self.pcg.consumers().get(TensorRef(name), ()):
+            if slot == 0 and reader in self.strategies and self.pcg.shape(TensorRef(name)).rank > 1:
+                return reader
+        return None
+
+    def _layer(self, node: Node) -> tuple[Tensor, ...] | None:
+        strategy = self.strategies.get(node.name)
+        if strategy is None:
+            return None
+        p0, p1, p2 = strategy.batch, strategy.columns, strategy.contraction
+        xref = node.inputs[0]
+        x = self.env[xref]
+        rank = x.shape.rank
+        degrees = [1] * rank
+        degrees[0] *= p0
+        degrees[-1] *= p2
+        x = self._redistribute(xref, x, degrees, p1)
+        w = self._weight(node.inputs[1], strategy)
+        extras = node.inputs[2:]
+        act = node.params["activation"] if node.op == "linear" else "none"
+        if p2 == 1:
+            bias = [self._bias(r, p1, p0) for r in extras]
+            return self._apply(node, [x, w, *bias])
+        last = not extras and act == "none"
+        y = self.b.matmul(x, w, name=node.name if last else self._name(f"{node.name}.matmul"))
+        if last:
+            return (y,)  # partial sums kept: the consumers decide how to reduce them
+        n = y.shape.sizes[-1]
+        if n % (p1 * p2) == 0:
+            y = self.b.reduce_scatter(
+                y, dim=rank - 1, degree=p2, name=self._name(f"{node.name}.rs")
+            )
+            split, copies = p1 * p2, p0
+        else:
+            y = self.b.all_reduce(y, degree=p2, name=self._name(f"{node.name}.allreduce"))
+            split, copies = p1, p0 * p2
+        if extras:
+            name = node.name if act == "none" else self._name(f"{node.name}.bias")
+            y = self.b.add(y, self._bias(extras[0], split, copies), name=name)  # type: ignore[assignment]
+        if act != "none":
+            y = self.b.apply(act, y, name=node.name)  # type: ignore[assignment]
+        return (y,)
+
+    def _attempts(
+        self, node: Node, data: dict[int, Tensor]
+    ) -> list[Callable[[], dict[int, Tensor]]]:
+        attempts: list[Callable[[], dict[int, Tensor]]] = [lambda: data]
+        if data:
+            first = min(data)
+            s = data[first].shape
+            targets: list[tuple[tuple[int, ...], int]] = []
+            if s.is_partial:
+                # Reduce-scatter the partial sums into a dimension, last first.
+                for dim in reversed(range(s.rank)):
+                    t = _target(s, dim, s.sum_degree)
+                    if t is not None:
+                        targets.append(t)
+                targets.append((s.degrees, s.copy_degree * s.sum_degree))
+            else:
+                targets.append((s.degrees, s.copy_degree))
+            for degrees, copies in targets:
+                attempts.append(self._matching(node, data, first, degrees, copies))
+            gathered = [1] * s.rank
+            gathered[0] = s.degrees[0]
+            copies = math.prod(s.degrees) * s.copy_degree * s.sum_degree // gathered[0]
+            attempts.append(self._matching(node, data, first, tuple(gathered), copies))
+        attempts.append(lambda: {i: self._whole(node.inputs[i], t) for i, t in data.items()})
+        return attempts
+
+    def _matching(
+        self,
+        node: Node,
+        data: dict[int, Tensor],
+        first: int,
+        degrees: tuple[int, ...],
+        copies: int,
+    ) -> Callable[[], dict[int, Tensor]]:
+        """Inputs redistributed to ``first``'s target layout (others of a different rank keep
+        their batch split with copies to the same device count)."""
+
+        def make() -> dict[int, Tensor]:
+            shards = math.prod(degrees) * copies
+            out = {}
+            for i, t in data.items():
+                ref = node.inputs[i]
+                if t.shape.rank == len(degrees):
+                    out[i] = self._redistribute(ref, t, degrees, copies)
+                else:
+                    d0 = math.gcd(t.shape.sizes[0], degrees[0]) if t.shape.rank else 1
+                    own = [1] * t.shape.rank
+                    if own:
+                        own[0] = d0
+                    out[i] = self._redistribute(ref, t, own, shards // max(1, math.prod(own)))
+            return out
+
+        return make
+
+
+def lower(
+    pcg: PCG,
+    machine: Machine,
+    strategies: Mapping[str, MatmulStrategy],
+    *,
+    input_degree: int | None = None,
+) -> PCG:
+    """The parallel PCG of ``strategies`` (dense layer name -> :class:`MatmulStrategy`; layers
+    left out follow their inputs' layouts). Data inputs are split by batch ``input_degree`` ways
+    (default: the largest divisor of the batch up to the machine's devices)."""
+    _check_sequential(pcg)
+    layers = set(dense_layers(pcg))
+    for name, strategy in strategies.items():
+        if name not in layers:
+            raise BaselineError(
+                f"node {name!r} is not a dense layer (a MatMul/Linear by a rank-2 weight); "
+                f"dense layers: {sorted(layers)[:8]}",
+                node=name,
+            )
+        if not isinstance(strategy, MatmulStrategy):
+            raise BaselineError(
+                f"node {name!r}: strategy must be a MatmulStrategy, got {strategy!r}", node=name
+            )
+        if strategy.devices > machine.num_devices:
+            raise BaselineError(
+                f"node {name!r}: {strategy!r} needs {strategy.devices} devices, machine "
+                f"{machine.name!r} has {machine.num_devices}",
+                node=name,
+            )
+    if input_degree is None:
+        input_degree = _largest_divisor(batch_size(pcg), machine.num_devices)
+    lowering = _LayerwiseLowering(pcg, strategies, input_degree)
+    return lowering.run()
+
+
+# ----------------------------------------------------------------------------------------------
+# searches
+# ----------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LayerwiseResult:
+    """The best assignment a search found: its ``pcg``, ``strategies`` per dense layer and
+    ``cost``; ``evaluations`` (distinct assignments costed), ``seconds`` of search, and
+    ``history``, the best time after each evaluation (for convergence plots)."""
+
+    pcg: PCG
+    strategies: Mapping[str, MatmulStrategy]
+    cost: CostBreakdown
+    evaluations: int
+    seconds: float
+    method: str
+    history: tuple[float, ...] = field(default=(), repr=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"LayerwiseResult({self.method}: {self.cost.total_s * 1e3:.3f} ms, "
+            f"{len(self.strategies)} layers, {self.evaluations} evaluations, "
+            f"{self.seconds:.2f} s)"
+        )
+
+    def describe(self) -> str:
+        """One line per dense layer: its strategy in SBP notation."""
+        return "\n".join(f"{name}: {s!r}" for name, s in self.strategies.items())
+
+
+_INFEASIBLE = (True, math.inf)
+
+
+class _Search:
+    """Shared state of the searches: candidate strategies per layer and a cost cache."""
+
+    def __init__(
+        self,
+        pcg: PCG,
+        machine: Machine,
+        optimizer: str,
+        layers: Sequence[str] | None,
+        devices: int | None,
+        tie: bool,
+        allow: Callable[[MatmulStrategy], bool] | None = None,
+    ) -> None:
+        _check_sequential(pcg)
+        self.pcg, self.machine, self.optimizer = pcg, machine, optimizer
+        found = dense_layers(pcg)
+        self.layers = tuple(found if layers is None else layers)
+        for name in self.layers:
+            if name not in found:
+                raise BaselineError(
+                    f"node {name!r} is not a dense layer (a MatMul/Linear by a rank-2 weight)",
+                    node=name,
+                )
+        if not self.layers:
+            raise BaselineError("the PCG has no dense layer (MatMul/Linear by a rank-2 weight)")
+        self.options = {
+            name: tuple(
+                o
+                for o in strategies_for(pcg, name, machine, devices=devices)
+                if allow is None or allow(o)
+            )
+            for name in self.layers
+        }
+        for name, options in self.options.items():
+            if not options:
+                raise BaselineError(
+                    f"node {name!r}: no SBP matmul strategy on "
+                    f"{devices or machine.num_devices} devices divides its sizes and fits "
+                    "device memory",
+                    node=name,
+                )
+        # The coordinates: one per layer, or one per role (layers with the same name but for
+        # their numbers and the same weight shape share a strategy).
+        by_role: dict[tuple[str, tuple[int, ...]], list[int]] = {}
+        for i, name in enumerate(self.layers):
+            role = (re.sub(r"\d+", "#", name), pcg.shape(pcg.node(name).inputs[1]).sizes)
+            by_role.setdefault(role if tie else (name, ()), []).append(i)
+        self.groups = tuple(tuple(members) for members in by_role.values())
+        self.group_options = []
+        for members in self.groups:
+            common = [
+                o
+                for o in self.options[self.layers[members[0]]]
+                if all(o in self.options[self.layers[j]] for j in members)
+            ]
+            if not common:
+                raise BaselineError(
+                    f"layers {[self.layers[j] for j in members]} share no strategy; "
+                    "search them with tie=False",
+                    node=self.layers[members[0]],
+                )
+            self.group_options.append(tuple(common))
+        self.cache: dict[tuple[MatmulStrategy, ...], tuple[tuple[bool, float], Any]] = {}
+        self.history: list[float] = []
+        self.start = time.perf_counter()
+
+    def evaluate(self, assignment: tuple[MatmulStrategy, ...]) -> tuple[bool, float]:
+        hit = self.cache.get(assignment)
+        if hit is not None:
+            return hit[0]
+        try:
+            plan = lower(self.pcg, self.machine, dict(zip(self.layers, assignment, strict=True)))
+            cost = accumulate_to_fit(plan, self.machine, optimizer=self.optimizer)
+            key = (not cost.feasible, cost.total_s)
+            value: Any = (plan, cost)
+        except (PCGError, CostError):
+            key, value = _INFEASIBLE, None
+        self.cache[assignment] = (key, value)
+        best = min((k for k, _ in self.cache.values()), default=_INFEASIBLE)
+        self.history.append(best[1])
+        return key
+
+    def result(self, method: str) -> LayerwiseResult:
+        assignment, (_, value) = min(self.cache.items(), key=lambda kv: kv[1][0])
+        if value is None:
+            raise BaselineError(
+                f"{method}: no assignment of strategies could be lowered and costed "
+                f"({len(self.cache)} tried)"
+            )
+        return LayerwiseResult(
+            pcg=value[0],
+            strategies=dict(zip(self.layers, assignment, strict=True)),
+            cost=value[1],
+            evaluations=len(self.cache),
+            seconds=time.perf_counter() - self.start,
+            method=method,
+            history=tuple(self.history),
+        )
+
+    def data_parallel_start(self) -> tuple[MatmulStrategy, ...]:
+        """Every layer as data parallel as its options allow (most batch splitting)."""
+        out: list[MatmulStrategy | None] = [None] * len(self.layers)
+        for members, options in zip(self.groups, self.group_options, strict=True):
+            choice = max(options, key=lambda s: (s.batch, -s.contraction))
+            for j in members:
+                out[j] = choice
+        return tuple(out)  # type: ignore[arg-type]
+
+    def random_start(self, rng: random.Random) -> tuple[MatmulStrategy, ...]:
+        out: list[MatmulStrategy | None] = [None] * len(self.layers)
+        for members, options in zip(self.groups, self.group_options, strict=True):
+            choice = rng.choice(options)
+            for j in members:
+                out[j] = choice
+        return tuple(out)  # type: ignore[arg-type]
+
+    def with_group(
+        self, current: Sequence[MatmulStrategy], g: int, option: MatmulStrategy
+    ) -> tuple[MatmulStrategy, ...]:
+        members = set(self.groups[g])
+        return tuple(option if j in members else s for j, s in enumerate(current))
+
+
+def coordinate_descent(
+    pcg: PCG,
+    machine: Machine,
+    *,
+    restarts: int = 4,
+    seed: int = 0,
+    max_sweeps: int = 20,
+    layers: Sequence[str] | None = None,
+    devices: int | None = None,
+    optimizer: str = "adam",
+    time_limit_s: float | None = None,
+    tie: bool = False,
+    allow: Callable[[MatmulStrategy], bool] | None = None,
+) -> LayerwiseResult:
+    """AutoDDL's coordinate descent (section 4.4) over per-layer SBP matmul strategies: from
+    each start (the first data-parallel, then random ones from ``seed``), every layer in turn
+    takes the strategy that minimizes the iteration cost with the others fixed, until a sweep
+    changes nothing (or ``max_sweeps``); the best assignment over all ``restarts`` starts is
+    returned. ``time_limit_s`` stops starting new restarts (and sweeps) once exceeded.
+    ``tie=True`` makes layers of one role (the same name up to numbers, e.g. ``layer3/ffn1``
+    and ``layer5/ffn1``, with the same weight shape) share a strategy: one coordinate per role
+    instead of per layer, for deep models. ``allow``: keeps only the strategies it accepts
+    (e.g. ``lambda s: s.batch == 1``)."""
+    if not isinstance(restarts, int) or restarts < 1:
+        raise BaselineError(f"restarts must be a positive integer, got {restarts!r}")
+    search = _Search(pcg, machine, optimizer, layers, devices, tie, allow)
+    rng = random.Random(seed)
+    for k in range(restarts):
+        if time_limit_s is not None and k and time.perf_counter() - search.start > time_limit_s:
+            break
+        current = list(search.data_parallel_start() if k == 0 else search.random_start(rng))
+        key = search.evaluate(tuple(current))
+        for _ in range(max_sweeps):
+            changed = False
+            for g, options in enumerate(search.group_options):
+                for option in options:
+                    if option == current[search.groups[g][0]]:
+                        continue
+                    trial = search.with_group(current, g, option)
+                    trial_key = search.evaluate(trial)
+                    if trial_key < key:
+                        current, key, changed = list(trial), trial_key, True
+            if not changed or (
+                time_limit_s is not None and time.perf_counter() - search.start > time_limit_s
+            ):
+                break
+    return search.result("coordinate descent")
+
+
+def metropolis_hastings(
+    pcg: PCG,
+    machine: Machine,
+    *,
+    steps: int = 500,
+    beta: float | None = None,
+    seed: int = 0,
+    layers: Sequence[str] | None = None,
+    devices: int | None = None,
+    optimizer: str = "adam",
+    time_limit_s: float | None = None,
+    tie: bool = False,
+    allow: Callable[[MatmulStrategy], bool] | None = None,
+) -> LayerwiseResult:
+    """Metropolis-Hastings over per-layer strategies (AutoDDL section 4.4, FlexFlow's MCMC):
+    from the data-parallel start, ``steps`` proposals each change one random layer to a random
+    other strategy, accepted with probability ``min(1, exp(-beta * (new - old)))`` (times in
+    seconds; an assignment that does not fit memory is never accepted from one that does).
+    Default ``beta``: ``100 / start cost``, so a proposal 1% slower than the start is accepted
+    with probability 1/e. ``tie``, ``allow``: as for :func:`coordinate_descent`."""
+    search = _Search(pcg, machine, optimizer, layers, devices, tie, allow)
+    rng = random.Random(seed)
+    current = search.data_parallel_start()
+    key = search.evaluate(current)
+    if beta is None:
+        beta = 100.0 / key[1] if math.isfinite(key[1]) and key[1] > 0 else 1.0
+    choices = [g for g, options in enumerate(search.group_options) if len(options) > 1]
+    for _ in range(steps if choices else 0):
+        if time_limit_s is not None and time.perf_counter() - search.start > time_limit_s:
+            break
+        g = rng.choice(choices)
+        now = current[search.groups[g][0]]
+        option = rng.choice([o for o in search.group_options[g] if o != now])
+        trial = search.with_group(current, g, option)
+        trial_key = search.evaluate(trial)
+        if trial_key[0] != key[0]:
+            accept = trial_key[0] < key[0]
+        elif trial_key[1] <= key[1]:
+            accept = True
+        else:
+            accept = rng.random() < math.exp(-beta * (trial_key[1] - key[1]))
+        if accept:
+            current, key = trial, trial_key
+    return search.result("metropolis-hastings")
+
+
+def uniform_strategy(
+    pcg: PCG, machine: Machine, strategy: MatmulStrategy, *, optimizer: str = "adam"
+) -> tuple[PCG, CostBreakdown]:
+    """Every dense layer with the same ``strategy``; its plan and cost (with gradient
+    accumulation when it does not fit otherwise)."""
+    plan = lower(pcg, machine, dict.fromkeys(dense_layers(pcg), strategy))
+    return plan, accumulate_to_fit(plan, machine, optimizer=optimizer)
+
+
+def summa_like(
+    pcg: PCG, machine: Machine, *, optimizer: str = "adam"
+) -> tuple[PCG, CostBreakdown, MatmulStrategy]:
+    """The best uniform 2D weight-stationary strategy ``(1, a, b)``, ``a * b`` = the machine's
+    devices, over every grid that divides every dense layer (AutoDDL's tuned Summa baseline's
+    layouts; see the module docstring): plan, cost and the grid's strategy."""
+    p = machine.num_devices
+    grids = [MatmulStrategy(1, a, p // a) for a in range(1, p + 1) if p % a == 0]
+    best: tuple[PCG, CostBreakdown, MatmulStrategy] | None = None
+    errors: list[str] = []
+    for grid in grids:
+        try:
+            plan, cost = uniform_strategy(pcg, machine, grid, optimizer=optimizer)
+        except (PCGError, CostError) as e:
+            errors.append(f"{grid}: {e}")
+            continue
+        if best is None or (not cost.feasible, cost.total_s) < (
+            not best[1].feasible,
+            best[1].total_s,
+        ):
+            best = (plan, cost, grid)
+    if best is None:
+        raise BaselineError(f"no 2D grid applies to every dense layer: {'; '.join(errors[:3])}")
+    return best
