@@ -170,7 +170,8 @@ def _triples(p: int) -> list[tuple[int, int, int]]:
 def strategies_for(
     pcg: PCG, layer: str, machine: Machine, *, devices: int | None = None, optimizer_states: int = 2
 ) -> tuple[MatmulStrategy, ...]:
-    """Every strategy on ``devices`` (default: all of the machine's) that divides the layer's
+    """Every strategy on ``devices`` (default: all of the machine's, as AutoDDL; a plan on fewer
+    devices is the baselines' and the e-graph's to find) that divides the layer's
     batch, columns and contraction, and whose weight shard with its gradient and
     ``optimizer_states`` copies of state fits one device (memory-aware pruning)."""
     p = machine.num_devices if devices is None else devices
