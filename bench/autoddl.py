@@ -5,15 +5,16 @@ Systems: Piz Daint-like single-GPU nodes (preset ``piz-daint``, P100 16 GB; the 
 an assumption, see pcgopt.machine) and 2 x DGX-A100 (preset ``dgx-a100``, 16 A100 40 GB per node,
 AutoDDL's Google Cloud machines; VGG13 on 4 and 8 GPUs per node). Models in float32 (AutoDDL ran
 mixed precision on the A100s). For each configuration the predicted iteration time (ms) of data
-parallelism, Megatron-style tensor parallelism (the baseline's own choice of tensor degree),
+parallelism, Megatron-style tensor parallelism (the best tensor degree t >= 2 over all that
+divide the devices, the rest data parallel, as AutoDDL tunes its Megatron mesh),
 the best uniform 2D weight-stationary layout ("Summa-like": no weight copies, best grid),
 coordinate descent and Metropolis-Hastings over per-layer SBP strategies, and the joint plan of
 ``saturate_and_extract``, all costed the way ``saturate_and_extract`` costs its candidates:
 placed on the hierarchy (P^2 parallelism matrices), with gradient accumulation when it does not
 fit otherwise (micro-batches in brackets); "OOM" when nothing fits. Search times are wall
 seconds on this machine. The searches are time-limited (``--budget``): coordinate descent and
-MH get 20% of it, as inside ``saturate_and_extract``; layers of one role share a strategy
-(``tie=True``).
+MH get 20% of it, as inside ``saturate_and_extract``; in models of more than 16 dense layers
+(the Transformers) layers of one role share a strategy (the searches' default).
 
     python bench/autoddl.py               # prints, and updates bench/RESULTS.md
     python bench/autoddl.py --no-write --quick
@@ -99,6 +100,25 @@ def _baseline(make, pcg: PCG, machine: Machine) -> CostBreakdown | None:
         return None
 
 
+def _best_megatron(pcg: PCG, machine: Machine) -> tuple[int, CostBreakdown] | None:
+    """Megatron-style plans for every tensor degree dividing the machine (AutoDDL tunes the
+    2D mesh of its Megatron baseline): the fastest, with its degree."""
+    best: tuple[int, CostBreakdown] | None = None
+    for t in range(2, machine.num_devices + 1):
+        if machine.num_devices % t:
+            continue
+        try:
+            cost = _placed(megatron(pcg, machine, tensor_degree=t), machine)
+        except (BaselineError, CostError):
+            continue
+        if best is None or (not cost.feasible, cost.total_s) < (
+            not best[1].feasible,
+            best[1].total_s,
+        ):
+            best = (t, cost)
+    return best
+
+
 def configuration_rows(budget: float, quick: bool) -> list[str]:
     rows = [
         "| system | model | data parallel | Megatron | Summa-like 2D | coordinate descent "
@@ -109,21 +129,21 @@ def configuration_rows(budget: float, quick: bool) -> list[str]:
         machine = Machine.preset(preset, nodes=nodes, devices_per_node=per_node)
         pcg = build(model, **sizes)
         dp = _baseline(data_parallel, pcg, machine)
-        mt = _baseline(megatron, pcg, machine)
+        best_mt = _best_megatron(pcg, machine)
+        mt = None if best_mt is None else best_mt[1]
         try:
             summa = _placed(summa_like(pcg, machine)[0], machine)
         except (BaselineError, CostError):
             summa = None
         limit = 0.2 * budget
-        cd = coordinate_descent(pcg, machine, restarts=4, tie=True, time_limit_s=limit)
-        mh = metropolis_hastings(
-            pcg, machine, steps=cd.evaluations, tie=True, time_limit_s=cd.seconds
-        )
+        cd = coordinate_descent(pcg, machine, restarts=4, time_limit_s=limit)
+        mh = metropolis_hastings(pcg, machine, steps=cd.evaluations, time_limit_s=cd.seconds)
         start = time.perf_counter()
         plan = saturate_and_extract(pcg, machine, time_budget_s=budget, check=False)
         joint_s = time.perf_counter() - start
         rows.append(
-            f"| {label} | {model} ({_sizes(model, sizes)}) | {_fmt(dp)} | {_fmt(mt)} "
+            f"| {label} | {model} ({_sizes(model, sizes)}) | {_fmt(dp)} "
+            f"| {_fmt(mt)}{'' if best_mt is None else f' (t={best_mt[0]})'} "
             f"| {_fmt(summa)} | {_fmt(_placed(cd.pcg, machine, cd.cost))} "
             f"| {_fmt(_placed(mh.pcg, machine, mh.cost))} | {_fmt(plan.cost)} "
             f"| {plan.stats.chosen} | {cd.seconds:.1f} | {mh.seconds:.1f} | {joint_s:.1f} |"

@@ -188,9 +188,10 @@ def _base(rules: Sequence[Rule] | None) -> _Base:
 # --------------------------------------------------------------------------------------------
 
 
-def pcg_program(lang: Language, pcg: PCG) -> str:
+def pcg_program(lang: Language, pcg: PCG, *, prefix: str = "$n", seed_of: PCG | None = None) -> str:
     """egglog commands that add ``pcg``'s nodes with the facts of every tensor, and record its
-    outputs as ``(root i)``."""
+    outputs as ``(root i)``; with ``seed_of``, the PCG already loaded (with the default
+    ``prefix``), ``pcg``'s outputs are instead unioned with that PCG's."""
     lines: list[str] = []
     ref: dict[tuple[str, int], str] = {}
     for k, node in enumerate(pcg.nodes):
@@ -198,7 +199,7 @@ def pcg_program(lang: Language, pcg: PCG) -> str:
         args = [ref[r.node, r.index] for r in node.inputs]
         source = node.name if spec.kind is OpKind.SOURCE else None
         call = node_call(lang, node.op, args, node.params, source)
-        var = f"$n{k}"
+        var = f"{prefix}{k}"
         lines.append(f"(let {var} {call})")
         shapes = pcg.output_shapes(node.name)
         multi = lang.constructor(node.op, len(args)).returns == "TT"
@@ -207,8 +208,22 @@ def pcg_program(lang: Language, pcg: PCG) -> str:
             ref[node.name, i] = target
             for table, value in fact_values(shape).items():
                 lines.append(f"(set ({table} {target}) {value})")
-    for i, r in enumerate(pcg.outputs):
-        lines.append(f"(set (root {i}) {ref[r.node, r.index]})")
+    if seed_of is None:
+        for i, r in enumerate(pcg.outputs):
+            lines.append(f"(set (root {i}) {ref[r.node, r.index]})")
+        return "\n".join(lines)
+    if len(seed_of.outputs) != len(pcg.outputs):
+        raise EGraphError(
+            f"a seed must have the input's {len(seed_of.outputs)} output(s), it has "
+            f"{len(pcg.outputs)}"
+        )
+    index = {n.name: k for k, n in enumerate(seed_of.nodes)}
+    for r, mine in zip(seed_of.outputs, pcg.outputs, strict=True):
+        node = seed_of.node(r.node)
+        theirs = f"$n{index[r.node]}"
+        if lang.constructor(node.op, len(node.inputs)).returns == "TT":
+            theirs = f"(out {theirs} {r.index})"
+        lines.append(f"(union {theirs} {ref[mine.node, mine.index]})")
     return "\n".join(lines)
 
 
@@ -247,8 +262,13 @@ def _iteration(eg: egg.EGraph) -> tuple[bool, int]:
     return (report.updated or not report.can_stop), matches
 
 
-def _start(base: _Base, pcg: PCG, machine: Machine, budget: Budget) -> egg.EGraph:
+def _start(
+    base: _Base, pcg: PCG, machine: Machine, budget: Budget, seeds: Sequence[PCG] = ()
+) -> egg.EGraph:
     eg = base.egraph
+    seed_programs = [
+        pcg_program(base.lang, seed, prefix=f"$s{k}_", seed_of=pcg) for k, seed in enumerate(seeds)
+    ]
     eg.parse_and_run_program("(push)")
     degrees = legal_degrees(machine.num_devices)
     setup = [
@@ -263,6 +283,16 @@ def _start(base: _Base, pcg: PCG, machine: Machine, budget: Budget) -> egg.EGrap
     except egg.EggSmolError as e:
         eg.parse_and_run_program("(pop)")
         raise EGraphError(f"cannot load the PCG into the e-graph: {e}") from None
+    for k, program in enumerate(seed_programs):
+        try:
+            eg.parse_and_run_program(program)
+        except egg.EggSmolError as e:
+            eg.parse_and_run_program("(pop)")
+            if "merge" in str(e).lower():
+                raise ShapeConflictError(
+                    f"seed {k}: its outputs do not have the input's parallel shapes: {e}"
+                ) from None
+            raise EGraphError(f"cannot load seed {k} into the e-graph: {e}") from None
     return eg
 
 
@@ -329,10 +359,21 @@ def saturate(
     rules: Sequence[Rule] | None = None,
     budget: Budget | None = None,
     progress: bool = False,
+    seeds: Sequence[PCG] = (),
 ) -> Saturation:
     """Saturates ``pcg`` with the verified rules (default: the shipped set) for ``machine``
     (its device count bounds the devices any tensor may span; its divisors above 1 are the
-    degrees rewrites may choose), within ``budget`` (default :class:`Budget`)."""
+    degrees rewrites may choose), within ``budget`` (default :class:`Budget`).
+
+    ``seeds``: PCGs equivalent to ``pcg`` (same inputs and weights by name, same output parallel
+    shapes), e.g. plans of another search, added before the rules run with their outputs in the
+    input's e-classes, so that rewrites apply to them too and extraction can mix their parts
+    with the rest. They are trusted, not proved: give only plans built by sound lowerings, and
+    check what is extracted (``saturate_and_extract`` checks its plan against the input)."""
+    seeds = tuple(seeds)
+    for k, seed in enumerate(seeds):
+        if not isinstance(seed, PCG):
+            raise TypeError(f"seeds[{k}] must be a PCG, got {type(seed).__name__}")
     if not isinstance(pcg, PCG):
         raise TypeError(f"saturate needs a PCG, got {type(pcg).__name__}")
     if not isinstance(machine, Machine):
@@ -342,10 +383,10 @@ def saturate(
     fit: int | None = None
     reason: StopReason | None = None
     if budget.isolate:
-        fit, reason = _probe_in_child(pcg, machine, budget, rules)
+        fit, reason = _probe_in_child(pcg, machine, budget, rules, seeds)
     t0 = time.perf_counter()
     bar = Progress(budget.iterations, "saturate") if progress else None
-    eg = _start(base, pcg, machine, budget)
+    eg = _start(base, pcg, machine, budget, seeds)
     try:
         if fit is None:
             reason, history, rewrites = _run(base, budget, progress=bar)
@@ -354,7 +395,7 @@ def saturate(
                 # deterministic, so replaying gives the same e-graph).
                 fit = len(history)
                 eg.parse_and_run_program("(pop)")
-                eg = _start(base, pcg, machine, budget)
+                eg = _start(base, pcg, machine, budget, seeds)
         if fit is not None:
             replay_reason, history, rewrites = _run(base, budget, max_iterations=fit)
             if reason is None or replay_reason is StopReason.SATURATED:
@@ -391,9 +432,9 @@ def saturate(
 # --------------------------------------------------------------------------------------------
 
 
-def _probe_worker(pcg: PCG, machine: Machine, budget: Budget, rules, conn) -> None:
+def _probe_worker(pcg: PCG, machine: Machine, budget: Budget, rules, seeds, conn) -> None:
     base = _base(rules)
-    _start(base, pcg, machine, budget)
+    _start(base, pcg, machine, budget, seeds)
 
     def report(stats: IterationStats) -> None:
         conn.send(("iteration", stats.iteration, stats.enodes))
@@ -403,13 +444,17 @@ def _probe_worker(pcg: PCG, machine: Machine, budget: Budget, rules, conn) -> No
 
 
 def _probe_in_child(
-    pcg: PCG, machine: Machine, budget: Budget, rules: Sequence[Rule] | None
+    pcg: PCG,
+    machine: Machine,
+    budget: Budget,
+    rules: Sequence[Rule] | None,
+    seeds: Sequence[PCG] = (),
 ) -> tuple[int, StopReason | None]:
     """Runs the iterations in a child process under hard time and memory limits; returns how
     many iterations finished within them and, if a limit was hit, which."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_probe_worker, args=(pcg, machine, budget, rules, child))
+    proc = ctx.Process(target=_probe_worker, args=(pcg, machine, budget, rules, seeds, child))
     proc.start()
     child.close()
     done = 0

@@ -495,6 +495,10 @@ class LayerwiseResult:
 
 _INFEASIBLE = (True, math.inf)
 
+#: With more dense layers than this, the searches tie layers of one role by default (a sweep
+#: over every layer of a deep model costs minutes; the roles of a Transformer are a handful).
+TIE_ABOVE = 16
+
 
 class _Search:
     """Shared state of the searches: candidate strategies per layer and a cost cache."""
@@ -506,7 +510,7 @@ class _Search:
         optimizer: str,
         layers: Sequence[str] | None,
         devices: int | None,
-        tie: bool,
+        tie: bool | None,
         allow: Callable[[MatmulStrategy], bool] | None = None,
     ) -> None:
         _check_sequential(pcg)
@@ -537,6 +541,8 @@ class _Search:
                     "device memory",
                     node=name,
                 )
+        if tie is None:
+            tie = len(self.layers) > TIE_ABOVE
         # The coordinates: one per layer, or one per role (layers with the same name but for
         # their numbers and the same weight shape share a strategy).
         by_role: dict[tuple[str, tuple[int, ...]], list[int]] = {}
@@ -630,7 +636,7 @@ def coordinate_descent(
     devices: int | None = None,
     optimizer: str = "adam",
     time_limit_s: float | None = None,
-    tie: bool = False,
+    tie: bool | None = None,
     allow: Callable[[MatmulStrategy], bool] | None = None,
 ) -> LayerwiseResult:
     """AutoDDL's coordinate descent (section 4.4) over per-layer SBP matmul strategies: from
@@ -640,7 +646,8 @@ def coordinate_descent(
     returned. ``time_limit_s`` stops starting new restarts (and sweeps) once exceeded.
     ``tie=True`` makes layers of one role (the same name up to numbers, e.g. ``layer3/ffn1``
     and ``layer5/ffn1``, with the same weight shape) share a strategy: one coordinate per role
-    instead of per layer, for deep models. ``allow``: keeps only the strategies it accepts
+    instead of per layer, for deep models; the default (None) ties when there are more than
+    :data:`TIE_ABOVE` dense layers. ``allow``: keeps only the strategies it accepts
     (e.g. ``lambda s: s.batch == 1``)."""
     if not isinstance(restarts, int) or restarts < 1:
         raise BaselineError(f"restarts must be a positive integer, got {restarts!r}")
@@ -679,7 +686,7 @@ def metropolis_hastings(
     devices: int | None = None,
     optimizer: str = "adam",
     time_limit_s: float | None = None,
-    tie: bool = False,
+    tie: bool | None = None,
     allow: Callable[[MatmulStrategy], bool] | None = None,
 ) -> LayerwiseResult:
     """Metropolis-Hastings over per-layer strategies (AutoDDL section 4.4, FlexFlow's MCMC):

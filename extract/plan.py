@@ -2,20 +2,28 @@
 
 Phases, each timed in :attr:`Plan.stats`:
 
-1. **saturate**: the verified rules explore the equivalent PCGs in one e-graph
-   (:func:`pcgopt.egraph.saturate`) within a share of the time budget;
-2. **extract**: the cheapest PCG the e-graph holds under the cost model, shared subgraphs
+1. **coordinate descent**: AutoDDL's search over per-layer SBP matmul strategies
+   (:mod:`pcgopt.extract.layerwise`, 20% of the time budget, layers of one role tied in deep
+   models); its plan
+   seeds the e-graph and is a candidate;
+2. **saturate**: the verified rules explore the equivalent PCGs in one e-graph
+   (:func:`pcgopt.egraph.saturate`) within a share of the time budget, starting from the input
+   and the coordinate-descent plan in the same e-class;
+3. **extract**: the cheapest PCG the e-graph holds under the cost model, shared subgraphs
    counted once and the device memory respected (:mod:`pcgopt.extract.extraction`: exact ILP for
    small e-graphs, greedy plus local search otherwise);
-3. **baselines**: data parallelism, Megatron-style tensor parallelism and sequential
+4. **baselines**: data parallelism, Megatron-style tensor parallelism and sequential
    optimization (:mod:`pcgopt.extract.baselines`), costed by the same model. The plan returned is
-   the fastest that fits in memory among the extraction and the baselines, so it is never worse
-   than a baseline; :attr:`SearchStats.chosen` says which one won;
-4. **placement**: every candidate's parallelism axes are placed on the machine hierarchy with
+   the fastest that fits in memory among the extraction, the baselines and the
+   coordinate-descent plan, so it is never worse than any of them; :attr:`SearchStats.chosen`
+   says which one won;
+5. **placement**: every candidate's parallelism axes are placed on the machine hierarchy with
    P^2's parallelism matrices (:func:`pcgopt.extract.placement.place_plan`; reductions across
    levels priced with the best synthesized program), and candidates are compared by their
-   placed cost; :attr:`Plan.placement` holds the chosen matrix;
-5. **check**: the plan is evaluated against the input on random inputs with the reference
+   placed cost, a candidate that does not fit device memory with gradient accumulation over the
+   fewest micro-batches that fit (:func:`placed_cost`); :attr:`Plan.placement` holds the chosen
+   matrix;
+6. **check**: the plan is evaluated against the input on random inputs with the reference
    evaluator (:func:`pcgopt.equivalent`), and :class:`PlanCheckError` is raised if they differ.
 
 The machine defaults to one 8-GPU DGX-H100 node. ``PCGOPT_MACHINE`` overrides it, either a preset
@@ -365,7 +373,8 @@ def saturate_and_extract(
     to 30%); ``memory_budget``: the search's own memory limit in bytes (saturation stops
     before it); ``rules``: the rewrite rules (default: the shipped, proved ones); ``check``:
     verify the plan against the input with the reference evaluator (module docstring);
-    ``baselines``: also consider the data-parallel, Megatron and sequential plans;
+    ``baselines``: also consider the data-parallel, Megatron and sequential plans and run
+    coordinate descent (whose plan also seeds the e-graph);
     ``progress``: True prints phases to stderr, or a callable receives them.
     """
     if not isinstance(pcg, PCG):
@@ -383,6 +392,27 @@ def saturate_and_extract(
     phases: dict[str, float] = {}
     input_cost = iteration_cost(pcg, machine, optimizer=optimizer)
 
+    # AutoDDL's search over per-layer SBP matmul strategies: its plan seeds the e-graph (the
+    # rules do not build 2D/3D matmul splits within a budget), so extraction can combine its
+    # layouts with rewrites elsewhere, and it is a candidate the joint plan must not lose to.
+    layerwise: tuple[PCG, CostBreakdown] | None = None
+    if baselines:
+        start = time.perf_counter()
+        say("coordinate descent over per-layer SBP strategies")
+        try:
+            found = coordinate_descent(
+                pcg,
+                machine,
+                restarts=4,
+                optimizer=optimizer,
+                time_limit_s=0.2 * time_budget_s,
+            )
+            layerwise = (found.pcg, found.cost)
+            say(repr(found))
+        except (BaselineError, CostError) as e:
+            say(f"coordinate descent does not apply: {e}")
+        phases["coordinate descent"] = time.perf_counter() - start
+
     start = time.perf_counter()
     say(f"saturating on {machine.name} ({machine.num_devices} devices)")
     sat = saturate(
@@ -391,6 +421,7 @@ def saturate_and_extract(
         rules=rules,
         budget=Budget(seconds=0.6 * time_budget_s, memory_bytes=memory_budget),
         progress=bool(progress),
+        seeds=() if layerwise is None or layerwise[0] == pcg else (layerwise[0],),
     )
     phases["saturate"] = time.perf_counter() - start
     say(sat.summary())
@@ -437,27 +468,8 @@ def saturate_and_extract(
                 say(f"baseline {name} does not apply: {e}")
                 candidates[name] = None
     phases["baselines"] = time.perf_counter() - start
-
     if baselines:
-        # AutoDDL's search over per-layer SBP matmul strategies (its 2.5D/3D layouts are not
-        # all reachable by the rules yet): a candidate the joint plan must not lose to.
-        start = time.perf_counter()
-        say("coordinate descent over per-layer SBP strategies")
-        try:
-            layerwise = coordinate_descent(
-                pcg,
-                machine,
-                restarts=4,
-                tie=True,
-                optimizer=optimizer,
-                time_limit_s=0.2 * time_budget_s,
-            )
-            candidates["coordinate descent"] = (layerwise.pcg, layerwise.cost)
-            say(repr(layerwise))
-        except (BaselineError, CostError) as e:
-            say(f"coordinate descent does not apply: {e}")
-            candidates["coordinate descent"] = None
-        phases["coordinate descent"] = time.perf_counter() - start
+        candidates["coordinate descent"] = layerwise
 
     # Place every candidate's parallelism axes on the hierarchy (P^2's parallelism matrices,
     # reductions priced with synthesized programs) and compare the placed costs.

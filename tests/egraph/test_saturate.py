@@ -8,7 +8,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pcgopt import Machine, PCGBuilder, assert_equivalent, equivalent
-from pcgopt.egraph import Budget, ChoiceError, ShapeConflictError, StopReason, saturate
+from pcgopt.egraph import (
+    Budget,
+    ChoiceError,
+    EGraphError,
+    ShapeConflictError,
+    StopReason,
+    saturate,
+)
 from pcgopt.extract import iteration_cost
 from pcgopt.models import mnist_mlp
 from pcgopt.rewrite import Rule
@@ -224,3 +231,50 @@ def test_bad_input_is_a_type_error():
         saturate(blowing_up_model(), 8)
     with pytest.raises(ValueError, match=r"Budget\.enodes"):
         Budget(enodes=0)
+
+
+def _square_chain(n: int, layers: int):
+    b = PCGBuilder()
+    x = b.input((n, n), name="x")
+    for i in range(layers):
+        x = b.matmul(x, b.weight((n, n), name=f"w{i}"), name=f"mm{i}")
+    return b.build(x)
+
+
+def test_a_seed_plan_joins_the_input_class_and_can_be_extracted():
+    """AutoDDL's 3D matmul is not built by the rules within a small budget, but a plan of the
+    layer-wise search seeds the e-graph: it is then represented, and extracting it gives a PCG
+    equivalent to the input."""
+    from pcgopt.extract.layerwise import MatmulStrategy, lower
+
+    model = _square_chain(8, 2)
+    machine = Machine.preset("dgx-a100", devices_per_node=8)
+    seed = lower(model, machine, {"mm0": MatmulStrategy(2, 2, 2), "mm1": MatmulStrategy(1, 2, 4)})
+    plain = saturate(model, machine, budget=Budget(iterations=2))
+    seeded = saturate(model, machine, budget=Budget(iterations=2), seeds=[seed])
+    assert not plain.contains(seed)
+    assert seeded.contains(seed) and seeded.contains(model)
+    assert_equivalent(model, seeded.egraph.to_pcg(seeded.egraph.choice_for(seed)))
+
+
+def test_a_seed_must_be_a_pcg_with_the_inputs_outputs():
+    model = _square_chain(8, 1)
+    machine = Machine.preset("dgx-a100", devices_per_node=2)
+    with pytest.raises(TypeError, match=r"seeds\[0\] must be a PCG"):
+        saturate(model, machine, seeds=["plan"])
+    b = PCGBuilder()
+    x, w = b.input((8, 8), name="x"), b.weight((8, 8), name="w0")
+    y = b.matmul(x, w, name="mm0")
+    two_outputs = b.build(y, b.relu(y))
+    with pytest.raises(EGraphError, match="a seed must have the input's 1 output"):
+        saturate(model, machine, seeds=[two_outputs])
+    b = PCGBuilder()
+    split = b.build(
+        b.matmul(
+            b.partition(b.input((8, 8), name="x"), dim=0, degree=2),
+            b.replicate(b.weight((8, 8), name="w0"), degree=2),
+            name="mm0",
+        )
+    )
+    with pytest.raises(ShapeConflictError, match="seed 0"):
+        saturate(model, machine, seeds=[split])  # its output is split, the input's is whole

@@ -2,6 +2,7 @@
 plan; the search space holds the 3D matmul, whose communication is Theta(n^2 / p^(2/3));
 coordinate descent, Metropolis-Hastings, memory-aware pruning and gradient accumulation."""
 
+import contextlib
 import itertools
 import math
 
@@ -324,16 +325,14 @@ def test_accumulation_uses_the_fewest_micro_batches_that_fit():
     m = fitted.micro_batches
     assert fitted.feasible and m > 1
     for fewer in range(1, m):
-        try:
+        with contextlib.suppress(CostError):  # CostError: does not divide the batch blocks
             assert not iteration_cost(plan, machine, micro_batches=fewer).feasible
-        except CostError:
-            pass  # does not divide the batch blocks
 
 
 def test_the_joint_optimizer_is_never_worse_than_coordinate_descent():
     pcg = build("transformer", small=True)
     plan = saturate_and_extract(pcg, FOUR, time_budget_s=10)
-    cd = coordinate_descent(pcg, FOUR, restarts=4, tie=True)
+    cd = coordinate_descent(pcg, FOUR, restarts=4)
     assert plan.stats.candidates["coordinate descent"] is not None
     assert plan.cost.total_s <= placed_cost(cd.pcg, FOUR, cost=cd.cost)[1].total_s * (1 + 1e-9)
     assert equivalent(pcg, plan.pcg)
@@ -346,3 +345,20 @@ def test_the_joint_optimizer_accumulates_gradients_when_the_batch_does_not_fit()
     assert plan.cost.feasible and plan.cost.micro_batches > 1
     assert "micro-batches" in plan.explain()
     assert plan.to_dict()["cost"]["micro_batches"] == plan.cost.micro_batches
+
+
+def test_the_joint_optimizer_finds_the_3d_plan_on_64_devices():
+    """saturate_and_extract on the square chain of the 3D test, p = 64: its plan (the e-graph,
+    seeded with the coordinate-descent plan, or that plan itself) is as fast as coordinate
+    descent's and moves less than the best plan without 3D splits."""
+    n, p = 8640, 64
+    machine = flat_machine(p)
+    pcg = chain(n, 3)
+    plan = saturate_and_extract(pcg, machine, time_budget_s=10, check=False)
+    cd = coordinate_descent(pcg, machine, restarts=4)
+    two_d = coordinate_descent(
+        pcg, machine, restarts=4, allow=lambda s: min(s.batch, s.columns, s.contraction) == 1
+    )
+    assert plan.cost.total_s <= placed_cost(cd.pcg, machine, cost=cd.cost)[1].total_s * (1 + 1e-9)
+    assert MatmulStrategy(4, 4, 4) in cd.strategies.values()
+    assert plan.cost.comm_bytes < two_d.cost.comm_bytes
