@@ -211,6 +211,7 @@ class _LayerwiseLowering(_Lowering):
     def __init__(self, pcg: PCG, strategies: Mapping[str, MatmulStrategy], input_degree: int):
         super().__init__(pcg, input_degree)
         self.strategies = strategies
+        self.failed: list[tuple[str, MatmulStrategy, PCGError]] = []
 
     # -- redistribution ---------------------------------------------------------------------
 
@@ -338,6 +339,14 @@ class _LayerwiseLowering(_Lowering):
         strategy = self.strategies.get(node.name)
         if strategy is None:
             return None
+        try:
+            return self._dense(node, strategy)
+        except PCGError as e:
+            # Not silently lowered another way: the assignment would not be what it says.
+            self.failed.append((node.name, strategy, e))
+            raise
+
+    def _dense(self, node: Node, strategy: MatmulStrategy) -> tuple[Tensor, ...]:
         p0, p1, p2 = strategy.batch, strategy.columns, strategy.contraction
         xref = node.inputs[0]
         x = self.env[xref]
@@ -459,7 +468,13 @@ def lower(
     if input_degree is None:
         input_degree = _largest_divisor(batch_size(pcg), machine.num_devices)
     lowering = _LayerwiseLowering(pcg, strategies, input_degree)
-    return lowering.run()
+    plan = lowering.run()
+    if lowering.failed:
+        name, strategy, error = lowering.failed[0]
+        raise BaselineError(
+            f"node {name!r}: strategy {strategy} cannot be applied: {error}", node=name
+        )
+    return plan
 
 
 # ----------------------------------------------------------------------------------------------

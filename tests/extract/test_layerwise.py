@@ -140,6 +140,12 @@ def test_layers_keep_the_strategy_they_were_given():
     assert equivalent(pcg, plan)
 
 
+def test_a_strategy_that_does_not_fit_a_layer_is_an_error_not_another_plan():
+    pcg = build("vgg13", small=True)  # fc2: 8 -> 5 classes
+    with pytest.raises(BaselineError, match=r"node 'fc2/linear': strategy \(1, 2, 2\)"):
+        lower(pcg, FOUR, {"fc2/linear": MatmulStrategy(1, 2, 2)})
+
+
 def test_lowering_rejects_what_is_not_a_dense_layer():
     pcg = build("mnist_mlp", small=True)
     relu = next(n.name for n in pcg.nodes if n.op == "relu")
@@ -263,8 +269,14 @@ def test_summa_like_is_the_best_uniform_2d_grid():
     pcg = build("vgg13", small=True)
     plan, cost, grid = summa_like(pcg, FOUR)
     assert grid.batch == 1 and grid.devices == 4
+    applicable = 0
     for other in (MatmulStrategy(1, 1, 4), MatmulStrategy(1, 2, 2), MatmulStrategy(1, 4, 1)):
-        assert cost.total_s <= uniform_strategy(pcg, FOUR, other)[1].total_s
+        try:
+            assert cost.total_s <= uniform_strategy(pcg, FOUR, other)[1].total_s
+            applicable += 1
+        except BaselineError as e:  # a grid that does not divide some layer is never chosen
+            assert "cannot be applied" in str(e) and other != grid
+    assert applicable >= 1
     assert equivalent(pcg, plan)
 
 
