@@ -28,10 +28,12 @@ AllGather into copies. The result is an ordinary PCG, equivalent to the input
 plan.
 
 The searches (section 4.4) rank assignments by ``iteration_cost``: feasible (fits device memory)
-before infeasible, then predicted time. Memory-aware pruning: a strategy whose weight shard alone
-(with gradient and optimizer state) exceeds device memory is never tried, and an assignment that
-does not fit never replaces one that does. An assignment that does not fit at full batch is
-costed with gradient accumulation over the fewest micro-batches that fit
+before infeasible, feasible ones by predicted time and infeasible ones by memory per device (so
+that a search starting out of memory moves towards fitting). Memory-aware pruning: a strategy
+whose weight shard alone (with gradient and optimizer state) exceeds device memory is never
+tried, and an assignment that does not fit never replaces one that does. An assignment that
+does not fit at full batch is costed with gradient accumulation over the fewest micro-batches
+that fit
 (:func:`~pcgopt.extract.cost.accumulate_to_fit`, AutoDDL section 5.2), so the micro-batch count
 is chosen with the strategies. Repeated evaluations are cached.
 
@@ -486,7 +488,8 @@ def lower(
 class LayerwiseResult:
     """The best assignment a search found: its ``pcg``, ``strategies`` per dense layer and
     ``cost``; ``evaluations`` (distinct assignments costed), ``seconds`` of search, and
-    ``history``, the best time after each evaluation (for convergence plots)."""
+    ``history``, the best time that fits memory after each evaluation (inf before one does;
+    for convergence plots)."""
 
     pcg: PCG
     strategies: Mapping[str, MatmulStrategy]
@@ -581,6 +584,7 @@ class _Search:
             self.group_options.append(tuple(common))
         self.cache: dict[tuple[MatmulStrategy, ...], tuple[tuple[bool, float], Any]] = {}
         self.history: list[float] = []
+        self.best_s = math.inf
         self.start = time.perf_counter()
 
     def evaluate(self, assignment: tuple[MatmulStrategy, ...]) -> tuple[bool, float]:
@@ -590,13 +594,16 @@ class _Search:
         try:
             plan = lower(self.pcg, self.machine, dict(zip(self.layers, assignment, strict=True)))
             cost = accumulate_to_fit(plan, self.machine, optimizer=self.optimizer)
-            key = (not cost.feasible, cost.total_s)
+            # Plans that fit rank by time; those that do not, by memory, so that a search
+            # starting out of memory moves towards fitting.
+            key = (False, cost.total_s) if cost.feasible else (True, float(cost.memory.total))
             value: Any = (plan, cost)
         except (PCGError, CostError):
             key, value = _INFEASIBLE, None
         self.cache[assignment] = (key, value)
-        best = min((k for k, _ in self.cache.values()), default=_INFEASIBLE)
-        self.history.append(best[1])
+        if not key[0]:
+            self.best_s = min(self.best_s, key[1])
+        self.history.append(self.best_s)
         return key
 
     def result(self, method: str) -> LayerwiseResult:
@@ -707,15 +714,14 @@ def metropolis_hastings(
     """Metropolis-Hastings over per-layer strategies (AutoDDL section 4.4, FlexFlow's MCMC):
     from the data-parallel start, ``steps`` proposals each change one random layer to a random
     other strategy, accepted with probability ``min(1, exp(-beta * (new - old)))`` (times in
-    seconds; an assignment that does not fit memory is never accepted from one that does).
-    Default ``beta``: ``100 / start cost``, so a proposal 1% slower than the start is accepted
-    with probability 1/e. ``tie``, ``allow``: as for :func:`coordinate_descent`."""
+    seconds; an assignment that does not fit memory is never accepted from one that does, and
+    among ones that do not fit only a move to less memory is accepted). Default ``beta``:
+    ``100 /`` the first fitting cost, so a proposal 1% slower is accepted with probability 1/e.
+    ``tie``, ``allow``: as for :func:`coordinate_descent`."""
     search = _Search(pcg, machine, optimizer, layers, devices, tie, allow)
     rng = random.Random(seed)
     current = search.data_parallel_start()
     key = search.evaluate(current)
-    if beta is None:
-        beta = 100.0 / key[1] if math.isfinite(key[1]) and key[1] > 0 else 1.0
     choices = [g for g, options in enumerate(search.group_options) if len(options) > 1]
     for _ in range(steps if choices else 0):
         if time_limit_s is not None and time.perf_counter() - search.start > time_limit_s:
@@ -729,7 +735,11 @@ def metropolis_hastings(
             accept = trial_key[0] < key[0]
         elif trial_key[1] <= key[1]:
             accept = True
+        elif trial_key[0]:
+            accept = False  # out of memory: only less memory is a move
         else:
+            if beta is None:
+                beta = 100.0 / key[1] if key[1] > 0 else 1.0
             accept = rng.random() < math.exp(-beta * (trial_key[1] - key[1]))
         if accept:
             current, key = trial, trial_key
