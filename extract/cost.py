@@ -1260,20 +1260,14 @@ def accumulate_to_fit(
     docstring) that makes ``pcg`` fit device memory, trying 1, 2, 3, ... up to
     ``max_micro_batches`` among the counts every data input's batch blocks divide by; more
     micro-batches only add time, so the fewest that fit is the fastest plan that fits. When none
-    fits, the single-batch cost (infeasible). ``cost``: the already-known single-batch cost."""
+    fits, the cost with the most micro-batches allowed (the least memory; infeasible), so that
+    searches can rank plans that do not fit by how far they are. ``cost``: the already-known
+    single-batch cost."""
     first = (
         cost if cost is not None else iteration_cost(pcg, machine, optimizer=optimizer, **options)
     )
     if first.feasible:
         return first
-    # Micro-batches shrink only the activations: if the rest does not fit, nothing will; else
-    # at least activations / (capacity - rest) micro-batches are needed.
-    mem = first.memory
-    rest = mem.total - mem.activations
-    room = first.memory_capacity - rest
-    if room <= 0:
-        return first
-    fewest = max(2, math.ceil(mem.activations / room))
     blocks = [
         pcg.shape(n.name).dims[0].block
         for n in pcg.nodes
@@ -1282,13 +1276,26 @@ def accumulate_to_fit(
     if not blocks:
         return first
     limit = min(max_micro_batches, *blocks)
-    for m in range(fewest, limit + 1):
+
+    def trial(m: int) -> CostBreakdown | None:
         try:
-            trial = iteration_cost(pcg, machine, optimizer=optimizer, micro_batches=m, **options)
+            return iteration_cost(pcg, machine, optimizer=optimizer, micro_batches=m, **options)
         except CostError:
-            continue  # m does not divide some layout's batch blocks
-        if trial.feasible:
-            return trial
+            return None  # m does not divide some layout's batch blocks
+
+    # Micro-batches shrink only the activations: if the rest does not fit, nothing will; else
+    # at least activations / (capacity - rest) micro-batches are needed.
+    mem = first.memory
+    room = first.memory_capacity - (mem.total - mem.activations)
+    if room > 0:
+        for m in range(max(2, math.ceil(mem.activations / room)), limit + 1):
+            found = trial(m)
+            if found is not None and found.feasible:
+                return found
+    for m in range(limit, 1, -1):
+        least = trial(m)
+        if least is not None:
+            return least
     return first
 
 

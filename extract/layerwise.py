@@ -151,9 +151,15 @@ def _weight_source(pcg: PCG, ref: TensorRef) -> tuple[str, bool] | None:
 
 def dense_layers(pcg: PCG) -> tuple[str, ...]:
     """The dense layers of ``pcg`` in graph order: MatMul/Linear nodes whose second input is a
-    rank-2 Weight or its transpose, and whose first is an activation of rank 2 or more."""
+    rank-2 Weight or its transpose, and whose first is an activation of rank 2 or more, and
+    embedding lookups in a Weight table (a product of the one-hot indices by the table: the
+    contraction is the vocabulary, split ``p2`` ways it leaves partial sums, Megatron's
+    vocabulary-parallel embedding)."""
     found = []
     for node in pcg.nodes:
+        if node.op == "embedding" and pcg.node(node.inputs[1].node).op == "weight":
+            found.append(node.name)  # a product of one-hot indices by the table
+            continue
         if node.op not in ("matmul", "linear") or len(node.inputs) < 2:
             continue
         if pcg.shape(node.inputs[0]).rank < 2 or _weight_source(pcg, node.inputs[1]) is None:
@@ -309,31 +315,44 @@ class _LayerwiseLowering(_Lowering):
 
     # -- one node ---------------------------------------------------------------------------
 
+    def _input_layout(
+        self, layer: Node, strategy: MatmulStrategy, rank: int
+    ) -> tuple[list[int], int]:
+        """Degrees and copies of a dense layer's data input: ``(S0:p0, B:p1, S{last}:p2)``; an
+        embedding's indices have no contraction dimension, so they are copied p1 * p2 times."""
+        degrees = [1] * rank
+        degrees[0] *= strategy.batch
+        if layer.op == "embedding":
+            return degrees, strategy.columns * strategy.contraction
+        degrees[-1] *= strategy.contraction
+        return degrees, strategy.columns
+
     def _lower(self, node: Node) -> None:
         """A data input read by a dense layer is loaded straight in that layer's input layout
         (layout operators on a source move nothing); other inputs are split by batch."""
         if node.op == "input":
             first = self._first_dense_reader(node.name)
             if first is not None:
-                strategy = self.strategies[first]
                 x = self._source(node.name)
-                rank = x.shape.rank
-                for dim, degree in ((0, strategy.batch), (rank - 1, strategy.contraction)):
+                degrees, copies = self._input_layout(
+                    self.pcg.node(first), self.strategies[first], x.shape.rank
+                )
+                for dim, degree in enumerate(degrees):
                     if degree > 1:
                         x = self.b.partition(
                             x, dim=dim, degree=degree, name=self._name(f"{node.name}.split")
                         )
-                if strategy.columns > 1:
-                    x = self.b.replicate(
-                        x, degree=strategy.columns, name=self._name(f"{node.name}.r")
-                    )
+                if copies > 1:
+                    x = self.b.replicate(x, degree=copies, name=self._name(f"{node.name}.r"))
                 self.env[node.output()] = x
                 return
         super()._lower(node)
 
     def _first_dense_reader(self, name: str) -> str | None:
+        rank = self.pcg.shape(TensorRef(name)).rank
         for reader, slot in self.pcg.consumers().get(TensorRef(name), ()):
-            if slot == 0 and reader in self.strategies and self.pcg.shape(TensorRef(name)).rank > 1:
+            embedding = self.pcg.node(reader).op == "embedding"
+            if slot == 0 and reader in self.strategies and (rank > 1 or embedding):
                 return reader
         return None
 
@@ -353,11 +372,11 @@ class _LayerwiseLowering(_Lowering):
         xref = node.inputs[0]
         x = self.env[xref]
         rank = x.shape.rank
-        degrees = [1] * rank
-        degrees[0] *= p0
-        degrees[-1] *= p2
-        x = self._redistribute(xref, x, degrees, p1)
+        degrees, copies = self._input_layout(node, strategy, rank)
+        x = self._redistribute(xref, x, degrees, copies)
         w = self._weight(node.inputs[1], strategy)
+        if node.op == "embedding":
+            return self._apply(node, [x, w])  # (S0:p0, S{last}:p1, P:p2)
         extras = node.inputs[2:]
         act = node.params["activation"] if node.op == "linear" else "none"
         if p2 == 1:

@@ -146,6 +146,20 @@ def test_a_strategy_that_does_not_fit_a_layer_is_an_error_not_another_plan():
         lower(pcg, FOUR, {"fc2/linear": MatmulStrategy(1, 2, 2)})
 
 
+def test_an_embedding_is_a_dense_layer_whose_vocabulary_can_be_split():
+    """Megatron's vocabulary-parallel embedding is the strategy (p0, 1, p2): the table's rows
+    split p2 ways, the lookups left as p2 partial sums."""
+    pcg = build("transformer", small=True, batch=4, vocab=12)
+    assert "embed/lookup" in dense_layers(pcg)
+    plan = lower(pcg, FOUR, {"embed/lookup": MatmulStrategy(1, 1, 4)})
+    assert plan.shape("embed/lookup").sum_degree == 4
+    replicated = lower(pcg, FOUR, {"embed/lookup": MatmulStrategy(4, 1, 1)})
+    split, whole = iteration_cost(plan, FOUR), iteration_cost(replicated, FOUR)
+    table = pcg.shape("embed/tokens").nbytes
+    assert whole.memory.weights - split.memory.weights == table - table // 4
+    assert equivalent(pcg, plan)
+
+
 def test_lowering_rejects_what_is_not_a_dense_layer():
     pcg = build("mnist_mlp", small=True)
     relu = next(n.name for n in pcg.nodes if n.op == "relu")
