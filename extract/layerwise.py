@@ -39,7 +39,7 @@ is chosen with the strategies. Repeated evaluations are cached.
 
 * :func:`coordinate_descent`: from a start, set each layer in turn to its best strategy with the
   others fixed, sweep until no layer changes, then restart from a random assignment; keep the
-  best (``restarts`` starts in all, the first data-parallel).
+  best (``restarts`` starts in all, the first the best uniform assignment).
 * :func:`metropolis_hastings`: FlexFlow's MCMC as AutoDDL compares it: propose one layer's
   strategy at random, accept with ``min(1, exp(-beta * (cost_new - cost_old)))``.
 * :func:`uniform_strategy`: one strategy for every dense layer; :func:`summa_like` is the best
@@ -651,6 +651,25 @@ class _Search:
                 out[j] = choice
         return tuple(out)  # type: ignore[arg-type]
 
+    def uniform_start(self) -> tuple[MatmulStrategy, ...]:
+        """The best assignment giving every layer the same strategy (a layer that cannot take
+        it keeps its data-parallel one): one evaluation per strategy, a strong first start."""
+        fallback = self.data_parallel_start()
+        best, best_key = fallback, self.evaluate(fallback)
+        for option in sorted({o for options in self.group_options for o in options}):
+            trial = list(fallback)
+            for members, options in zip(self.groups, self.group_options, strict=True):
+                if option in options:
+                    for j in members:
+                        trial[j] = option
+            key = self.evaluate(tuple(trial))
+            if key < best_key:
+                best, best_key = tuple(trial), key
+        return best
+
+    def over(self, time_limit_s: float | None) -> bool:
+        return time_limit_s is not None and time.perf_counter() - self.start > time_limit_s
+
     def random_start(self, rng: random.Random) -> tuple[MatmulStrategy, ...]:
         out: list[MatmulStrategy | None] = [None] * len(self.layers)
         for members, options in zip(self.groups, self.group_options, strict=True):
@@ -681,10 +700,12 @@ def coordinate_descent(
     allow: Callable[[MatmulStrategy], bool] | None = None,
 ) -> LayerwiseResult:
     """AutoDDL's coordinate descent (section 4.4) over per-layer SBP matmul strategies: from
-    each start (the first data-parallel, then random ones from ``seed``), every layer in turn
+    each start (the first the best uniform assignment, :meth:`uniform_start`, then random ones
+    from ``seed``), every layer in turn
     takes the strategy that minimizes the iteration cost with the others fixed, until a sweep
     changes nothing (or ``max_sweeps``); the best assignment over all ``restarts`` starts is
-    returned. ``time_limit_s`` stops starting new restarts (and sweeps) once exceeded.
+    returned. ``time_limit_s`` is checked before each layer's line search (it can be exceeded by
+    one line search, and by the first start's uniform evaluations).
     ``tie=True`` makes layers of one role (the same name up to numbers, e.g. ``layer3/ffn1``
     and ``layer5/ffn1``, with the same weight shape) share a strategy: one coordinate per role
     instead of per layer, for deep models; the default (None) ties when there are more than
@@ -695,13 +716,15 @@ def coordinate_descent(
     search = _Search(pcg, machine, optimizer, layers, devices, tie, allow)
     rng = random.Random(seed)
     for k in range(restarts):
-        if time_limit_s is not None and k and time.perf_counter() - search.start > time_limit_s:
+        if k and search.over(time_limit_s):
             break
-        current = list(search.data_parallel_start() if k == 0 else search.random_start(rng))
+        current = list(search.uniform_start() if k == 0 else search.random_start(rng))
         key = search.evaluate(tuple(current))
         for _ in range(max_sweeps):
             changed = False
             for g, options in enumerate(search.group_options):
+                if search.over(time_limit_s):
+                    break
                 for option in options:
                     if option == current[search.groups[g][0]]:
                         continue
@@ -709,9 +732,7 @@ def coordinate_descent(
                     trial_key = search.evaluate(trial)
                     if trial_key < key:
                         current, key, changed = list(trial), trial_key, True
-            if not changed or (
-                time_limit_s is not None and time.perf_counter() - search.start > time_limit_s
-            ):
+            if not changed or search.over(time_limit_s):
                 break
     return search.result("coordinate descent")
 
