@@ -13,8 +13,12 @@ coordinate descent and Metropolis-Hastings over per-layer SBP strategies, and th
 placed on the hierarchy (P^2 parallelism matrices), with gradient accumulation when it does not
 fit otherwise (micro-batches in brackets); "OOM" when nothing fits. Search times are wall
 seconds on this machine. The searches are time-limited (``--budget``): coordinate descent and
-MH get 20% of it, as inside ``saturate_and_extract``; in models of more than 16 dense layers
-(the Transformers) layers of one role share a strategy (the searches' default).
+MH get 20% of it each (MH from the data-parallel start, with as many steps as CD made
+evaluations); in models of more than 16 dense layers (the Transformers) layers of one role share
+a strategy (the searches' default). The joint plan is ``saturate_and_extract`` with the budget,
+given the CD and MH plans as seeds (candidates and e-graph seeds: time-limited searches stop at
+different points from run to run); its own layer-wise searches run as well. Its search time
+does not include the seeds' (their columns).
 
     python bench/autoddl.py               # prints, and updates bench/RESULTS.md
     python bench/autoddl.py --no-write --quick
@@ -139,7 +143,11 @@ def configuration_rows(budget: float, quick: bool) -> list[str]:
         cd = coordinate_descent(pcg, machine, restarts=4, time_limit_s=limit)
         mh = metropolis_hastings(pcg, machine, steps=cd.evaluations, time_limit_s=cd.seconds)
         start = time.perf_counter()
-        plan = saturate_and_extract(pcg, machine, time_budget_s=budget, check=False)
+        # The standalone searches' plans are handed over as seeds: time-limited searches stop
+        # at different points from run to run, and the joint plan must not lose to them.
+        plan = saturate_and_extract(
+            pcg, machine, time_budget_s=budget, check=False, seeds=[cd.pcg, mh.pcg]
+        )
         joint_s = time.perf_counter() - start
         rows.append(
             f"| {label} | {model} ({_sizes(model, sizes)}) | {_fmt(dp)} "

@@ -667,6 +667,22 @@ class _Search:
                 best, best_key = tuple(trial), key
         return best
 
+    def assignment(self, strategies: Mapping[str, MatmulStrategy]) -> tuple[MatmulStrategy, ...]:
+        """``strategies`` as an assignment of this search (every layer named, one strategy per
+        tied group)."""
+        out = []
+        for name in self.layers:
+            if name not in strategies:
+                raise BaselineError(f"start names no strategy for dense layer {name!r}", node=name)
+            out.append(strategies[name])
+        for members in self.groups:
+            if len({out[j] for j in members}) > 1:
+                raise BaselineError(
+                    f"start gives tied layers {[self.layers[j] for j in members]} different "
+                    "strategies; pass tie=False"
+                )
+        return tuple(out)
+
     def over(self, time_limit_s: float | None) -> bool:
         return time_limit_s is not None and time.perf_counter() - self.start > time_limit_s
 
@@ -750,6 +766,7 @@ def metropolis_hastings(
     time_limit_s: float | None = None,
     tie: bool | None = None,
     allow: Callable[[MatmulStrategy], bool] | None = None,
+    start: Mapping[str, MatmulStrategy] | None = None,
 ) -> LayerwiseResult:
     """Metropolis-Hastings over per-layer strategies (AutoDDL section 4.4, FlexFlow's MCMC):
     from the data-parallel start, ``steps`` proposals each change one random layer to a random
@@ -757,10 +774,13 @@ def metropolis_hastings(
     seconds; an assignment that does not fit memory is never accepted from one that does, and
     among ones that do not fit only a move to less memory is accepted). Default ``beta``:
     ``100 /`` the first fitting cost, so a proposal 1% slower is accepted with probability 1/e.
-    ``tie``, ``allow``: as for :func:`coordinate_descent`."""
+    ``tie``, ``allow``: as for :func:`coordinate_descent`; ``start``: the assignment to start
+    from (default: data parallel), e.g. a coordinate-descent result's ``strategies``."""
     search = _Search(pcg, machine, optimizer, layers, devices, tie, allow)
     rng = random.Random(seed)
     current = search.data_parallel_start()
+    if start is not None:
+        current = search.assignment(start)
     key = search.evaluate(current)
     choices = [g for g, options in enumerate(search.group_options) if len(options) > 1]
     for _ in range(steps if choices else 0):

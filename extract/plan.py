@@ -2,20 +2,20 @@
 
 Phases, each timed in :attr:`Plan.stats`:
 
-1. **coordinate descent**: AutoDDL's search over per-layer SBP matmul strategies
-   (:mod:`pcgopt.extract.layerwise`, 20% of the time budget, layers of one role tied in deep
-   models); its plan
-   seeds the e-graph and is a candidate;
+1. **layer-wise search**: AutoDDL's searches over per-layer SBP matmul strategies
+   (:mod:`pcgopt.extract.layerwise`): coordinate descent (12% of the time budget), then
+   Metropolis-Hastings from its result (8%); their plans, and any ``seeds`` given, seed the
+   e-graph and are candidates;
 2. **saturate**: the verified rules explore the equivalent PCGs in one e-graph
    (:func:`pcgopt.egraph.saturate`) within a share of the time budget, starting from the input
-   and the coordinate-descent plan in the same e-class;
+   and the seeds in the same e-class;
 3. **extract**: the cheapest PCG the e-graph holds under the cost model, shared subgraphs
    counted once and the device memory respected (:mod:`pcgopt.extract.extraction`: exact ILP for
    small e-graphs, greedy plus local search otherwise);
 4. **baselines**: data parallelism, Megatron-style tensor parallelism and sequential
    optimization (:mod:`pcgopt.extract.baselines`), costed by the same model. The plan returned is
-   the fastest that fits in memory among the extraction, the baselines and the
-   coordinate-descent plan, so it is never worse than any of them; :attr:`SearchStats.chosen`
+   the fastest that fits in memory among the extraction, the baselines, the layer-wise plans
+   and the seeds, so it is never worse than any of them; :attr:`SearchStats.chosen`
    says which one won;
 5. **placement**: every candidate's parallelism axes are placed on the machine hierarchy with
    P^2's parallelism matrices (:func:`pcgopt.extract.placement.place_plan`; reductions across
@@ -38,7 +38,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -61,7 +61,7 @@ from pcgopt.extract.extraction import (
     extract_greedy,
     extract_ilp,
 )
-from pcgopt.extract.layerwise import coordinate_descent
+from pcgopt.extract.layerwise import coordinate_descent, metropolis_hastings
 from pcgopt.extract.placement import PlanPlacement, parallel_nodes, place_plan
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine, MachineError
@@ -363,6 +363,7 @@ def saturate_and_extract(
     check: bool = True,
     optimizer: str = "adam",
     baselines: bool = True,
+    seeds: Sequence[PCG] = (),
     check_flops_limit: float = CHECK_FLOPS_LIMIT,
     progress: bool | Callable[[str], None] = False,
 ) -> Plan:
@@ -374,7 +375,9 @@ def saturate_and_extract(
     before it); ``rules``: the rewrite rules (default: the shipped, proved ones); ``check``:
     verify the plan against the input with the reference evaluator (module docstring);
     ``baselines``: also consider the data-parallel, Megatron and sequential plans and run
-    coordinate descent (whose plan also seeds the e-graph);
+    the layer-wise searches (whose plans also seed the e-graph); ``seeds``: plans you already
+    have (e.g. from another search), each a candidate and an e-graph seed; they must compute
+    what ``pcg`` computes (with ``check=True`` the returned plan is verified, whichever it is);
     ``progress``: True prints phases to stderr, or a callable receives them.
     """
     if not isinstance(pcg, PCG):
@@ -392,26 +395,43 @@ def saturate_and_extract(
     phases: dict[str, float] = {}
     input_cost = iteration_cost(pcg, machine, optimizer=optimizer)
 
-    # AutoDDL's search over per-layer SBP matmul strategies: its plan seeds the e-graph (the
-    # rules do not build 2D/3D matmul splits within a budget), so extraction can combine its
-    # layouts with rewrites elsewhere, and it is a candidate the joint plan must not lose to.
-    layerwise: tuple[PCG, CostBreakdown] | None = None
+    # AutoDDL's searches over per-layer SBP matmul strategies: coordinate descent, then
+    # Metropolis-Hastings from its result (it escapes the local optima where every single-layer
+    # change costs a redistribution). Their plans seed the e-graph (the rules do not build 2D/3D
+    # matmul splits within a budget), so extraction can combine their layouts with rewrites
+    # elsewhere, and they are candidates the joint plan must not lose to.
+    layerwise: dict[str, tuple[PCG, CostBreakdown] | None] = {}
     if baselines:
         start = time.perf_counter()
         say("coordinate descent over per-layer SBP strategies")
         try:
             found = coordinate_descent(
+                pcg, machine, restarts=4, optimizer=optimizer, time_limit_s=0.12 * time_budget_s
+            )
+            layerwise["coordinate descent"] = (found.pcg, found.cost)
+            say(repr(found))
+            walked = metropolis_hastings(
                 pcg,
                 machine,
-                restarts=4,
+                steps=found.evaluations,
+                start=found.strategies,
                 optimizer=optimizer,
-                time_limit_s=0.2 * time_budget_s,
+                time_limit_s=0.08 * time_budget_s,
             )
-            layerwise = (found.pcg, found.cost)
-            say(repr(found))
+            layerwise["metropolis-hastings"] = (walked.pcg, walked.cost)
+            say(repr(walked))
         except (BaselineError, CostError) as e:
-            say(f"coordinate descent does not apply: {e}")
-        phases["coordinate descent"] = time.perf_counter() - start
+            say(f"the layer-wise searches do not apply: {e}")
+            layerwise = dict.fromkeys(("coordinate descent", "metropolis-hastings"))
+        phases["layer-wise search"] = time.perf_counter() - start
+    extra: dict[str, tuple[PCG, CostBreakdown] | None] = {}
+    for k, seed in enumerate(seeds):
+        if not isinstance(seed, PCG):
+            raise PCGError(f"seeds[{k}] must be a pcgopt.PCG, got {type(seed).__name__}")
+        extra[f"seed {k}"] = (seed, iteration_cost(seed, machine, optimizer=optimizer))
+    seed_plans = [
+        v[0] for v in (*layerwise.values(), *extra.values()) if v is not None and v[0] != pcg
+    ]
 
     start = time.perf_counter()
     say(f"saturating on {machine.name} ({machine.num_devices} devices)")
@@ -421,7 +441,7 @@ def saturate_and_extract(
         rules=rules,
         budget=Budget(seconds=0.6 * time_budget_s, memory_bytes=memory_budget),
         progress=bool(progress),
-        seeds=() if layerwise is None or layerwise[0] == pcg else (layerwise[0],),
+        seeds=list(dict.fromkeys(seed_plans)),
     )
     phases["saturate"] = time.perf_counter() - start
     say(sat.summary())
@@ -468,8 +488,8 @@ def saturate_and_extract(
                 say(f"baseline {name} does not apply: {e}")
                 candidates[name] = None
     phases["baselines"] = time.perf_counter() - start
-    if baselines:
-        candidates["coordinate descent"] = layerwise
+    candidates.update(layerwise)
+    candidates.update(extra)
 
     # Place every candidate's parallelism axes on the hierarchy (P^2's parallelism matrices,
     # reductions priced with synthesized programs) and compare the placed costs.

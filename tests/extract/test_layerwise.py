@@ -11,6 +11,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from pcgopt import Machine, PCGBuilder, equivalent
+from pcgopt.errors import PCGError
 from pcgopt.extract import (
     BaselineError,
     CostError,
@@ -193,8 +194,8 @@ def test_the_search_finds_the_3d_matmul_whose_volume_is_n2_over_p_to_the_two_thi
     gradient and Adam state (4 x 298 MB per layer) does not fit next to the others. Measured
     volume per device of one more middle layer, in n^2 elements (`pytest -s` prints them):
 
-        p = 8:  3D (2, 2, 2) 0.7500, best 2D-only (1, 2, 4) 1.0000
-        p = 27: 3D (3, 3, 3) 0.4444, best 2D-only (1, 3, 9) 0.7407
+        p = 8:  3D (2, 2, 2) 0.7500, best 2D-only (1, 4, 2) 1.0000
+        p = 27: 3D (3, 3, 3) 0.4444, best 2D-only (1, 9, 3) 0.7407
         p = 64: 3D (4, 4, 4) 0.2812, best 2D-only (1, 8, 8) 0.4375
 
     The 3D volume is exactly 6 (q-1)/q n^2 / p^(2/3): the output's partial sums all-reduced
@@ -277,6 +278,16 @@ def test_metropolis_hastings_keeps_the_best_it_saw():
     assert mh.evaluations <= 41
     assert cd.cost.total_s <= mh.cost.total_s * (1 + 1e-12)  # here CD finds the optimum
     assert equivalent(pcg, mh.pcg)
+
+
+def test_metropolis_hastings_can_start_from_a_coordinate_descent_result():
+    pcg = build("mnist_mlp", small=True)
+    cd = coordinate_descent(pcg, FOUR, restarts=2)
+    mh = metropolis_hastings(pcg, FOUR, steps=10, start=cd.strategies)
+    assert mh.cost.total_s <= cd.cost.total_s * (1 + 1e-12)
+    first = dense_layers(pcg)[0]
+    with pytest.raises(BaselineError, match="start names no strategy for dense layer"):
+        metropolis_hastings(pcg, FOUR, steps=1, start={first: MatmulStrategy(4, 1, 1)})
 
 
 def test_summa_like_is_the_best_uniform_2d_grid():
@@ -362,6 +373,16 @@ def test_the_joint_optimizer_is_never_worse_than_coordinate_descent():
     assert plan.stats.candidates["coordinate descent"] is not None
     assert plan.cost.total_s <= placed_cost(cd.pcg, FOUR, cost=cd.cost)[1].total_s * (1 + 1e-9)
     assert equivalent(pcg, plan.pcg)
+
+
+def test_seed_plans_are_candidates_of_the_joint_optimizer():
+    pcg = build("mnist_mlp", small=True)
+    seed = lower(pcg, FOUR, dict.fromkeys(dense_layers(pcg), MatmulStrategy(1, 2, 2)))
+    plan = saturate_and_extract(pcg, FOUR, time_budget_s=5, seeds=[seed])
+    assert plan.stats.candidates["seed 0"] == pytest.approx(placed_cost(seed, FOUR)[1].total_s)
+    assert plan.cost.total_s <= plan.stats.candidates["seed 0"]
+    with pytest.raises(PCGError, match=r"seeds\[0\] must be a pcgopt.PCG"):
+        saturate_and_extract(pcg, FOUR, time_budget_s=5, seeds=["plan"])
 
 
 def test_the_joint_optimizer_accumulates_gradients_when_the_batch_does_not_fit():
