@@ -4,21 +4,22 @@ systems, and its Figure 2/3 self-attention comparison.
 Systems: Piz Daint-like single-GPU nodes (preset ``piz-daint``, P100 16 GB; the network figure is
 an assumption, see pcgopt.machine) and 2 x DGX-A100 (preset ``dgx-a100``, 16 A100 40 GB per node,
 AutoDDL's Google Cloud machines; VGG13 on 4 and 8 GPUs per node). Models in float32 (AutoDDL ran
-mixed precision on the A100s). For each configuration the predicted iteration time (ms) of data
-parallelism, Megatron-style tensor parallelism (the best tensor degree t >= 2 over all that
-divide the devices, the rest data parallel, as AutoDDL tunes its Megatron mesh),
-the best uniform 2D weight-stationary layout ("Summa-like": no weight copies, best grid),
+mixed precision on the A100s); the Transformers end in a stand-in loss (the mean of the logits,
+``loss=True``) so that no plan has to gather the logits. For each configuration the predicted
+iteration time (ms) of data parallelism, Megatron-style tensor parallelism (the best tensor degree
+t >= 2 over all that divide the devices, the rest data parallel, as AutoDDL tunes its Megatron
+mesh), the best uniform 2D weight-stationary layout ("Summa-like": no weight copies, best grid),
 coordinate descent and Metropolis-Hastings over per-layer SBP strategies, and the joint plan of
-``saturate_and_extract``, all costed the way ``saturate_and_extract`` costs its candidates:
-placed on the hierarchy (P^2 parallelism matrices), with gradient accumulation when it does not
-fit otherwise (micro-batches in brackets); "OOM" when nothing fits. Search times are wall
-seconds on this machine. The searches are time-limited (``--budget``): coordinate descent and
-MH get 20% of it each (MH from the data-parallel start, with as many steps as CD made
-evaluations); in models of more than 16 dense layers (the Transformers) layers of one role share
-a strategy (the searches' default). The joint plan is ``saturate_and_extract`` with the budget,
-given the CD and MH plans as seeds (candidates and e-graph seeds: time-limited searches stop at
-different points from run to run); its own layer-wise searches run as well. Its search time
-does not include the seeds' (their columns).
+``saturate_and_extract``, all costed the way ``saturate_and_extract`` costs its candidates: placed
+on the hierarchy (P^2 parallelism matrices), with gradient accumulation when it does not fit
+otherwise (micro-batches in brackets); "OOM" when nothing fits. Search times are wall seconds on
+this machine. The searches are time-limited (``--budget``): coordinate descent and MH get 20% of it
+each (MH from the data-parallel start, with as many steps as CD made evaluations); in models of
+more than 16 dense layers (the Transformers) layers of one role share a strategy (the searches'
+default). The joint plan is ``saturate_and_extract`` with the budget, given the CD and MH plans as
+seeds (candidates and e-graph seeds: time-limited searches stop at different points from run to
+run); its own layer-wise searches run as well. Its search time does not include the seeds' (their
+columns).
 
     python bench/autoddl.py               # prints, and updates bench/RESULTS.md
     python bench/autoddl.py --no-write --quick
@@ -55,7 +56,7 @@ CONFIGS: tuple[tuple[str, str, int, int | None, str, dict[str, Any]], ...] = (
     ("Piz Daint 16", "piz-daint", 16, None, "vgg13", {"batch": 128}),
     ("Piz Daint 32", "piz-daint", 32, None, "vgg13", {"batch": 256}),
     ("Piz Daint 64", "piz-daint", 64, None, "vgg13", {"batch": 512}),
-    ("Piz Daint 64", "piz-daint", 64, None, "transformer", {"layers": 8}),
+    ("Piz Daint 64", "piz-daint", 64, None, "transformer", {"layers": 8, "loss": True}),
     ("2 x DGX-A100, 4 GPUs/node", "dgx-a100", 2, 4, "vgg13", {"batch": 128}),
     ("2 x DGX-A100, 8 GPUs/node", "dgx-a100", 2, 8, "vgg13", {"batch": 256}),
     (
@@ -64,7 +65,7 @@ CONFIGS: tuple[tuple[str, str, int, int | None, str, dict[str, Any]], ...] = (
         2,
         None,
         "transformer",
-        {"layers": 24, "hidden": 1024, "heads": 16, "batch": 2048, "seq": 1024},
+        {"layers": 24, "hidden": 1024, "heads": 16, "batch": 2048, "seq": 1024, "loss": True},
     ),
     (
         "2 x DGX-A100 (32 GPUs)",
@@ -72,7 +73,7 @@ CONFIGS: tuple[tuple[str, str, int, int | None, str, dict[str, Any]], ...] = (
         2,
         None,
         "transformer",
-        {"layers": 28, "hidden": 4096, "heads": 32, "batch": 2048, "seq": 1024},
+        {"layers": 28, "hidden": 4096, "heads": 32, "batch": 2048, "seq": 1024, "loss": True},
     ),
 )
 QUICK = (CONFIGS[0], CONFIGS[4])

@@ -62,12 +62,16 @@ def transformer(
     ffn: int | None = None,
     vocab: int = 51200,
     dropout: float = 0.1,
+    loss: bool = False,
 ) -> PCG:
     """AutoDDL's Transformer (section 5, Piz Daint): GPT-style pre-LayerNorm layers with model
     dimension 8192, 64 heads of dimension 128, batch 1024 sequences of 1024 tokens, 8 layers on 64
     nodes (20 and 44 on 128 and 256). Megatron-LM's sizes: FFN 4x hidden, vocabulary 51200,
     logits tied to the token embedding; 8 layers then hold 6.9 billion parameters (AutoDDL
-    reports 6.8)."""
+    reports 6.8). ``loss=True`` ends in the mean of the logits, a stand-in for the
+    cross-entropy loss (the same reduction of the logits to a scalar on the devices that hold
+    them; labels are not modelled): without it the output is the logits, which every plan must
+    bring whole to one device."""
     ffn = ffn or 4 * hidden
     b = PCGBuilder()
     x, table = _embed(b, batch, seq, hidden, vocab)
@@ -77,4 +81,7 @@ def transformer(
             b, x, heads=heads, ffn=ffn, name=f"layer{i}", pre_norm=True, dropout=dropout
         )
     x = layer_norm(b, x, name="final_ln")
-    return b.build(_tied_logits(b, x, table))
+    logits = _tied_logits(b, x, table)
+    if loss:
+        logits = b.reduce_mean(logits, axes=tuple(range(logits.shape.rank)), name="loss")  # type: ignore[assignment]
+    return b.build(logits)
