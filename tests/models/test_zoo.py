@@ -49,6 +49,14 @@ def test_transformer_has_autoddl_size():
     assert 6.8e9 <= trainable_parameters(build("transformer")) <= 6.9e9
 
 
+def test_transformer_can_end_in_a_stand_in_loss():
+    g = build("transformer", small=True, loss=True)
+    (out,) = g.outputs
+    assert g.node(out.node).op == "reduce_mean" and g.shape(out).rank == 0
+    logits = build("transformer", small=True)
+    assert trainable_parameters(g) == trainable_parameters(logits)
+
+
 def test_bert_large_size():
     g = build("bert_large")
     assert sum(1 for n in g.nodes if n.op == "batch_matmul") == 2 * 24
