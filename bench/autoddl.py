@@ -88,7 +88,7 @@ def _fmt(cost: CostBreakdown | None) -> str:
     return f"{cost.total_s * 1e3:,.0f}{mb}"
 
 
-def _sizes(model: str, sizes: dict[str, Any]) -> str:
+def _sizes(sizes: dict[str, Any]) -> str:
     return ", ".join(f"{k} {v}" for k, v in sizes.items())
 
 
@@ -151,7 +151,7 @@ def configuration_rows(budget: float, quick: bool) -> list[str]:
         )
         joint_s = time.perf_counter() - start
         rows.append(
-            f"| {label} | {model} ({_sizes(model, sizes)}) | {_fmt(dp)} "
+            f"| {label} | {model} ({_sizes(sizes)}) | {_fmt(dp)} "
             f"| {_fmt(mt)}{'' if best_mt is None else f' (t={best_mt[0]})'} "
             f"| {_fmt(summa)} | {_fmt(_placed(cd.pcg, machine, cd.cost))} "
             f"| {_fmt(_placed(mh.pcg, machine, mh.cost))} | {_fmt(plan.cost)} "

@@ -1234,8 +1234,7 @@ def _check_micro_batches(pcg: PCG, micro_batches: int) -> int:
     sources = {n.name for n in pcg.nodes if n.op == "input"}
     for n in pcg.nodes:
         if n.name in sources or (n.op in LAYOUT_OPS and n.inputs[0].node in sources):
-            if n.name not in sources:
-                sources.add(n.name)
+            sources.add(n.name)
             shape = pcg.shape(n.name)
             if shape.rank == 0 or shape.dims[0].block % micro_batches:
                 block = shape.dims[0].block if shape.rank else "a scalar"

@@ -642,14 +642,22 @@ class _Search:
             history=tuple(self.history),
         )
 
-    def data_parallel_start(self) -> tuple[MatmulStrategy, ...]:
-        """Every layer as data parallel as its options allow (most batch splitting)."""
+    def per_group(
+        self, choose: Callable[[int, tuple[MatmulStrategy, ...]], MatmulStrategy]
+    ) -> tuple[MatmulStrategy, ...]:
+        """The assignment giving every layer of group ``g`` ``choose(g, its options)``."""
         out: list[MatmulStrategy | None] = [None] * len(self.layers)
-        for members, options in zip(self.groups, self.group_options, strict=True):
-            choice = max(options, key=lambda s: (s.batch, -s.contraction))
+        for g, (members, options) in enumerate(zip(self.groups, self.group_options, strict=True)):
+            choice = choose(g, options)
             for j in members:
                 out[j] = choice
         return tuple(out)  # type: ignore[arg-type]
+
+    def data_parallel_start(self) -> tuple[MatmulStrategy, ...]:
+        """Every layer as data parallel as its options allow (most batch splitting)."""
+        return self.per_group(
+            lambda _, options: max(options, key=lambda s: (s.batch, -s.contraction))
+        )
 
     def uniform_start(self) -> tuple[MatmulStrategy, ...]:
         """The best assignment giving every layer the same strategy (a layer that cannot take
@@ -657,14 +665,12 @@ class _Search:
         fallback = self.data_parallel_start()
         best, best_key = fallback, self.evaluate(fallback)
         for option in sorted({o for options in self.group_options for o in options}):
-            trial = list(fallback)
-            for members, options in zip(self.groups, self.group_options, strict=True):
-                if option in options:
-                    for j in members:
-                        trial[j] = option
-            key = self.evaluate(tuple(trial))
+            trial = self.per_group(
+                lambda g, options, o=option: o if o in options else fallback[self.groups[g][0]]
+            )
+            key = self.evaluate(trial)
             if key < best_key:
-                best, best_key = tuple(trial), key
+                best, best_key = trial, key
         return best
 
     def assignment(self, strategies: Mapping[str, MatmulStrategy]) -> tuple[MatmulStrategy, ...]:
@@ -687,18 +693,13 @@ class _Search:
         return time_limit_s is not None and time.perf_counter() - self.start > time_limit_s
 
     def random_start(self, rng: random.Random) -> tuple[MatmulStrategy, ...]:
-        out: list[MatmulStrategy | None] = [None] * len(self.layers)
-        for members, options in zip(self.groups, self.group_options, strict=True):
-            choice = rng.choice(options)
-            for j in members:
-                out[j] = choice
-        return tuple(out)  # type: ignore[arg-type]
+        return self.per_group(lambda _, options: rng.choice(options))
 
     def with_group(
         self, current: Sequence[MatmulStrategy], g: int, option: MatmulStrategy
     ) -> tuple[MatmulStrategy, ...]:
-        members = set(self.groups[g])
-        return tuple(option if j in members else s for j, s in enumerate(current))
+        """``current`` with group ``g`` set to ``option``."""
+        return self.per_group(lambda h, _: option if h == g else current[self.groups[h][0]])
 
 
 def coordinate_descent(
