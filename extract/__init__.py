@@ -1,5 +1,5 @@
-"""pcgopt.extract: the cost model, extraction, placement and reduction synthesis, and the
-optimizer's entry point (to come: the machine-mapping DP).
+"""pcgopt.extract: the cost model, extraction, the machine-mapping DP, placement and reduction
+synthesis, and the optimizer's entry point.
 
 Lives in the top-level folder ``extract/`` and installs as ``pcgopt.extract`` (see DESIGN.md).
 
@@ -14,6 +14,9 @@ Lives in the top-level folder ``extract/`` and installs as ``pcgopt.extract`` (s
   SBP matmul strategies, :func:`metropolis_hastings`, :func:`summa_like`);
 * :mod:`pcgopt.extract.extraction`: :func:`extract_greedy` and :func:`extract_ilp`, the cheapest
   PCG in an e-graph under the cost model;
+* :mod:`pcgopt.extract.mapping`: :func:`map_machine`, Unity's machine-mapping DP: which
+  independent branches run at once on disjoint devices (sequence and parallel splits, a memo
+  table shared across candidates, :class:`MappingCache`);
 * :mod:`pcgopt.extract.placement`: P^2's parallelism matrices (:func:`parallelism_matrices`)
   and :func:`place_plan`, a plan's axes placed on the hierarchy;
 * :mod:`pcgopt.extract.reduction`: P^2's reduction-program synthesis (:func:`synthesize`),
@@ -70,6 +73,14 @@ from pcgopt.extract.layerwise import (
     metropolis_hastings,
     summa_like,
 )
+from pcgopt.extract.mapping import (
+    DeviceBlock,
+    MachineMapping,
+    MappedUnit,
+    MappingCache,
+    MappingError,
+    map_machine,
+)
 from pcgopt.extract.placement import (
     ParallelismMatrix,
     PlacementError,
@@ -105,10 +116,15 @@ __all__ = [
     "CostBreakdown",
     "CostError",
     "DagCost",
+    "DeviceBlock",
     "ENodeCosts",
     "Extraction",
     "ExtractionError",
     "LayerwiseResult",
+    "MachineMapping",
+    "MappedUnit",
+    "MappingCache",
+    "MappingError",
     "MatmulStrategy",
     "Measurement",
     "MemoryBreakdown",
@@ -140,6 +156,7 @@ __all__ = [
     "iteration_cost",
     "load_csv",
     "machine_from_spec",
+    "map_machine",
     "megatron",
     "metropolis_hastings",
     "parallelism_matrices",

@@ -781,7 +781,11 @@ class MemoryBreakdown:
 class CostBreakdown:
     """What one training iteration costs, and where (see :func:`iteration_cost`).
 
-    ``total_s = compute_s + comm_s + update_s``. ``comm_bytes``: bytes sent, summed over all
+    ``total_s = compute_s + comm_s + update_s - overlap_s``: ``overlap_s`` is 0 from the cost
+    model, which runs nodes one after another; a machine mapping
+    (:meth:`pcgopt.extract.mapping.MachineMapping.cost`) that runs independent branches at once
+    on disjoint devices sets it to the time that saves, net of moving tensors between branches.
+    ``comm_bytes``: bytes sent, summed over all
     devices; ``*_per_level``: by machine level, outermost first. ``memory_per_device``: bytes a
     device holds (``memory`` splits it), ``feasible``: whether that fits ``memory_capacity``.
     ``devices_used``: the most devices any node spans. ``per_node``: every node, in the PCG's
@@ -804,6 +808,7 @@ class CostBreakdown:
     devices_used: int
     per_node: Mapping[str, NodeCost]
     micro_batches: int = 1
+    overlap_s: float = 0.0
 
     @property
     def memory_per_device(self) -> int:
@@ -819,8 +824,10 @@ class CostBreakdown:
             fits += f", {self.micro_batches} micro-batches"
         return (
             f"CostBreakdown({_fmt_s(self.total_s)} = compute {_fmt_s(self.compute_s)} + comm "
-            f"{_fmt_s(self.comm_s)} + update {_fmt_s(self.update_s)}; moves "
-            f"{_fmt_bytes(self.comm_bytes)}; {_fmt_bytes(self.memory_per_device)} per device of "
+            f"{_fmt_s(self.comm_s)} + update {_fmt_s(self.update_s)}"
+            + (f" - overlap {_fmt_s(self.overlap_s)}" if self.overlap_s else "")
+            + f"; moves {_fmt_bytes(self.comm_bytes)}; {_fmt_bytes(self.memory_per_device)} "
+            "per device of "
             f"{_fmt_bytes(self.memory_capacity)}, {fits})"
         )
 
@@ -842,6 +849,11 @@ class CostBreakdown:
             f"  communication  {_fmt_s(self.comm_s):>10}  ({_fmt_bytes(self.comm_bytes)} moved)",
             f"  update         {_fmt_s(self.update_s):>10}",
         ]
+        if self.overlap_s:
+            lines.append(
+                f"  branches at once  -{_fmt_s(self.overlap_s):>7}  (machine mapping: "
+                "independent branches on disjoint devices, net of transfers)"
+            )
         width = max(len(name) for name in self.comm_bytes_per_level)
         for name, moved in self.comm_bytes_per_level.items():
             lines.append(
@@ -1147,6 +1159,15 @@ def iteration_cost(
                     a.add(collective("all_reduce", groups, shape.shard_nbytes), "weight sync")
             else:
                 placement.groups(n, degree, width)  # still on the machine
+        elif spec.kind is OpKind.PARALLEL:  # moves no data, but its tensors must fit the machine
+            width = max(s.num_shards for s in (*ins, *outs))
+            if width > machine.num_devices:
+                raise CostError(
+                    f"node {n.name!r} ({n.op}) spans {width} devices, but machine "
+                    f"{machine.name!r} has {machine.num_devices}",
+                    node=n.name,
+                )
+            devices_used = max(devices_used, width)
 
     # Memory and the optimizer update. Weights are kept in their stored layouts, once each.
     weights = gradients = states = activations = 0

@@ -17,12 +17,16 @@ Phases, each timed in :attr:`Plan.stats`:
    the fastest that fits in memory among the extraction, the baselines, the layer-wise plans
    and the seeds, so it is never worse than any of them; :attr:`SearchStats.chosen`
    says which one won;
-5. **placement**: every candidate's parallelism axes are placed on the machine hierarchy with
-   P^2's parallelism matrices (:func:`pcgopt.extract.placement.place_plan`; reductions across
-   levels priced with the best synthesized program), and candidates are compared by their
-   placed cost, a candidate that does not fit device memory with gradient accumulation over the
-   fewest micro-batches that fit (:func:`placed_cost`); :attr:`Plan.placement` holds the chosen
-   matrix;
+5. **placement and mapping**: every candidate's parallelism axes are placed on the machine
+   hierarchy with P^2's parallelism matrices (:func:`pcgopt.extract.placement.place_plan`;
+   reductions across levels priced with the best synthesized program), then the
+   machine-mapping DP (:func:`pcgopt.extract.mapping.map_machine`, Unity section 5.2) decides
+   which independent branches run at once on disjoint devices, with one memo table for all
+   candidates. Candidates are compared by this cost, a candidate that does not fit device
+   memory with gradient accumulation over the fewest micro-batches that fit
+   (:func:`mapped_cost`); :attr:`Plan.placement` holds the chosen matrix,
+   :attr:`Plan.machine_mapping` the chosen mapping and :attr:`Plan.mapping` the device groups
+   they imply;
 6. **check**: the plan is evaluated against the input on random inputs with the reference
    evaluator (:func:`pcgopt.equivalent`), and :class:`PlanCheckError` is raised if they differ.
 
@@ -62,6 +66,7 @@ from pcgopt.extract.extraction import (
     extract_ilp,
 )
 from pcgopt.extract.layerwise import coordinate_descent, metropolis_hastings
+from pcgopt.extract.mapping import MachineMapping, MappingCache, map_machine
 from pcgopt.extract.placement import PlanPlacement, parallel_nodes, place_plan
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine, MachineError
@@ -175,8 +180,8 @@ class SearchStats:
 @dataclass(frozen=True)
 class Plan:
     """An optimized PCG for a machine: the graph, where its collectives run (``mapping``: device
-    groups of every parallel node), what an iteration costs, how it was found, and how it was
-    checked."""
+    groups of every parallel node), which branches run at once on which devices
+    (``machine_mapping``), what an iteration costs, how it was found, and how it was checked."""
 
     pcg: PCG
     machine: Machine
@@ -186,6 +191,7 @@ class Plan:
     check: str
     input_cost: CostBreakdown = field(repr=False)
     placement: PlanPlacement | None = field(default=None, repr=False)
+    machine_mapping: MachineMapping | None = field(default=None, repr=False)
 
     @property
     def speedup(self) -> float:
@@ -209,7 +215,12 @@ class Plan:
             f"  predicted {c.total_s * 1e3:.4g} ms per training iteration "
             f"(input as given: {self.input_cost.total_s * 1e3:.4g} ms, {self.speedup:.3g}x); "
             f"compute {c.compute_s * 1e3:.4g} ms, communication {c.comm_s * 1e3:.4g} ms "
-            f"({c.comm_bytes / 2**20:.4g} MiB), update {c.update_s * 1e3:.4g} ms",
+            f"({c.comm_bytes / 2**20:.4g} MiB), update {c.update_s * 1e3:.4g} ms"
+            + (
+                f"; branches at once save {c.overlap_s * 1e3:.4g} ms (machine mapping)"
+                if c.overlap_s
+                else ""
+            ),
             f"  memory per device {c.memory_per_device / 2**30:.3g} GiB of "
             f"{c.memory_capacity / 2**30:.3g} GiB ({'fits' if c.feasible else 'DOES NOT FIT'})"
             + (
@@ -236,6 +247,9 @@ class Plan:
                 else f"default (consecutive devices): {p.reason}"
             )
             lines.append(f"  placement: axes {list(p.axes)}, {where}")
+        if self.machine_mapping is not None:
+            text = self.machine_mapping.explain(max_rows=8).replace("\n", "\n  ")
+            lines.append(f"  machine mapping: {text}")
         lines.append("")
         rows = []
         for node in self.pcg.nodes:
@@ -280,6 +294,7 @@ class Plan:
                 "memory_capacity": c.memory_capacity,
                 "feasible": c.feasible,
                 "micro_batches": c.micro_batches,
+                "overlap_s": c.overlap_s,
             },
             "placement": None
             if self.placement is None
@@ -292,6 +307,15 @@ class Plan:
                 if self.placement.matrix is None
                 else list(self.placement.matrix.hierarchy),
                 "reason": self.placement.reason,
+            },
+            "machine_mapping": None
+            if self.machine_mapping is None
+            else {
+                "time_s": self.machine_mapping.time_s,
+                "sequential_s": self.machine_mapping.sequential_s,
+                "transfer_s": self.machine_mapping.transfer_s,
+                "memory_per_device": self.machine_mapping.memory_per_device,
+                "offsets": {k: v for k, v in self.machine_mapping.offsets.items() if v},
             },
             "input_total_s": self.input_cost.total_s,
             "stats": self.stats.to_dict(),
@@ -339,18 +363,36 @@ def _check(model: PCG, plan: PCG, limit: float) -> str:
 def placed_cost(
     plan: PCG, machine: Machine, *, optimizer: str = "adam", cost: CostBreakdown | None = None
 ) -> tuple[PlanPlacement, CostBreakdown]:
+    """How :func:`saturate_and_extract` costs a candidate plan (:func:`mapped_cost`), without
+    the mapping itself. Benchmarks use it to cost baselines the way the optimizer does."""
+    placed, _, final = mapped_cost(plan, machine, optimizer=optimizer, cost=cost)
+    return placed, final
+
+
+def mapped_cost(
+    plan: PCG,
+    machine: Machine,
+    *,
+    optimizer: str = "adam",
+    cost: CostBreakdown | None = None,
+    cache: MappingCache | None = None,
+) -> tuple[PlanPlacement, MachineMapping, CostBreakdown]:
     """How :func:`saturate_and_extract` costs a candidate plan: its axes placed on the hierarchy
-    (:func:`~pcgopt.extract.placement.place_plan`), then, if it does not fit device memory,
-    gradient accumulation over the fewest micro-batches that fit
-    (:func:`~pcgopt.extract.cost.accumulate_to_fit`). ``cost``: its default-placement cost, if
-    known. Benchmarks use it to cost baselines the way the optimizer does."""
+    (:func:`~pcgopt.extract.placement.place_plan`), its independent branches mapped onto
+    disjoint devices where that is faster (:func:`~pcgopt.extract.mapping.map_machine`, memo
+    table ``cache``), then, if it still does not fit device memory, gradient accumulation over
+    the fewest micro-batches that fit in the cost model's (unmapped, so conservative) memory
+    (:func:`~pcgopt.extract.cost.accumulate_to_fit`), mapped again. ``cost``: its
+    default-placement cost, if known."""
     placed = place_plan(plan, machine, optimizer=optimizer, default_cost=cost)
     final = placed.cost
-    if not final.feasible:
+    mapping = map_machine(plan, machine, cost=final, devices=placed.devices, cache=cache)
+    if not mapping.cost(final).feasible:
         final = accumulate_to_fit(
             plan, machine, optimizer=optimizer, cost=final, devices=placed.devices
         )
-    return placed, final
+        mapping = map_machine(plan, machine, cost=final, devices=placed.devices, cache=cache)
+    return placed, mapping, mapping.cost(final)
 
 
 def saturate_and_extract(
@@ -493,14 +535,20 @@ def saturate_and_extract(
 
     # Place every candidate's parallelism axes on the hierarchy (P^2's parallelism matrices,
     # reductions priced with synthesized programs) and compare the placed costs.
+    # Then map each onto the machine (branches at once on disjoint devices where faster), with
+    # one memo table: candidates share most sub-graphs.
     start = time.perf_counter()
     placements: dict[str, PlanPlacement] = {}
+    mappings: dict[str, MachineMapping] = {}
+    cache = MappingCache(machine)
     for name, value in list(candidates.items()):
         if value is not None:
-            placed, cost = placed_cost(value[0], machine, optimizer=optimizer, cost=value[1])
-            placements[name] = placed
+            placed, mapped, cost = mapped_cost(
+                value[0], machine, optimizer=optimizer, cost=value[1], cache=cache
+            )
+            placements[name], mappings[name] = placed, mapped
             candidates[name] = (value[0], cost)
-    phases["placement"] = time.perf_counter() - start
+    phases["placement and mapping"] = time.perf_counter() - start
 
     def rank(item: tuple[str, tuple[PCG, CostBreakdown] | None]) -> tuple[bool, float]:
         _, value = item
@@ -528,11 +576,12 @@ def saturate_and_extract(
         pcg=best,
         machine=machine,
         cost=best_cost,
-        mapping={**_mapping(best), **placements[chosen].devices},
+        mapping=mappings[chosen].device_groups({**_mapping(best), **placements[chosen].devices}),
         stats=stats,
         check=verdict,
         input_cost=input_cost,
         placement=placements[chosen],
+        machine_mapping=mappings[chosen],
     )
 
 

@@ -433,6 +433,53 @@ def small_pcgs(
     return b.build(tensors[-1])
 
 
+@st.composite
+def towers(
+    draw,
+    *,
+    max_towers: int = 4,
+    max_depth: int = 3,
+    degrees: Sequence[int] = (1, 2, 4),
+    rows: int = 8,
+) -> PCG:
+    """Branchy PCGs: an input (optionally through a first layer) feeding 1 to ``max_towers``
+    independent towers of up to ``max_depth`` dense layers (MatMul by a weight, then ReLU or
+    tanh; towers may nest a fork of their own), each tower split over its own degree from
+    ``degrees`` (Partition of the rows, replicated weights, Combine back), joined by a sum or
+    a concatenation, ending in a sum to a scalar. What the machine-mapping DP places side by
+    side."""
+    b = PCGBuilder()
+    width = draw(st.sampled_from((4, 8, 16)))
+    x = b.input((rows, width), name="x")
+    if draw(st.booleans()):
+        x = b.relu(b.matmul(x, b.weight((width, width))))
+
+    def tower(t: Tensor, depth: int) -> Tensor:
+        degree = draw(st.sampled_from(tuple(d for d in degrees if rows % d == 0)))
+        if degree > 1:
+            t = b.partition(t, dim=0, degree=degree)
+        for _ in range(draw(st.integers(1, depth))):
+            w = b.weight((width, width))
+            if degree > 1:
+                w = b.replicate(w, degree=degree)
+            t = b.matmul(t, w)
+            t = b.relu(t) if draw(st.booleans()) else b.tanh(t)
+        if degree > 1:
+            t = b.combine(t, dim=0, degree=degree)
+        if depth > 1 and draw(st.integers(0, 3)) == 0:  # a fork inside the tower
+            t = b.add(tower(t, depth - 1), tower(t, depth - 1))
+        return t
+
+    outs = [tower(x, max_depth) for _ in range(draw(st.integers(1, max_towers)))]
+    if len(outs) > 1 and draw(st.booleans()):
+        joined = b.concat(*outs, axis=1)
+    else:
+        joined = outs[0]
+        for o in outs[1:]:
+            joined = b.add(joined, o)
+    return b.build(b.reduce_sum(joined, axes=(0, 1)))
+
+
 def feeds(pcg: PCG, dtype: type = np.float64) -> st.SearchStrategy[dict[str, np.ndarray]]:
     """Values for the Input and Weight nodes of ``pcg`` (drawn by seed, so they shrink poorly but
     are valid: indices in range, statistics positive)."""

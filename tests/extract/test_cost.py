@@ -545,6 +545,16 @@ def test_errors_name_the_node_and_what_is_valid():
         CostError, match=r"node 'copies' \(replicate\) spans 4 devices, but machine 'summit' has 2"
     ):
         iteration_cost(four.build(y), TWO_GPUS)
+    # Also a parallel node that moves no data: stacking partial sums twice spans 4 devices.
+    partial = PCGBuilder()
+    x = partial.input((4, 4), name="x")
+    two = partial.stack_partial(x, x, name="two")
+    z = partial.stack_partial(two, two, name="sums")
+    with pytest.raises(
+        CostError,
+        match=r"node 'sums' \(stack_partial\) spans 4 devices, but machine 'summit' has 2",
+    ):
+        iteration_cost(partial.build(z), TWO_GPUS)
 
     plan = fig2a()
     with pytest.raises(

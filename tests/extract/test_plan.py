@@ -54,10 +54,12 @@ def test_the_plan_reports_search_statistics_and_mapping(mnist_plan):
         "extract",
         "baselines",
         "layer-wise search",
-        "placement",
+        "placement and mapping",
         "check",
     }
-    assert mnist_plan.placement is not None
+    assert mnist_plan.placement is not None and mnist_plan.machine_mapping is not None
+    # MNIST's MLP is a chain: nothing runs beside anything, the placed cost is the cost.
+    assert mnist_plan.machine_mapping.divided_splits == 0
     assert mnist_plan.cost.total_s == mnist_plan.placement.cost.total_s
     for name, groups in mnist_plan.mapping.items():
         node = mnist_plan.pcg.node(name)

@@ -1,0 +1,682 @@
+"""Machine mapping by dynamic programming over series-parallel splits (Unity, section 5.2).
+
+A PCG fixes how every tensor is split, not which devices run what: the cost model
+(:func:`~pcgopt.extract.cost.iteration_cost`) puts every node's tasks on the first devices and
+adds the nodes' times up, as if the whole graph ran one node after another. Independent
+branches (DLRM's embedding tables, Inception's towers, the query/key/value projections) could
+instead run *at once* on disjoint devices. :func:`map_machine` decides that:
+
+**Units.** Every compute node is a unit; a source or parallelization node joins the unit that
+reads it (a weight, its Replicate and the MatMul reading it run together), or is a unit of its
+own if several units read it (an input every branch reads); a parallel node nothing reads (a
+final Combine) joins its producer's. A unit's *footprint* is
+the number of devices from the first it touches: its tasks, and the devices of any explicit
+device groups of its parallel nodes. Units inherit the graph's edges, which go from lower to
+higher unit in topological order.
+
+**Splits.** The unit graph is cut recursively. A *sequence split* cuts at every unit through which
+all paths pass (a post-dominator that also dominates): the parts run one after the other on the
+same devices. A *parallel split* separates weakly connected parts (balanced in sequential time
+into two sides): the two sides run either one after the other on all of the view's devices or at
+once on a division of them, whichever is faster (Unity does not interleave the two, nor does
+this). A part with neither split (not series-parallel) runs its units in sequence.
+
+**Views.** A view is a block of the machine hierarchy: ``a`` consecutive units of one level
+(``a`` nodes, or ``a`` GPUs of one node). A parallel split divides the outermost level the view
+spans into ``a1 + (a - a1)`` (Unity's search over resource quantities, quadratic rather than
+over device subsets). Every block of ``a`` units of a level is laid out like every other, so a
+sub-problem's cost depends on the view's *shape*, not on where it starts: the memo table is
+keyed by (sub-graph, view shape), and a unit's cost on a view is its cost from the cost model at
+device 0. Costs do not change when shifted: :meth:`MachineMapping.device_groups` shifts the
+cost model's device groups, and :func:`~pcgopt.extract.cost.iteration_cost` on the shifted
+groups charges every node the same.
+
+**Transfers.** The side of a parallel split that does not start on the view's first device needs
+its inputs moved there and its outputs moved back: per tensor, one message of the bytes a
+receiving device gets over the link of the divided level, ``latency + bytes / bandwidth`` (one
+per micro-batch for the latency), twice if the tensor needs a gradient (the gradient comes
+back). Concurrent branches are assumed not to slow each other's collectives.
+
+**Result.** :class:`MachineMapping`: the iteration time (critical path), the schedule (every
+unit's devices and start and end), each node's device offset, per-device memory under the
+mapping, and the DP's statistics. :class:`MappingCache` can be shared between calls (Unity's
+cross-candidate cache): sub-graphs of several candidate PCGs with identical units and
+boundaries are solved once.
+
+>>> from pcgopt import Machine, PCGBuilder
+>>> from pcgopt.extract import iteration_cost
+>>> b = PCGBuilder()
+>>> x = b.input((64, 512), name="x")
+>>> left = b.relu(b.matmul(x, b.weight((512, 512), name="w1")), name="left")
+>>> right = b.relu(b.matmul(x, b.weight((512, 512), name="w2")), name="right")
+>>> pcg = b.build(b.add(left, right))
+>>> machine = Machine.preset("dgx-a100")
+>>> mapping = map_machine(pcg, machine)
+>>> mapping.time_s < iteration_cost(pcg, machine).total_s  # the two branches run at once
+True
+>>> sorted({mapping.offsets["left"], mapping.offsets["right"]})  # one device each
+[0, 1]
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+import numpy as np
+
+from pcgopt.errors import PCGError
+from pcgopt.extract.cost import (
+    CostBreakdown,
+    DevicePlacement,
+    MemoryBreakdown,
+    iteration_cost,
+)
+from pcgopt.graph import PCG
+from pcgopt.machine import Link, Machine
+from pcgopt.ops import OpKind
+
+__all__ = [
+    "DeviceBlock",
+    "MachineMapping",
+    "MappedUnit",
+    "MappingCache",
+    "MappingError",
+    "map_machine",
+]
+
+_INF = math.inf
+
+
+class MappingError(PCGError):
+    """A machine mapping that cannot be made: the machine or the cost do not fit the PCG."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceBlock:
+    """``size`` consecutive devices from ``start``."""
+
+    start: int
+    size: int
+
+    @property
+    def stop(self) -> int:
+        return self.start + self.size
+
+    def __repr__(self) -> str:
+        return f"devices[{self.start}:{self.stop}]"
+
+
+@dataclass(frozen=True, slots=True)
+class MappedUnit:
+    """One unit of the schedule: its nodes (the compute node first, if any), the devices it
+    runs on, and when it starts and ends within the iteration (seconds)."""
+
+    nodes: tuple[str, ...]
+    block: DeviceBlock
+    start_s: float
+    end_s: float
+
+    def __repr__(self) -> str:
+        more = f" +{len(self.nodes) - 1}" if len(self.nodes) > 1 else ""
+        return (
+            f"MappedUnit({self.nodes[0]!r}{more} on {self.block!r}, "
+            f"{self.start_s * 1e3:.4g}-{self.end_s * 1e3:.4g} ms)"
+        )
+
+
+@dataclass(frozen=True)
+class MachineMapping:
+    """Where and when every part of a PCG runs (module docstring).
+
+    ``time_s``: the iteration's critical path under the mapping; ``sequential_s``: the same
+    units run one after another (the cost model's total); ``transfer_s``: seconds of tensor
+    moves between branches in the schedule; ``units``: the schedule; ``offsets``: every node's
+    first device; ``memory``: what the fullest device holds under the mapping;
+    ``decomposition``: the splits, readable; ``subproblems``/``cache_hits``: the DP's work.
+    """
+
+    time_s: float
+    sequential_s: float
+    transfer_s: float
+    units: tuple[MappedUnit, ...]
+    offsets: Mapping[str, int]
+    memory: MemoryBreakdown
+    decomposition: str
+    subproblems: int
+    cache_hits: int
+    parallel_splits: int = 0
+    divided_splits: int = 0
+
+    @property
+    def memory_per_device(self) -> int:
+        return self.memory.total
+
+    @property
+    def saved_s(self) -> float:
+        """Seconds the mapping saves over running every unit in sequence."""
+        return self.sequential_s - self.time_s
+
+    def __repr__(self) -> str:
+        return (
+            f"MachineMapping({self.time_s * 1e3:.4g} ms vs {self.sequential_s * 1e3:.4g} ms in "
+            f"sequence; {self.divided_splits} of {self.parallel_splits} parallel splits run "
+            f"branches at once; {len(self.units)} units)"
+        )
+
+    def device_groups(
+        self, groups: Mapping[str, Sequence[Sequence[int]]]
+    ) -> dict[str, tuple[tuple[int, ...], ...]]:
+        """``groups`` (device groups of parallel nodes, as the cost model places them at device
+        0) moved to where the mapping runs each node."""
+        out = {}
+        for name, value in groups.items():
+            shift = self.offsets.get(name, 0)
+            out[name] = tuple(tuple(d + shift for d in g) for g in value)
+        return out
+
+    def cost(self, cost: CostBreakdown) -> CostBreakdown:
+        """``cost`` (the cost model's, for the same PCG) with the time of this mapping: its
+        ``overlap_s`` is the time branches running at once save, net of transfers, and its memory
+        is the fullest device's under the mapping."""
+        return replace(
+            cost,
+            total_s=self.time_s,
+            overlap_s=self.sequential_s - self.time_s,
+            memory=self.memory,
+        )
+
+    def explain(self, *, max_rows: int | None = 12) -> str:
+        """The units that run beside others: their devices and times (``max_rows`` of them)."""
+        lines = [repr(self)]
+        if not self.divided_splits:
+            lines.append("  every unit runs on the first devices, one after another")
+            return "\n".join(lines)
+        concurrent = [u for u in self.units if u.block.start > 0]
+        lines.append(
+            f"  {len(concurrent)} units run beside others, off device 0; transfers "
+            f"{self.transfer_s * 1e3:.4g} ms; memory per device "
+            f"{self.memory_per_device / 2**20:.4g} MiB"
+        )
+        shown = concurrent if max_rows is None else concurrent[:max_rows]
+        for u in shown:
+            lines.append(f"  {u!r}")
+        if len(shown) < len(concurrent):
+            lines.append(f"  ... {len(concurrent) - len(shown)} more")
+        return "\n".join(lines)
+
+
+@dataclass
+class MappingCache:
+    """The DP's memo table, shareable between :func:`map_machine` calls on one machine
+    (Unity's cross-candidate cache). Keys are sub-graph contents, so candidates that share a
+    sub-graph (same nodes, costs and boundary tensors) share its solution."""
+
+    machine: Machine | None = None
+    _keys: dict[tuple, int] = field(default_factory=dict, repr=False)
+    _solved: dict[tuple[int, tuple[int, int]], tuple[float, tuple]] = field(
+        default_factory=dict, repr=False
+    )
+
+    def __len__(self) -> int:
+        return len(self._solved)
+
+    def intern(self, content: tuple) -> int:
+        return self._keys.setdefault(content, len(self._keys))
+
+
+# --- Units ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Unit:
+    index: int
+    nodes: list[str]
+    seconds: float = 0.0
+    footprint: int = 1
+    # Per node: bytes on each of its devices (weights, gradients, optimizer state, activations).
+    memory: list[tuple[float, float, float, float]] = field(default_factory=list)
+    widths: list[int] = field(default_factory=list)  # per node, devices it touches
+    # Tensors read from other units: (producer unit, bytes a receiving device gets, grad).
+    inputs: list[tuple[int, float, bool]] = field(default_factory=list)
+    outputs: list[tuple[int, float, bool]] = field(default_factory=list)
+    signature: tuple = ()
+
+
+def _needs_grad(pcg: PCG) -> dict[str, bool]:
+    out: dict[str, bool] = {}
+    for n in pcg.nodes:
+        if n.op == "weight":
+            out[n.name] = bool(n.params["trainable"])
+        else:
+            out[n.name] = any(out[r.node] for r in n.inputs)
+    return out
+
+
+def _node_width(pcg: PCG, name: str, explicit: Mapping[str, object]) -> int:
+    shapes = [*pcg.input_shapes(name), *pcg.output_shapes(name)]
+    width = max(s.num_shards for s in shapes)
+    groups = explicit.get(name)
+    if groups:
+        width = max(width, 1 + max(d for g in groups for d in g))  # type: ignore[union-attr]
+    return width
+
+
+def _units(
+    pcg: PCG, cost: CostBreakdown, explicit: Mapping[str, object]
+) -> tuple[list[_Unit], dict[str, int]]:
+    # The optimizer's states per weight element, from the cost itself (it charged them).
+    mem = cost.memory
+    states = mem.optimizer_state / mem.gradients if mem.gradients else 0.0
+    nodes = pcg.nodes
+    position = {n.name: k for k, n in enumerate(nodes)}
+    readers_of: dict[str, list[str]] = {}
+    for n in nodes:
+        for r in n.inputs:
+            readers_of.setdefault(r.node, []).append(n.name)
+    # Each unit is named by its representative node; a unit's representative precedes every
+    # node of the units it feeds, so ordering units by it orders the unit graph.
+    rep_of: dict[str, str] = {}
+    pending = []
+    for n in reversed(nodes):
+        readers = {rep_of[c] for c in readers_of.get(n.name, ()) if c in rep_of}
+        if n.spec.kind is OpKind.COMPUTE or len(readers) > 1:
+            rep_of[n.name] = n.name  # a compute node, or a tensor several units read
+        elif readers:
+            rep_of[n.name] = readers.pop()
+        else:
+            pending.append(n)
+    for n in reversed(pending):  # forward order: producers first; join the latest producer
+        producers = [rep_of[r.node] for r in n.inputs]
+        rep_of[n.name] = max(producers, key=position.__getitem__) if producers else n.name
+    reps = sorted(set(rep_of.values()), key=position.__getitem__)
+    index = {rep: k for k, rep in enumerate(reps)}
+    units = [_Unit(k, []) for k in range(len(reps))]
+    unit_of = {name: index[rep] for name, rep in rep_of.items()}
+    for n in nodes:
+        units[unit_of[n.name]].nodes.append(n.name)
+    needs_grad = _needs_grad(pcg)
+    for u in units:
+        u.nodes.sort(key=lambda name: pcg.node(name).spec.kind is not OpKind.COMPUTE)
+        for name in u.nodes:
+            nc = cost.per_node[name]
+            u.seconds += nc.total_s
+            width = _node_width(pcg, name, explicit)
+            u.widths.append(width)
+            node = pcg.node(name)
+            held = float(nc.memory_bytes)
+            if node.op != "weight":
+                u.memory.append((0.0, 0.0, 0.0, held))
+            elif node.params["trainable"]:
+                w = held / (2 + states)
+                u.memory.append((w, w, held - 2 * w, 0.0))
+            else:
+                u.memory.append((held, 0.0, 0.0, 0.0))
+            u.footprint = max(u.footprint, width)
+    for n in nodes:
+        mine = unit_of[n.name]
+        seen = set()
+        for r in n.inputs:
+            theirs = unit_of[r.node]
+            if theirs == mine or r in seen:
+                continue
+            seen.add(r)
+            if theirs > mine:
+                raise MappingError(  # by construction edges go forward; a bug if not
+                    f"internal: unit of {r.node!r} follows the unit of its reader {n.name!r}",
+                    node=n.name,
+                )
+            shape = pcg.shape(r)
+            receivers = min(shape.num_shards, units[mine].footprint)
+            nbytes = shape.shard_nbytes * math.ceil(shape.num_shards / receivers)
+            grad = needs_grad[r.node]
+            units[mine].inputs.append((theirs, nbytes, grad))
+            units[theirs].outputs.append((mine, nbytes, grad))
+    for u in units:
+        u.signature = (tuple(u.nodes), u.seconds, u.footprint)
+    return units, unit_of
+
+
+# --- Series-parallel decomposition -----------------------------------------------------------
+
+
+class _Tree:
+    """A node of the decomposition: ``kind`` is "leaf" (units in sequence), "series" or
+    "parallel" (exactly two children)."""
+
+    __slots__ = ("children", "footprint", "key", "kind", "moves", "seconds", "units")
+
+    def __init__(self, kind: str, children: tuple[_Tree, ...], units: tuple[int, ...]) -> None:
+        self.kind = kind
+        self.children = children
+        self.units = units
+        self.seconds = 0.0
+        self.footprint = 1
+        self.key = -1
+        # Tensors crossing this sub-graph's boundary: (in bytes, out bytes) with gradients.
+        self.moves: tuple[tuple[float, bool, str], ...] = ()
+
+
+def _popcount(x: int) -> int:
+    return x.bit_count()
+
+
+def _decompose(units: list[_Unit], subset: tuple[int, ...]) -> _Tree:
+    if len(subset) == 1:
+        return _Tree("leaf", (), subset)
+    pos = {u: k for k, u in enumerate(subset)}
+    n = len(subset)
+    preds: list[list[int]] = [[] for _ in range(n)]
+    for k, u in enumerate(subset):
+        for p, _, _ in units[u].inputs:
+            if p in pos:
+                preds[k].append(pos[p])
+    # Weakly connected components (union-find).
+    parent = list(range(n))
+
+    def find(a: int) -> int:
+        while parent[a] != a:
+            parent[a] = parent[parent[a]]
+            a = parent[a]
+        return a
+
+    for k in range(n):
+        for p in preds[k]:
+            ra, rb = find(k), find(p)
+            if ra != rb:
+                parent[ra] = rb
+    comps: dict[int, list[int]] = {}
+    for k in range(n):
+        comps.setdefault(find(k), []).append(subset[k])
+    if len(comps) > 1:
+        parts = [(_seq_seconds(units, c), tuple(c)) for c in comps.values()]
+        return _balanced_parallel(units, parts)
+    # Units comparable with every other: the cut points of sequence splits.
+    anc = [0] * n
+    for k in range(n):
+        for p in preds[k]:
+            anc[k] |= anc[p] | (1 << p)
+    desc = [0] * n
+    for k in range(n - 1, -1, -1):
+        for p in preds[k]:
+            desc[p] |= desc[k] | (1 << k)
+    full = (1 << n) - 1
+    cuts = [k for k in range(n) if anc[k] | desc[k] | (1 << k) == full]
+    if not cuts or (len(cuts) == 1 and n == 1):
+        return _Tree("leaf", (), subset)
+    parts: list[tuple[int, ...]] = []
+    before = 0
+    for k in cuts:
+        mask = anc[k] & ~before
+        members = [subset[i] for i in range(n) if mask >> i & 1]
+        if members:
+            parts.append(tuple(members))
+        parts.append((subset[k],))
+        before |= anc[k] | (1 << k)
+    rest = full & ~before
+    if rest:
+        parts.append(tuple(subset[i] for i in range(n) if rest >> i & 1))
+    if len(parts) == 1:  # a single unit: cannot happen with n > 1
+        return _Tree("leaf", (), subset)
+    return _Tree("series", tuple(_decompose(units, p) for p in parts), subset)
+
+
+def _seq_seconds(units: list[_Unit], members: Iterable[int]) -> float:
+    return sum(units[u].seconds for u in members)
+
+
+def _balanced_parallel(units: list[_Unit], parts: list[tuple[float, tuple[int, ...]]]) -> _Tree:
+    """Independent parts as a binary tree of parallel splits, each side about half the
+    sequential time (largest first, each to the lighter side)."""
+    if len(parts) == 1:
+        return _decompose(units, parts[0][1])
+    parts = sorted(parts, key=lambda p: (-p[0], p[1]))
+    sides: list[list[tuple[float, tuple[int, ...]]]] = [[], []]
+    loads = [0.0, 0.0]
+    for p in parts:
+        k = min((0, 1), key=lambda i: (loads[i], len(sides[i])))  # free parts alternate
+        sides[k].append(p)
+        loads[k] += p[0]
+    a, b = (_balanced_parallel(units, s) for s in sides)
+    return _Tree("parallel", (a, b), tuple(sorted(a.units + b.units)))
+
+
+def _annotate(tree: _Tree, units: list[_Unit], cache: MappingCache) -> None:
+    """Fill in every tree node's sequential time, footprint, boundary moves and cache key."""
+    for c in tree.children:
+        _annotate(c, units, cache)
+    if tree.kind == "leaf":
+        tree.seconds = _seq_seconds(units, tree.units)
+        tree.footprint = max(units[u].footprint for u in tree.units)
+        content: tuple = ("leaf", tuple(units[u].signature for u in tree.units))
+    else:
+        tree.seconds = sum(c.seconds for c in tree.children)
+        tree.footprint = max(c.footprint for c in tree.children)
+        content = (tree.kind, tuple(c.key for c in tree.children))
+    if tree.kind == "parallel":
+        for c in tree.children:
+            inside = set(c.units)
+            moves = []
+            for u in c.units:
+                moves += [(b, g, "in") for p, b, g in units[u].inputs if p not in inside]
+                moves += [(b, g, "out") for q, b, g in units[u].outputs if q not in inside]
+            c.moves = tuple(sorted(moves))
+        content += tuple(c.moves for c in tree.children)
+    tree.key = cache.intern(content)
+
+
+# --- The dynamic program ---------------------------------------------------------------------
+
+
+class _Solver:
+    def __init__(self, machine: Machine, micro_batches: int, cache: MappingCache) -> None:
+        self.counts = machine.counts
+        self.links: tuple[Link, ...] = tuple(level.link for level in machine.levels)
+        depth = len(self.counts)
+        self.unit_size = [math.prod(self.counts[j + 1 :]) for j in range(depth)]
+        self.m = micro_batches
+        self.cache = cache
+        self.subproblems = 0
+        self.hits = 0
+
+    def normalize(self, j: int, a: int) -> tuple[int, int]:
+        while a == 1 and j < len(self.counts) - 1:
+            j += 1
+            a = self.counts[j]
+        return j, a
+
+    def size(self, view: tuple[int, int]) -> int:
+        return view[1] * self.unit_size[view[0]]
+
+    def move_s(self, tree: _Tree, link: Link, direction: str | None = None) -> float:
+        total = 0.0
+        for nbytes, grad, way in tree.moves:
+            if direction is not None and way != direction:
+                continue
+            one = self.m * link.latency_s + nbytes / link.bandwidth_Bps
+            total += 2 * one if grad else one
+        return total
+
+    def solve(self, tree: _Tree, view: tuple[int, int]) -> float:
+        key = (tree.key, view)
+        found = self.cache._solved.get(key)
+        if found is not None:
+            self.hits += 1
+            return found[0]
+        self.subproblems += 1
+        decision: tuple = ()
+        if tree.footprint > self.size(view):
+            best = _INF
+        elif tree.kind == "leaf":
+            best = tree.seconds
+        elif tree.kind == "series":
+            best = sum(self.solve(c, view) for c in tree.children)
+        else:
+            a, b = tree.children
+            best = self.solve(a, view) + self.solve(b, view)
+            decision = ("sequence",)
+            j, count = view
+            if count > 1:
+                link = self.links[j]
+                for first, second in ((a, b), (b, a)):
+                    moves = self.move_s(second, link)
+                    for a1 in range(1, count):
+                        v1 = self.normalize(j, a1)
+                        v2 = self.normalize(j, count - a1)
+                        if first.footprint > self.size(v1) or second.footprint > self.size(v2):
+                            continue
+                        t = max(self.solve(first, v1), self.solve(second, v2) + moves)
+                        if t < best:
+                            best, decision = t, ("divide", first is a, a1)
+        self.cache._solved[key] = (best, decision)
+        return best
+
+    def schedule(
+        self,
+        tree: _Tree,
+        view: tuple[int, int],
+        start: int,
+        t0: float,
+        units: list[_Unit],
+        out: dict[int, tuple[int, float, float]],
+        stats: list[float],
+    ) -> float:
+        if tree.kind == "leaf":
+            t = t0
+            for u in tree.units:
+                out[u] = (start, t, t + units[u].seconds)
+                t += units[u].seconds
+            return t
+        if tree.kind == "series":
+            t = t0
+            for c in tree.children:
+                t = self.schedule(c, view, start, t, units, out, stats)
+            return t
+        stats[0] += 1
+        _, decision = self.cache._solved[(tree.key, view)]
+        a, b = tree.children
+        if decision[0] == "sequence":
+            t = self.schedule(a, view, start, t0, units, out, stats)
+            return self.schedule(b, view, start, t, units, out, stats)
+        stats[1] += 1
+        _, a_first, a1 = decision
+        first, second = (a, b) if a_first else (b, a)
+        j, count = view
+        link = self.links[j]
+        move_in, move_out = self.move_s(second, link, "in"), self.move_s(second, link, "out")
+        stats[2] += move_in + move_out
+        end1 = self.schedule(first, self.normalize(j, a1), start, t0, units, out, stats)
+        offset = start + a1 * self.unit_size[j]
+        end2 = self.schedule(
+            second, self.normalize(j, count - a1), offset, t0 + move_in, units, out, stats
+        )
+        return max(end1, end2 + move_out)
+
+
+def _describe(tree: _Tree, units: list[_Unit], depth: int = 0, limit: int = 40) -> list[str]:
+    lines: list[str] = []
+
+    def walk(t: _Tree, d: int) -> None:
+        if len(lines) >= limit:
+            return
+        pad = "  " * d
+        if t.kind == "leaf":
+            names = [units[u].nodes[0] for u in t.units]
+            more = f" +{len(names) - 3}" if len(names) > 3 else ""
+            lines.append(f"{pad}{', '.join(names[:3])}{more}")
+            return
+        lines.append(f"{pad}{t.kind} ({len(t.units)} units, {t.seconds * 1e3:.4g} ms in sequence)")
+        for c in t.children:
+            walk(c, d + 1)
+
+    walk(tree, depth)
+    return lines
+
+
+def map_machine(
+    pcg: PCG,
+    machine: Machine,
+    *,
+    cost: CostBreakdown | None = None,
+    devices: DevicePlacement | None = None,
+    optimizer: str = "adam",
+    cache: MappingCache | None = None,
+) -> MachineMapping:
+    """The fastest mapping of ``pcg``'s units onto ``machine`` (module docstring).
+
+    ``cost``: the cost model's breakdown of ``pcg`` (computed if not given, with ``devices``
+    and ``optimizer``); ``devices``: the explicit device groups that cost used (a placement
+    from :func:`~pcgopt.extract.placement.place_plan`), so that footprints include them;
+    ``cache``: a :class:`MappingCache` to share between calls on the same machine.
+    """
+    if not isinstance(pcg, PCG):
+        raise MappingError(f"map_machine takes a pcgopt.PCG, got {type(pcg).__name__}")
+    if not isinstance(machine, Machine):
+        raise MappingError(f"machine must be a pcgopt.Machine, got {type(machine).__name__}")
+    if cost is None:
+        cost = iteration_cost(pcg, machine, optimizer=optimizer, devices=devices)
+    missing = [n.name for n in pcg.nodes if n.name not in cost.per_node]
+    if missing:
+        raise MappingError(
+            f"cost does not belong to this PCG: it has no entry for node {missing[0]!r}",
+            node=missing[0],
+        )
+    if cache is None:
+        cache = MappingCache(machine)
+    elif cache.machine is None:
+        cache.machine = machine
+    elif cache.machine != machine:
+        raise MappingError(
+            f"cache was filled for machine {cache.machine.name!r}; a mapping for "
+            f"{machine.name!r} needs its own MappingCache"
+        )
+    explicit = dict(devices or {})
+    units, unit_of = _units(pcg, cost, explicit)
+    for u in units:
+        if u.footprint > machine.num_devices:
+            name = u.nodes[u.widths.index(u.footprint)]
+            raise MappingError(
+                f"node {name!r} spans {u.footprint} devices; machine {machine.name!r} has "
+                f"{machine.num_devices}",
+                node=name,
+            )
+    tree = _decompose(units, tuple(range(len(units))))
+    _annotate(tree, units, cache)
+    solver = _Solver(machine, cost.micro_batches, cache)
+    root = solver.normalize(0, machine.counts[0])
+    time_s = solver.solve(tree, root)
+    placed: dict[int, tuple[int, float, float]] = {}
+    stats = [0.0, 0.0, 0.0]
+    end = solver.schedule(tree, root, 0, 0.0, units, placed, stats)
+    assert math.isclose(end, time_s, rel_tol=1e-9, abs_tol=1e-15), (end, time_s)
+    held = np.zeros((machine.num_devices, 4))
+    for u in units:
+        start = placed[u.index][0]
+        for categories, width in zip(u.memory, u.widths, strict=True):
+            held[start : start + width] += categories
+    if stats[1]:
+        fullest = held[int(np.argmax(held.sum(axis=1)))]
+        memory = MemoryBreakdown(*(round(float(x)) for x in fullest))
+    else:  # everything on the first devices: the cost model's own figure, exactly
+        memory = cost.memory
+    schedule = tuple(
+        MappedUnit(
+            tuple(u.nodes), DeviceBlock(placed[u.index][0], u.footprint), *placed[u.index][1:]
+        )
+        for u in units
+    )
+    return MachineMapping(
+        time_s=time_s,
+        sequential_s=tree.seconds,
+        transfer_s=stats[2],
+        units=schedule,
+        offsets=MappingProxyType({n: placed[unit_of[n]][0] for n in unit_of}),
+        memory=memory,
+        decomposition="\n".join(_describe(tree, units)),
+        subproblems=solver.subproblems,
+        cache_hits=solver.hits,
+        parallel_splits=int(stats[0]),
+        divided_splits=int(stats[1]),
+    )

@@ -1,0 +1,251 @@
+"""The machine-mapping DP (Unity section 5.2): independent branches run at once on disjoint
+devices when that is faster; the schedule it returns is a valid one (no device runs two things
+at once, every unit starts after its producers, the makespan is the time it claims); costs do
+not change when a unit moves to other devices of the same shape; the memo table is shared
+across candidates."""
+
+import math
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from pcgopt import Machine, PCGBuilder, equivalent
+from pcgopt.extract import (
+    CostError,
+    MappingCache,
+    MappingError,
+    data_parallel,
+    iteration_cost,
+    map_machine,
+    saturate_and_extract,
+)
+from pcgopt.extract.mapping import _units
+from pcgopt.extract.plan import _mapping, mapped_cost
+from pcgopt.machine import DeviceSpec, Level, Link
+from pcgopt.models import build
+from pcgopt.testing.strategies import small_pcgs, towers
+
+DEVICE = DeviceSpec(
+    name="gpu", peak_flops={"f32": 15e12}, memory_bandwidth_Bps=900e9, memory_bytes=16 * 2**30
+)
+
+
+def flat(p: int, bandwidth: float = 10e9, latency: float = 5e-6) -> Machine:
+    return Machine((Level("gpu", p, Link(bandwidth, latency)),), DEVICE, name=f"flat{p}")
+
+
+MACHINES = [
+    flat(2),
+    flat(4, bandwidth=1e15, latency=0.0),
+    Machine.preset("dgx-a100", devices_per_node=4),
+    Machine.preset("summit", nodes=2),
+]
+
+
+def fork(k: int, *, rows: int = 64, width: int = 512, depth: int = 1):
+    """``k`` identical one-device towers over one input, joined by one concatenation."""
+    b = PCGBuilder()
+    x = b.input((rows, width), name="x")
+    outs = []
+    for i in range(k):
+        t = x
+        for j in range(depth):
+            w = b.weight((width, width), name=f"w{i}_{j}")
+            t = b.relu(b.matmul(t, w, name=f"m{i}_{j}"), name=f"t{i}_{j}")
+        outs.append(t)
+    y = b.concat(*outs, axis=1, name="join") if k > 1 else outs[0]
+    return b.build(b.reduce_sum(y, axes=(0, 1), name="loss"))
+
+
+def tower_s(cost, i: int) -> float:
+    """Sequential seconds of tower ``i`` of :func:`fork`."""
+    return sum(
+        c.total_s
+        for name, c in cost.per_node.items()
+        if name.split("_")[0] in {f"{k}{i}" for k in "wmt"}
+    )
+
+
+def check_schedule(pcg, machine, mapping, cost):
+    """The schedule is one a machine can run, and its makespan is the time claimed."""
+    units, _ = _units(pcg, cost, {})
+    mapped = mapping.units
+    assert len(mapped) == len(units)
+    by_node = {n: u for u in mapped for n in u.nodes}
+    assert set(by_node) == {n.name for n in pcg.nodes}
+    for u in mapped:
+        assert u.block.start >= 0 and u.block.stop <= machine.num_devices
+        assert u.end_s >= u.start_s >= 0
+        for n in u.nodes:
+            assert mapping.offsets[n] == u.block.start
+    # Units that overlap in time use disjoint devices.
+    for i, a in enumerate(mapped):
+        for b in mapped[i + 1 :]:
+            if a.start_s < b.end_s - 1e-15 and b.start_s < a.end_s - 1e-15:
+                assert a.block.stop <= b.block.start or b.block.stop <= a.block.start, (a, b)
+    # Every unit starts after the units it reads from end.
+    for n in pcg.nodes:
+        for r in n.inputs:
+            producer, consumer = by_node[r.node], by_node[n.name]
+            if producer is not consumer:
+                assert producer.end_s <= consumer.start_s + 1e-12, (producer, consumer)
+    makespan = max(u.end_s for u in mapped)
+    assert makespan == pytest.approx(mapping.time_s, rel=1e-9, abs=1e-15)
+    # Bounds: no worse than in sequence, no better than the longest unit or the work spread
+    # evenly over the machine.
+    assert mapping.sequential_s == pytest.approx(cost.total_s, rel=1e-9)
+    assert mapping.time_s <= mapping.sequential_s * (1 + 1e-12)
+    longest = max(u.end_s - u.start_s for u in mapped)
+    work = sum((u.end_s - u.start_s) * u.block.size for u in mapped)
+    assert mapping.time_s >= longest - 1e-15
+    assert mapping.time_s >= work / machine.num_devices * (1 - 1e-9)
+
+
+def test_a_chain_runs_in_sequence_on_the_first_devices():
+    pcg = data_parallel(build("mnist_mlp", small=True), MACHINES[2])
+    cost = iteration_cost(pcg, MACHINES[2])
+    mapping = map_machine(pcg, MACHINES[2], cost=cost)
+    assert mapping.time_s == pytest.approx(cost.total_s)
+    assert mapping.divided_splits == 0
+    assert set(mapping.offsets.values()) == {0}
+    assert mapping.cost(cost).overlap_s == pytest.approx(0, abs=1e-15)
+    assert mapping.memory == cost.memory  # every unit on device 0: the cost model's memory
+    check_schedule(pcg, MACHINES[2], mapping, cost)
+
+
+def test_two_towers_run_at_once_and_pay_for_the_transfers():
+    machine = flat(2)
+    pcg = fork(2, rows=16, width=4096)  # the weight's update alone outweighs the transfers
+    cost = iteration_cost(pcg, machine)
+    mapping = map_machine(pcg, machine, cost=cost)
+    offsets = {mapping.offsets["t0_0"], mapping.offsets["t1_0"]}
+    assert offsets == {0, 1}
+    # The tower moved off device 0 reads x (no gradient: one message) and sends its ReLU
+    # output to the concatenation (it needs a gradient: a message each way), 16 x 4096 float32 each.
+    one = 5e-6 + 16 * 4096 * 4 / 10e9
+    assert mapping.transfer_s == pytest.approx(3 * one)
+    moved = {n for u in mapping.units if u.block.start == 1 for n in u.nodes}
+    assert moved in ({"w1_0", "m1_0", "t1_0"}, {"w0_0", "m0_0", "t0_0"})
+    assert mapping.time_s == pytest.approx(cost.total_s - tower_s(cost, 1) + 3 * one)
+    check_schedule(pcg, machine, mapping, cost)
+    mapped = mapping.cost(cost)
+    assert mapped.total_s == mapping.time_s
+    assert mapped.overlap_s == pytest.approx(cost.total_s - mapping.time_s)
+    assert "overlap" in repr(mapped) and "branches at once" in mapped.summary()
+
+
+@pytest.mark.parametrize("k, devices, rounds", [(4, 4, 1), (4, 2, 2), (3, 2, 2), (2, 4, 1)])
+def test_identical_towers_spread_evenly_when_moving_is_free(k, devices, rounds):
+    machine = flat(devices, bandwidth=1e18, latency=0.0)
+    pcg = fork(k, depth=2)
+    cost = iteration_cost(pcg, machine)
+    mapping = map_machine(pcg, machine, cost=cost)
+    # k towers in `rounds` rounds on `devices` devices: k - rounds towers' time is saved.
+    saved = (k - rounds) * tower_s(cost, 0)
+    assert mapping.time_s == pytest.approx(cost.total_s - saved, rel=1e-6)
+    check_schedule(pcg, machine, mapping, cost)
+
+
+def _fitting_towers(machine: Machine):
+    return towers(degrees=tuple(d for d in (1, 2, 4) if d <= machine.num_devices))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.sampled_from(MACHINES).flatmap(lambda m: st.tuples(_fitting_towers(m), st.just(m))))
+def test_the_schedule_of_branchy_graphs_is_valid(case):
+    pcg, machine = case
+    cost = iteration_cost(pcg, machine)
+    check_schedule(pcg, machine, map_machine(pcg, machine, cost=cost), cost)
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_pcgs(max_ops=10, degrees=(2, 4)), st.sampled_from(MACHINES[1:]))
+def test_the_schedule_of_random_pcgs_is_valid(pcg, machine):
+    try:
+        cost = iteration_cost(pcg, machine)
+    except CostError:  # more devices than the machine has (checked in test_cost)
+        assume(False)
+    check_schedule(pcg, machine, map_machine(pcg, machine, cost=cost), cost)
+
+
+@settings(max_examples=25, deadline=None)
+@given(towers(), st.sampled_from(MACHINES[2:]))
+def test_moved_units_cost_what_they_cost_on_the_first_devices(pcg, machine):
+    """The DP's premise: a unit on another block of the same shape costs the same. The cost
+    model, given the shifted device groups, charges every node exactly as before."""
+    cost = iteration_cost(pcg, machine)
+    mapping = map_machine(pcg, machine, cost=cost)
+    moved = iteration_cost(pcg, machine, devices=mapping.device_groups(_mapping(pcg)))
+    for name, node_cost in cost.per_node.items():
+        assert moved.per_node[name].total_s == pytest.approx(node_cost.total_s, rel=1e-12)
+    for name, groups in mapping.device_groups(_mapping(pcg)).items():
+        start = mapping.offsets[name]
+        assert min(d for g in groups for d in g) >= start
+
+
+def test_memory_under_the_mapping_is_the_fullest_device():
+    machine = Machine.preset("dgx-a100", devices_per_node=4)
+    pcg = build("dlrm")
+    cost = iteration_cost(pcg, machine)
+    mapping = map_machine(pcg, machine, cost=cost)
+    assert mapping.divided_splits > 0
+    tables = [n for n in pcg.nodes if n.op == "weight" and n.name.startswith("table")]
+    assert len({mapping.offsets[t.name] for t in tables}) > 1  # tables spread over devices
+    largest = max(cost.per_node[t.name].memory_bytes for t in tables)
+    assert largest <= mapping.memory_per_device < cost.memory_per_device
+    assert mapping.memory.weights < cost.memory.weights
+    assert mapping.cost(cost).memory == mapping.memory
+
+
+def test_the_memo_table_is_shared_across_candidates():
+    machine = Machine.preset("dgx-a100", devices_per_node=4)
+    pcg = build("inception_v3", small=True)
+    alone = map_machine(pcg, machine)
+    cache = MappingCache(machine)
+    first = map_machine(pcg, machine, cache=cache)
+    again = map_machine(pcg, machine, cache=cache)
+    assert first.time_s == alone.time_s == again.time_s
+    assert again.subproblems == 0 and again.cache_hits > 0
+    # A candidate sharing the towers (same nodes, same costs) reuses their solutions.
+    cache = MappingCache(machine)
+    map_machine(fork(2, depth=2), machine, cache=cache)
+    three = map_machine(fork(3, depth=2), machine, cache=cache)
+    fresh = map_machine(fork(3, depth=2), machine)
+    assert three.time_s == fresh.time_s
+    assert three.cache_hits > 0 and three.subproblems < fresh.subproblems
+
+
+def test_bad_arguments_are_typed_errors():
+    machine = MACHINES[0]
+    pcg = fork(2)
+    with pytest.raises(MappingError, match=r"pcgopt\.PCG"):
+        map_machine("graph", machine)  # type: ignore[arg-type]
+    with pytest.raises(MappingError, match=r"pcgopt\.Machine"):
+        map_machine(pcg, "flat2")  # type: ignore[arg-type]
+    with pytest.raises(MappingError, match="no entry for node"):
+        map_machine(pcg, machine, cost=iteration_cost(fork(1), machine))
+    with pytest.raises(MappingError, match="its own MappingCache"):
+        map_machine(pcg, machine, cache=MappingCache(MACHINES[2]))
+
+
+def test_saturate_and_extract_runs_branches_at_once():
+    machine = Machine.preset("dgx-a100", devices_per_node=4)
+    pcg = build("inception_v3", small=True)
+    plan = saturate_and_extract(pcg, machine, time_budget_s=4, check=False)
+    m = plan.machine_mapping
+    assert m is not None and m.divided_splits > 0
+    assert plan.cost.total_s == pytest.approx(m.time_s)
+    assert plan.cost.overlap_s > 0
+    assert plan.cost.total_s < plan.placement.cost.total_s
+    assert plan.stats.candidates[plan.stats.chosen] == plan.cost.total_s
+    # The device groups in the plan are where the mapping runs each node.
+    for name, groups in plan.mapping.items():
+        assert min(d for g in groups for d in g) >= m.offsets[name]
+    assert "machine mapping" in plan.explain() and "branches at once" in plan.explain()
+    assert plan.to_dict()["machine_mapping"]["time_s"] == m.time_s
+    assert equivalent(pcg, plan.pcg)
+    placed, mapping, cost = mapped_cost(plan.pcg, machine)
+    assert cost.total_s == pytest.approx(plan.cost.total_s) and mapping.time_s == cost.total_s
+    assert placed.cost.total_s >= cost.total_s
+    assert math.isfinite(cost.total_s)
