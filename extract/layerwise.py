@@ -659,12 +659,21 @@ class _Search:
             lambda _, options: max(options, key=lambda s: (s.batch, -s.contraction))
         )
 
-    def uniform_start(self) -> tuple[MatmulStrategy, ...]:
+    def uniform_start(self, time_limit_s: float | None = None) -> tuple[MatmulStrategy, ...]:
         """The best assignment giving every layer the same strategy (a layer that cannot take
-        it keeps its data-parallel one): one evaluation per strategy, a strong first start."""
+        it keeps its data-parallel one): one evaluation per strategy, a strong first start
+        (the data-parallel one, then as many others as ``time_limit_s`` allows)."""
         fallback = self.data_parallel_start()
         best, best_key = fallback, self.evaluate(fallback)
-        for option in sorted({o for options in self.group_options for o in options}):
+        # Most promising first, for when time runs out: no partial sums, then the most even
+        # split of batch and columns (data times tensor parallelism).
+        uniform = sorted(
+            {o for options in self.group_options for o in options},
+            key=lambda o: (o.contraction, -min(o.batch, o.columns), -o.batch),
+        )
+        for option in uniform:
+            if self.over(time_limit_s):
+                break
             trial = self.per_group(
                 lambda g, options, o=option: o if o in options else fallback[self.groups[g][0]]
             )
@@ -721,8 +730,8 @@ def coordinate_descent(
     from ``seed``), every layer in turn
     takes the strategy that minimizes the iteration cost with the others fixed, until a sweep
     changes nothing (or ``max_sweeps``); the best assignment over all ``restarts`` starts is
-    returned. ``time_limit_s`` is checked before each layer's line search (it can be exceeded by
-    one line search, and by the first start's uniform evaluations).
+    returned. ``time_limit_s`` is checked before every evaluation but the first (the
+    data-parallel start), so it is exceeded by at most one evaluation.
     ``tie=True`` makes layers of one role (the same name up to numbers, e.g. ``layer3/ffn1``
     and ``layer5/ffn1``, with the same weight shape) share a strategy: one coordinate per role
     instead of per layer, for deep models; the default (None) ties when there are more than
@@ -735,7 +744,8 @@ def coordinate_descent(
     for k in range(restarts):
         if k and search.over(time_limit_s):
             break
-        current = list(search.uniform_start() if k == 0 else search.random_start(rng))
+        start = search.uniform_start(time_limit_s) if k == 0 else search.random_start(rng)
+        current = list(start)
         key = search.evaluate(tuple(current))
         for _ in range(max_sweeps):
             changed = False
@@ -743,7 +753,7 @@ def coordinate_descent(
                 if search.over(time_limit_s):
                     break
                 for option in options:
-                    if option == current[search.groups[g][0]]:
+                    if option == current[search.groups[g][0]] or search.over(time_limit_s):
                         continue
                     trial = search.with_group(current, g, option)
                     trial_key = search.evaluate(trial)
