@@ -20,6 +20,7 @@ from pcgopt.egraph.saturate import (
     ShapeConflictError,
     StopReason,
     saturate,
+    warm_up,
 )
 
 __all__ = [
@@ -33,4 +34,5 @@ __all__ = [
     "ShapeConflictError",
     "StopReason",
     "saturate",
+    "warm_up",
 ]

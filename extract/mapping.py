@@ -243,6 +243,7 @@ class _Unit:
     inputs: list[tuple[int, float, bool]] = field(default_factory=list)
     outputs: list[tuple[int, float, bool]] = field(default_factory=list)
     signature: tuple = ()
+    widest: str = ""  # a node that spans the footprint
 
 
 def _needs_grad(pcg: PCG) -> dict[str, bool]:
@@ -301,20 +302,24 @@ def _units(
     for u in units:
         u.nodes.sort(key=lambda name: pcg.node(name).spec.kind is not OpKind.COMPUTE)
         for name in u.nodes:
-            nc = cost.per_node[name]
-            u.seconds += nc.total_s
-            width = _node_width(pcg, name, explicit)
-            u.widths.append(width)
+            u.seconds += cost.per_node[name].total_s
+            u.widths.append(_node_width(pcg, name, explicit))
+        u.footprint = max(u.widths)
+        u.widest = u.nodes[u.widths.index(u.footprint)]
+        for k, name in enumerate(u.nodes):
             node = pcg.node(name)
-            held = float(nc.memory_bytes)
+            held = float(cost.per_node[name].memory_bytes)
             if node.op != "weight":
                 u.memory.append((0.0, 0.0, 0.0, held))
-            elif node.params["trainable"]:
+                continue
+            # A weight is kept in the layouts its Partition/Replicate nodes make, which are in
+            # its unit: count it on all of the unit's devices (an upper bound).
+            u.widths[k] = u.footprint
+            if node.params["trainable"]:
                 w = held / (2 + states)
                 u.memory.append((w, w, held - 2 * w, 0.0))
             else:
                 u.memory.append((held, 0.0, 0.0, 0.0))
-            u.footprint = max(u.footprint, width)
     for n in nodes:
         mine = unit_of[n.name]
         seen = set()
@@ -636,7 +641,7 @@ def map_machine(
     units, unit_of = _units(pcg, cost, explicit)
     for u in units:
         if u.footprint > machine.num_devices:
-            name = u.nodes[u.widths.index(u.footprint)]
+            name = u.widest
             raise MappingError(
                 f"node {name!r} spans {u.footprint} devices; machine {machine.name!r} has "
                 f"{machine.num_devices}",

@@ -227,6 +227,11 @@ def test_bad_arguments_are_typed_errors():
         map_machine(pcg, machine, cost=iteration_cost(fork(1), machine))
     with pytest.raises(MappingError, match="its own MappingCache"):
         map_machine(pcg, machine, cache=MappingCache(MACHINES[2]))
+    # A cost from a larger machine: the node that does not fit is named.
+    b = PCGBuilder()
+    wide = b.build(b.relu(b.partition(b.input((8, 8), name="x"), dim=0, degree=4, name="split")))
+    with pytest.raises(MappingError, match="node 'relu_1' spans 4 devices; machine 'flat2' has 2"):
+        map_machine(wide, machine, cost=iteration_cost(wide, MACHINES[1]))
 
 
 def test_saturate_and_extract_runs_branches_at_once():
