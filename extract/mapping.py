@@ -9,10 +9,10 @@ instead run *at once* on disjoint devices. :func:`map_machine` decides that:
 **Units.** Every compute node is a unit; a source or parallelization node joins the unit that
 reads it (a weight, its Replicate and the MatMul reading it run together), or is a unit of its
 own if several units read it (an input every branch reads); a parallel node nothing reads (a
-final Combine) joins its producer's. A unit's *footprint* is
-the number of devices from the first it touches: its tasks, and the devices of any explicit
-device groups of its parallel nodes. Units inherit the graph's edges, which go from lower to
-higher unit in topological order.
+final Combine) joins its producer's. A unit's *footprint* is the number of devices from the
+first it touches: its tasks, and the devices of any explicit device groups of its parallel
+nodes. Units inherit the graph's edges, which go from lower to higher unit in topological
+order.
 
 **Splits.** The unit graph is cut recursively. A *sequence split* cuts at every unit through which
 all paths pass (a post-dominator that also dominates): the parts run one after the other on the
@@ -36,6 +36,12 @@ its inputs moved there and its outputs moved back: per tensor, one message of th
 receiving device gets over the link of the divided level, ``latency + bytes / bandwidth`` (one
 per micro-batch for the latency), twice if the tensor needs a gradient (the gradient comes
 back). Concurrent branches are assumed not to slow each other's collectives.
+
+**Limits.** The mapping places a fixed PCG: how many devices a branch spans is the PCG's
+choice, made by extraction and the layer-wise searches, which cost a plan as if its nodes ran
+in sequence (a branch narrowed to leave room for another only pays off once mapped; nothing
+proposes such plans yet). Memory under the mapping counts a weight on every device of its unit,
+an upper bound when the unit's widest node is wider than the weight's layouts.
 
 **Result.** :class:`MachineMapping`: the iteration time (critical path), the schedule (every
 unit's devices and start and end), each node's device offset, per-device memory under the
