@@ -324,7 +324,9 @@ def _run(
     time budget began (``time.perf_counter()``; default now), so that loading the PCG counts."""
     eg = base.egraph
     lang = base.lang
-    start = time.perf_counter() if started is None else started
+    run_start = time.perf_counter()
+    start = run_start if started is None else started
+    last_end = run_start  # when the previous iteration ended (for predicting the next one)
     history: list[IterationStats] = []
     limit = budget.iterations if max_iterations is None else max_iterations
     reason = StopReason.ITERATIONS
@@ -333,7 +335,9 @@ def _run(
     for it in range(1, limit + 1):
         changed, matches = _iteration(eg)
         nodes = _enodes(eg, lang)
-        elapsed = time.perf_counter() - start
+        now = time.perf_counter()
+        elapsed = now - start
+        last_s, last_end = now - last_end, now
         rss = _rss()
         if max_iterations is None and nodes > budget.enodes:
             reason = StopReason.NODES
@@ -354,7 +358,6 @@ def _run(
         # egglog cannot interrupt an iteration, so stop before one that would overrun: predict
         # it as the last one times the e-graph's last growth, at least doubled (on MNIST, 2
         # GPUs: 4.4x more e-nodes, the next iteration took 4x longer).
-        last_s = elapsed - (history[-2].seconds if len(history) > 1 else 0.0)
         before = history[-2].enodes if len(history) > 1 else nodes
         predicted_s = last_s * max(2.0, nodes / max(before, 1))
         if elapsed + predicted_s >= budget.seconds:

@@ -95,17 +95,17 @@ updates itself with the sum (Unity section 3.3: parameter synchronization is the
 Replicate on weights). Other parallel operators after a weight (AllGather of a sharded weight,
 as in FSDP) are ordinary communication in every iteration.
 
-**Placement.** A PCG fixes what every shard holds, not which device holds it; the machine-
-mapping search (a later issue) will decide that. Until then, by default, the groups of every
-collective are consecutive devices: group ``g`` of a degree-``d`` collective is devices
-``g*d .. g*d + d-1``, the closest devices the hierarchy offers, since device numbers that are
-close are close in the machine (Machine's docstring). This is optimistic: in a hybrid plan two
-collectives cannot both be innermost (Megatron's tensor-parallel AllReduce and the data-parallel
-gradient AllReduce), and the default places both there. ``devices=`` places the groups of chosen
-parallel nodes explicitly: ``{node name: device groups}``, as a sequence of ``groups`` sequences
-of ``degree`` devices each, or as one flat sequence read group after group; for a Replicate on a
-weight this places its gradient AllReduce. Compute nodes run where their inputs are, so they
-move no data.
+**Placement.** A PCG fixes what every shard holds, not which device holds it. Here, by default,
+the groups of every collective are consecutive devices from device 0 (the machine mapping,
+:mod:`pcgopt.extract.mapping`, moves independent branches to other devices afterwards): group
+``g`` of a degree-``d`` collective is devices ``g*d .. g*d + d-1``, the closest devices the
+hierarchy offers, since device numbers that are close are close in the machine (Machine's
+docstring). This is optimistic: in a hybrid plan two collectives cannot both be innermost
+(Megatron's tensor-parallel AllReduce and the data-parallel gradient AllReduce), and the default
+places both there. ``devices=`` places the groups of chosen parallel nodes explicitly: ``{node
+name: device groups}``, as a sequence of ``groups`` sequences of ``degree`` devices each, or as
+one flat sequence read group after group; for a Replicate on a weight this places its gradient
+AllReduce. Compute nodes run where their inputs are, so they move no data.
 
 **Training iteration and memory.** Time is forward + backward of every node, communication
 included, plus the optimizer update, with no overlap of computation and communication and no

@@ -10,16 +10,18 @@ instead run *at once* on disjoint devices. :func:`map_machine` decides that:
 reads it (a weight, its Replicate and the MatMul reading it run together), or is a unit of its
 own if several units read it (an input every branch reads); a parallel node nothing reads (a
 final Combine) joins its producer's. A unit's *footprint* is the number of devices from the
-first it touches: its tasks, and the devices of any explicit device groups of its parallel
-nodes. Units inherit the graph's edges, which go from lower to higher unit in topological
-order.
+start of its block to the last it touches: its tasks, and the devices of any explicit device
+groups of its parallel nodes. Units inherit the graph's edges, which go from lower to higher
+unit in topological order.
 
-**Splits.** The unit graph is cut recursively. A *sequence split* cuts at every unit through which
-all paths pass (a post-dominator that also dominates): the parts run one after the other on the
-same devices. A *parallel split* separates weakly connected parts (balanced in sequential time
-into two sides): the two sides run either one after the other on all of the view's devices or at
-once on a division of them, whichever is faster (Unity does not interleave the two, nor does
-this). A part with neither split (not series-parallel) runs its units in sequence.
+**Splits.** The unit graph is cut recursively. A *sequence split* cuts at every unit that is
+before or after every other unit (Unity's post-dominator; an edge may skip over it, as a
+residual connection does, and its tensor is simply read later): the parts run one after the
+other on the same devices. A *parallel split* separates weakly connected parts (balanced in
+sequential time into two sides): the two sides run either one after the other on all of the
+view's devices or at once on a division of them, whichever is faster (Unity does not interleave
+the two, nor does this). A part with neither split (not series-parallel) runs its units in
+sequence.
 
 **Views.** A view is a block of the machine hierarchy: ``a`` consecutive units of one level
 (``a`` nodes, or ``a`` GPUs of one node). A parallel split divides the outermost level the view
@@ -41,7 +43,8 @@ back). Concurrent branches are assumed not to slow each other's collectives.
 choice, made by extraction and the layer-wise searches, which cost a plan as if its nodes ran
 in sequence (a branch narrowed to leave room for another only pays off once mapped; nothing
 proposes such plans yet). Memory under the mapping counts a weight on every device of its unit,
-an upper bound when the unit's widest node is wider than the weight's layouts.
+and what a unit reads from a unit placed elsewhere on the reader's devices too (a shared weight
+with its gradient and optimizer state, any other tensor as activations): an upper bound.
 
 **Result.** :class:`MachineMapping`: the iteration time (critical path), the schedule (every
 unit's devices and start and end), each node's device offset, per-device memory under the
@@ -80,7 +83,7 @@ from pcgopt.extract.cost import (
     MemoryBreakdown,
     iteration_cost,
 )
-from pcgopt.graph import PCG
+from pcgopt.graph import PCG, TensorRef
 from pcgopt.machine import Link, Machine
 from pcgopt.ops import OpKind
 
@@ -173,14 +176,17 @@ class MachineMapping:
         )
 
     def device_groups(
-        self, groups: Mapping[str, Sequence[Sequence[int]]]
-    ) -> dict[str, tuple[tuple[int, ...], ...]]:
-        """``groups`` (device groups of parallel nodes, as the cost model places them at device
-        0) moved to where the mapping runs each node."""
-        out = {}
+        self, groups: Mapping[str, Sequence[int] | Sequence[Sequence[int]]]
+    ) -> dict[str, tuple[int, ...] | tuple[tuple[int, ...], ...]]:
+        """``groups`` (device groups of parallel nodes, or flat device lists, as the cost model
+        places them at device 0) moved to where the mapping runs each node."""
+        out: dict[str, tuple[int, ...] | tuple[tuple[int, ...], ...]] = {}
         for name, value in groups.items():
             shift = self.offsets.get(name, 0)
-            out[name] = tuple(tuple(d + shift for d in g) for g in value)
+            if all(isinstance(g, int) for g in value):
+                out[name] = tuple(d + shift for d in value)  # type: ignore[operator]
+            else:
+                out[name] = tuple(tuple(d + shift for d in g) for g in value)  # type: ignore[union-attr]
         return out
 
     def cost(self, cost: CostBreakdown) -> CostBreakdown:
@@ -217,12 +223,13 @@ class MachineMapping:
 @dataclass
 class MappingCache:
     """The DP's memo table, shareable between :func:`map_machine` calls on one machine
-    (Unity's cross-candidate cache). Keys are sub-graph contents, so candidates that share a
-    sub-graph (same nodes, costs and boundary tensors) share its solution."""
+    (Unity's cross-candidate cache). Keys are sub-graph contents with the view's shape and the
+    number of micro-batches, so candidates that share a sub-graph (same nodes, costs and
+    boundary tensors) share its solution."""
 
     machine: Machine | None = None
     _keys: dict[tuple, int] = field(default_factory=dict, repr=False)
-    _solved: dict[tuple[int, tuple[int, int]], tuple[float, tuple]] = field(
+    _solved: dict[tuple[int, tuple[int, int], int], tuple[float, tuple]] = field(
         default_factory=dict, repr=False
     )
 
@@ -262,12 +269,24 @@ def _needs_grad(pcg: PCG) -> dict[str, bool]:
     return out
 
 
+def _devices_of(value: object) -> list[int]:
+    """The devices of an explicit placement: groups of devices, or a flat list (as the cost
+    model accepts them)."""
+    out: list[int] = []
+    for item in value:  # type: ignore[attr-defined]
+        if isinstance(item, int):
+            out.append(item)
+        else:
+            out.extend(item)
+    return out
+
+
 def _node_width(pcg: PCG, name: str, explicit: Mapping[str, object]) -> int:
     shapes = [*pcg.input_shapes(name), *pcg.output_shapes(name)]
     width = max(s.num_shards for s in shapes)
-    groups = explicit.get(name)
-    if groups:
-        width = max(width, 1 + max(d for g in groups for d in g))  # type: ignore[union-attr]
+    devices = _devices_of(explicit.get(name) or ())
+    if devices:
+        width = max(width, 1 + max(devices))
     return width
 
 
@@ -326,14 +345,14 @@ def _units(
                 u.memory.append((w, w, held - 2 * w, 0.0))
             else:
                 u.memory.append((held, 0.0, 0.0, 0.0))
+    seen: set[tuple[int, TensorRef]] = set()  # one transfer per tensor and reading unit
     for n in nodes:
         mine = unit_of[n.name]
-        seen = set()
         for r in n.inputs:
             theirs = unit_of[r.node]
-            if theirs == mine or r in seen:
+            if theirs == mine or (mine, r) in seen:
                 continue
-            seen.add(r)
+            seen.add((mine, r))
             if theirs > mine:
                 raise MappingError(  # by construction edges go forward; a bug if not
                     f"internal: unit of {r.node!r} follows the unit of its reader {n.name!r}",
@@ -511,7 +530,7 @@ class _Solver:
         return total
 
     def solve(self, tree: _Tree, view: tuple[int, int]) -> float:
-        key = (tree.key, view)
+        key = (tree.key, view, self.m)  # transfers' latencies depend on micro-batches
         found = self.cache._solved.get(key)
         if found is not None:
             self.hits += 1
@@ -566,7 +585,7 @@ class _Solver:
                 t = self.schedule(c, view, start, t, units, out, stats)
             return t
         stats[0] += 1
-        _, decision = self.cache._solved[(tree.key, view)]
+        _, decision = self.cache._solved[(tree.key, view, self.m)]
         a, b = tree.children
         if decision[0] == "sequence":
             t = self.schedule(a, view, start, t0, units, out, stats)
@@ -667,6 +686,15 @@ def map_machine(
         start = placed[u.index][0]
         for categories, width in zip(u.memory, u.widths, strict=True):
             held[start : start + width] += categories
+        # What a unit reads from a unit that runs elsewhere is held here too: a weight (a
+        # tensor several units read) with its gradient and state, anything else as activations.
+        mine = slice(start, start + u.footprint)
+        for p, nbytes, _ in u.inputs:
+            if placed[p][0] == start:
+                continue
+            computes = pcg.node(units[p].nodes[0]).spec.kind is OpKind.COMPUTE
+            weights = [c for c in units[p].memory if c[0]] if not computes else []
+            held[mine] += np.sum(weights, axis=0) if weights else (0.0, 0.0, 0.0, nbytes)
     if stats[1]:
         fullest = held[int(np.argmax(held.sum(axis=1)))]
         memory = MemoryBreakdown(*(round(float(x)) for x in fullest))

@@ -254,3 +254,56 @@ def test_saturate_and_extract_runs_branches_at_once():
     assert cost.total_s == pytest.approx(plan.cost.total_s) and mapping.time_s == cost.total_s
     assert placed.cost.total_s >= cost.total_s
     assert math.isfinite(cost.total_s)
+
+
+def test_what_a_branch_reads_from_elsewhere_counts_on_its_devices():
+    """A weight both branches read lives where each branch runs (with its gradient and state),
+    and a tensor moved to a branch is held there."""
+    machine = flat(2, bandwidth=1e15, latency=0.0)
+    b = PCGBuilder()
+    w = b.weight((4096, 4096), name="w")  # 64 MiB, 256 MiB with gradient and Adam state
+    left = b.reduce_sum(b.matmul(b.input((4096, 4096), name="x1"), w, name="ml"), axes=(0, 1))
+    y = b.matmul(b.input((16, 4096), name="x2"), w, name="mr")
+    big = b.matmul(b.input((2**16, 16), name="xb"), y, name="mb")  # 1 GiB kept for backward
+    pcg = b.build(b.add(left, b.reduce_sum(big, axes=(0, 1)), name="loss"))
+    cost = iteration_cost(pcg, machine)
+    mapping = map_machine(pcg, machine, cost=cost)
+    assert mapping.divided_splits == 1
+    elsewhere = [u for u in mapping.units if u.block.start != mapping.offsets["w"]]
+    assert any("mr" in u.nodes for u in elsewhere)  # a reader of w runs on the other device
+    held_there = sum(cost.per_node[n].memory_bytes for u in elsewhere for n in u.nodes)
+    weight = cost.per_node["w"].memory_bytes
+    assert mapping.memory_per_device >= held_there + weight
+
+
+def test_the_memo_table_keeps_micro_batch_counts_apart():
+    machine = flat(2, bandwidth=1e15, latency=3e-6)
+    b = PCGBuilder()
+    w1, w2 = b.weight((1024, 1024), name="w1"), b.weight((1024, 1024), name="w2")
+    h = b.matmul(b.input((8, 1024), name="x"), b.add(w1, w2, name="s"), name="h")
+    pcg = b.build(b.reduce_sum(b.matmul(b.matmul(h, w1), w2), axes=(0, 1)))
+    cache = MappingCache(machine)
+    for m in (1, 4):
+        cost = iteration_cost(pcg, machine, micro_batches=m)
+        fresh = map_machine(pcg, machine, cost=cost)
+        assert map_machine(pcg, machine, cost=cost, cache=cache).time_s == fresh.time_s
+
+
+def test_a_tensor_two_nodes_of_a_unit_read_moves_once():
+    b = PCGBuilder()
+    t = b.relu(b.input((64, 64), name="x"), name="t")
+    back = b.combine(b.partition(t, dim=0, degree=2, name="p"), dim=0, degree=2, name="c")
+    pcg = b.build(b.add(t, back, name="a"))
+    units, unit_of = _units(pcg, iteration_cost(pcg, MACHINES[0]), {})
+    assert len(units[unit_of["a"]].inputs) == 1  # t, read by the add and by the partition
+
+
+def test_flat_device_lists_are_placements_too():
+    b = PCGBuilder()
+    copies = b.replicate(b.weight((64, 64), name="w"), degree=2, name="rep")
+    pcg = b.build(b.matmul(b.replicate(b.input((8, 64), name="x"), degree=2), copies))
+    machine = MACHINES[1]
+    cost = iteration_cost(pcg, machine, devices={"rep": [2, 3]})
+    mapping = map_machine(pcg, machine, cost=cost, devices={"rep": [2, 3]})
+    assert mapping.device_groups({"rep": [2, 3]}) == {"rep": (2, 3)}
+    assert max(u.block.stop for u in mapping.units) <= machine.num_devices
