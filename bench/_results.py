@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -17,6 +20,21 @@ def write_section(heading: str, section: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section
     RESULTS.write_text(text)
+
+
+def run_child(code: str, *args: object) -> dict | str:
+    """Runs ``python -c code args...`` in bench/ (its own process, so its peak memory is its
+    own) and returns the JSON its last output line holds, or the last line of its errors."""
+    out = subprocess.run(
+        [sys.executable, "-c", code, *map(str, args)],
+        capture_output=True,
+        text=True,
+        cwd=Path(__file__).parent,
+    )
+    if out.returncode != 0:
+        print(out.stderr, file=sys.stderr)
+        return out.stderr.splitlines()[-1] if out.stderr else f"exit {out.returncode}"
+    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def publish(heading: str, lines: list[str], *, write: bool) -> None:

@@ -12,13 +12,10 @@ best feasible baseline, which candidate won, the search time and its peak memory
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-from _results import publish
+from _results import publish, run_child
 
 UNITY_MODELS = ("mlp", "bert_large", "dlrm", "xdl", "candle_uno", "resnext50", "inception_v3")
 HEADING = "## Joint optimization (saturate_and_extract)"
@@ -74,17 +71,10 @@ def main() -> None:
     start = time.perf_counter()
     for name in args.models:
         for nodes in args.nodes:
-            out = subprocess.run(
-                [sys.executable, "-c", CHILD, name, str(nodes), str(args.budget)],
-                capture_output=True,
-                text=True,
-                cwd=Path(__file__).parent,
-            )
-            if out.returncode != 0:
-                print(out.stderr, file=sys.stderr)
-                rows.append(f"| {name} | {nodes} | | failed: {out.stderr.splitlines()[-1]} |")
+            r = run_child(CHILD, name, nodes, args.budget)
+            if isinstance(r, str):
+                rows.append(f"| {name} | {nodes} | | failed: {r} |")
                 continue
-            r = json.loads(out.stdout.strip().splitlines()[-1])
             c = r["candidates"]
             base = [c[k] for k in ("data parallel", "megatron", "sequential") if c.get(k)]
             speedup = min(base) / r["total_s"] if base else float("nan")

@@ -12,13 +12,10 @@ memory, and what it found.
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 import time
-from pathlib import Path
 
-from _results import publish
+from _results import publish, run_child
 
 HEADING = "## Search time at scale"
 
@@ -72,17 +69,10 @@ def main() -> None:
     for key in args.only:
         name, preset, nodes, per_node, budget, target = CASES[key]
         argv = [name, preset, str(nodes), "-" if per_node is None else str(per_node), str(budget)]
-        out = subprocess.run(
-            [sys.executable, "-c", CHILD, *argv],
-            capture_output=True,
-            text=True,
-            cwd=Path(__file__).parent,
-        )
-        if out.returncode != 0:
-            print(out.stderr, file=sys.stderr)
-            rows.append(f"| {name} | {preset}:{nodes} | | failed: {out.stderr.splitlines()[-1]} |")
+        r = run_child(CHILD, *argv)
+        if isinstance(r, str):
+            rows.append(f"| {name} | {preset}:{nodes} | | failed: {r} |")
             continue
-        r = json.loads(out.stdout.strip().splitlines()[-1])
         phases = ", ".join(f"{k} {v:.1f}" for k, v in r["phases"].items())
         rows.append(
             f"| {name} | {preset}:{nodes} | {r['devices']} | {r['nodes']:,} | {budget:g} s | "

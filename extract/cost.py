@@ -1121,6 +1121,14 @@ def iteration_cost(
             ),
         )
 
+    def fits(n: Node, count: int, what: str, unit: str = "") -> None:
+        if count > machine.num_devices:
+            raise CostError(
+                f"node {n.name!r} ({n.op}) {what}, but machine {machine.name!r} has "
+                f"{machine.num_devices}{unit}",
+                node=n.name,
+            )
+
     devices_used = 1
     for n in pcg.nodes:
         a = acc[n.name]
@@ -1128,12 +1136,7 @@ def iteration_cost(
         ins, outs = pcg.input_shapes(n.name), pcg.output_shapes(n.name)
         if spec.kind is OpKind.COMPUTE:
             tasks = outs[0].num_shards
-            if tasks > machine.num_devices:
-                raise CostError(
-                    f"node {n.name!r} ({n.op}) runs {tasks} tasks, but machine {machine.name!r} "
-                    f"has {machine.num_devices} devices",
-                    node=n.name,
-                )
+            fits(n, tasks, f"runs {tasks} tasks", " devices")
             devices_used = max(devices_used, tasks)
             grads = tuple(needs_grad[r.node] for r in n.inputs)
             a.flops, a.forward_s, a.backward_s = compute_times(n, ins, outs, grads, device)
@@ -1161,12 +1164,7 @@ def iteration_cost(
                 placement.groups(n, degree, width)  # still on the machine
         elif spec.kind is OpKind.PARALLEL:  # moves no data, but its tensors must fit the machine
             width = max(s.num_shards for s in (*ins, *outs))
-            if width > machine.num_devices:
-                raise CostError(
-                    f"node {n.name!r} ({n.op}) spans {width} devices, but machine "
-                    f"{machine.name!r} has {machine.num_devices}",
-                    node=n.name,
-                )
+            fits(n, width, f"spans {width} devices")
             devices_used = max(devices_used, width)
 
     # Memory and the optimizer update. Weights are kept in their stored layouts, once each.

@@ -163,11 +163,6 @@ class MachineMapping:
     def memory_per_device(self) -> int:
         return self.memory.total
 
-    @property
-    def saved_s(self) -> float:
-        """Seconds the mapping saves over running every unit in sequence."""
-        return self.sequential_s - self.time_s
-
     def __repr__(self) -> str:
         return (
             f"MachineMapping({self.time_s * 1e3:.4g} ms vs {self.sequential_s * 1e3:.4g} ms in "
@@ -385,12 +380,8 @@ class _Tree:
         self.seconds = 0.0
         self.footprint = 1
         self.key = -1
-        # Tensors crossing this sub-graph's boundary: (in bytes, out bytes) with gradients.
+        # Tensors crossing this sub-graph's boundary: (bytes, needs a gradient, "in"/"out").
         self.moves: tuple[tuple[float, bool, str], ...] = ()
-
-
-def _popcount(x: int) -> int:
-    return x.bit_count()
 
 
 def _decompose(units: list[_Unit], subset: tuple[int, ...]) -> _Tree:
