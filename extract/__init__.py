@@ -17,6 +17,8 @@ Lives in the top-level folder ``extract/`` and installs as ``pcgopt.extract`` (s
 * :mod:`pcgopt.extract.mapping`: :func:`map_machine`, Unity's machine-mapping DP: which
   independent branches run at once on disjoint devices (sequence and parallel splits, a memo
   table shared across candidates, :class:`MappingCache`);
+* :mod:`pcgopt.extract.branches`: :func:`branch_parallel`, data parallelism narrowed where
+  the mapping DP runs branches at once (:func:`lower_degrees`: a batch degree per node);
 * :mod:`pcgopt.extract.placement`: P^2's parallelism matrices (:func:`parallelism_matrices`)
   and :func:`place_plan`, a plan's axes placed on the hierarchy;
 * :mod:`pcgopt.extract.reduction`: P^2's reduction-program synthesis (:func:`synthesize`),
@@ -33,6 +35,7 @@ from pcgopt.extract.baselines import (
     megatron,
     sequential,
 )
+from pcgopt.extract.branches import BranchParallel, branch_parallel, lower_degrees
 from pcgopt.extract.calibrate import (
     AlphaBeta,
     CalibrationError,
@@ -111,6 +114,7 @@ __all__ = [
     "OPTIMIZERS",
     "AlphaBeta",
     "BaselineError",
+    "BranchParallel",
     "CalibrationError",
     "CollectiveCost",
     "CostBreakdown",
@@ -141,6 +145,7 @@ __all__ = [
     "SearchStats",
     "accumulate_to_fit",
     "best_reduction",
+    "branch_parallel",
     "calibrated",
     "collective_cost",
     "coordinate_descent",
@@ -155,6 +160,7 @@ __all__ = [
     "fuse",
     "iteration_cost",
     "load_csv",
+    "lower_degrees",
     "machine_from_spec",
     "map_machine",
     "megatron",

@@ -17,11 +17,12 @@ unit in topological order.
 **Splits.** The unit graph is cut recursively. A *sequence split* cuts at every unit that is
 before or after every other unit (Unity's post-dominator; an edge may skip over it, as a
 residual connection does, and its tensor is simply read later): the parts run one after the
-other on the same devices. A *parallel split* separates weakly connected parts (balanced in
-sequential time into two sides): the two sides run either one after the other on all of the
-view's devices or at once on a division of them, whichever is faster (Unity does not interleave
-the two, nor does this). A part with neither split (not series-parallel) runs its units in
-sequence.
+other on the same devices. A *parallel split* separates weakly connected parts: every way of
+cutting them into two groups is tried (up to six parts; more are first grouped into a binary
+tree balanced in sequential time), and the two groups run either one after the other on all of
+the view's devices or at once on a division of them, whichever is faster (Unity does not
+interleave the two, nor does this). A part with neither split (not series-parallel) runs its
+units in sequence.
 
 **Views.** A view is a block of the machine hierarchy: ``a`` consecutive units of one level
 (``a`` nodes, or ``a`` GPUs of one node). A parallel split divides the outermost level the view
@@ -41,10 +42,12 @@ back). Concurrent branches are assumed not to slow each other's collectives.
 
 **Limits.** The mapping places a fixed PCG: how many devices a branch spans is the PCG's
 choice, made by extraction and the layer-wise searches, which cost a plan as if its nodes ran
-in sequence (a branch narrowed to leave room for another only pays off once mapped; nothing
-proposes such plans yet). Memory under the mapping counts a weight on every device of its unit,
-and what a unit reads from a unit placed elsewhere on the reader's devices too (a shared weight
-with its gradient and optimizer state, any other tensor as activations): an upper bound.
+in sequence; a branch narrowed to leave room for another only pays off once mapped, and
+:func:`~pcgopt.extract.branches.branch_parallel` proposes such plans (data parallel ones) by
+running this DP on units whose time depends on their view. Memory under the mapping counts a
+weight on every device of its unit, and what a unit reads from a unit placed elsewhere on the
+reader's devices too (a shared weight with its gradient and optimizer state, any other tensor
+as activations): an upper bound.
 
 **Result.** :class:`MachineMapping`: the iteration time (critical path), the schedule (every
 unit's devices and start and end), each node's device offset, per-device memory under the
@@ -70,7 +73,7 @@ True
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -299,16 +302,30 @@ def _units(
             readers_of.setdefault(r.node, []).append(n.name)
     # Each unit is named by its representative node; a unit's representative precedes every
     # node of the units it feeds, so ordering units by it orders the unit graph.
+    # A parallel node that leaves its tensor on fewer devices than it found it (a Combine, a
+    # DiscardCopies after an AllGather) runs with its producer: the narrowed tensor then moves
+    # to its reader, which can run on a narrower block of its own.
+    narrowing = {
+        n.name
+        for n in nodes
+        if n.spec.kind is OpKind.PARALLEL
+        and max(s.num_shards for s in pcg.output_shapes(n.name))
+        < max(s.num_shards for s in pcg.input_shapes(n.name))
+    }
     rep_of: dict[str, str] = {}
     pending = []
     for n in reversed(nodes):
-        readers = {rep_of[c] for c in readers_of.get(n.name, ()) if c in rep_of}
-        if n.spec.kind is OpKind.COMPUTE or len(readers) > 1:
+        names = readers_of.get(n.name, ())
+        readers = {rep_of[c] for c in names if c in rep_of}
+        joining = sum(1 for c in names if c in narrowing and c not in rep_of)
+        if n.name in narrowing:
+            pending.append(n)  # joins its producer's unit, below, however many read it
+        elif n.spec.kind is OpKind.COMPUTE or len(readers) + joining > 1:
             rep_of[n.name] = n.name  # a compute node, or a tensor several units read
         elif readers:
             rep_of[n.name] = readers.pop()
         else:
-            pending.append(n)
+            pending.append(n)  # joins its producer's unit, below
     for n in reversed(pending):  # forward order: producers first; join the latest producer
         producers = [rep_of[r.node] for r in n.inputs]
         rep_of[n.name] = max(producers, key=position.__getitem__) if producers else n.name
@@ -369,7 +386,7 @@ def _units(
 
 class _Tree:
     """A node of the decomposition: ``kind`` is "leaf" (units in sequence), "series" or
-    "parallel" (exactly two children)."""
+    "parallel" (two to ``_MAX_PARTS`` independent children)."""
 
     __slots__ = ("children", "footprint", "key", "kind", "moves", "seconds", "units")
 
@@ -448,12 +465,20 @@ def _seq_seconds(units: list[_Unit], members: Iterable[int]) -> float:
     return sum(units[u].seconds for u in members)
 
 
+# Up to this many independent parts, a parallel split considers every way of grouping them
+# (3^k sub-problems per view); more are first grouped into a balanced binary tree.
+_MAX_PARTS = 6
+
+
 def _balanced_parallel(units: list[_Unit], parts: list[tuple[float, tuple[int, ...]]]) -> _Tree:
-    """Independent parts as a binary tree of parallel splits, each side about half the
-    sequential time (largest first, each to the lighter side)."""
+    """Independent parts as one parallel split (at most ``_MAX_PARTS``), or as a binary tree
+    of them, each side about half the sequential time (largest first, to the lighter side)."""
     if len(parts) == 1:
         return _decompose(units, parts[0][1])
     parts = sorted(parts, key=lambda p: (-p[0], p[1]))
+    if len(parts) <= _MAX_PARTS:
+        children = tuple(_decompose(units, p[1]) for p in parts)
+        return _Tree("parallel", children, tuple(sorted(u for c in children for u in c.units)))
     sides: list[list[tuple[float, tuple[int, ...]]]] = [[], []]
     loads = [0.0, 0.0]
     for p in parts:
@@ -492,7 +517,17 @@ def _annotate(tree: _Tree, units: list[_Unit], cache: MappingCache) -> None:
 
 
 class _Solver:
-    def __init__(self, machine: Machine, micro_batches: int, cache: MappingCache) -> None:
+    def __init__(
+        self,
+        machine: Machine,
+        micro_batches: int,
+        cache: MappingCache,
+        unit_s: Callable[[int, int], float] | None = None,
+    ) -> None:
+        # unit_s (unit, devices) -> seconds: units whose time depends on the devices they get
+        # (elastic, pcgopt.extract.branches); moves are then split over the receiving devices.
+        # None: every unit takes its fixed time.
+        self.unit_s = unit_s
         self.counts = machine.counts
         self.links: tuple[Link, ...] = tuple(level.link for level in machine.levels)
         depth = len(self.counts)
@@ -511,12 +546,19 @@ class _Solver:
     def size(self, view: tuple[int, int]) -> int:
         return view[1] * self.unit_size[view[0]]
 
-    def move_s(self, tree: _Tree, link: Link, direction: str | None = None) -> float:
+    def unit_seconds(self, units: Sequence[_Unit], u: int, view: tuple[int, int]) -> float:
+        return units[u].seconds if self.unit_s is None else self.unit_s(u, self.size(view))
+
+    def move_s(
+        self, tree: _Tree, link: Link, direction: str | None = None, receivers: int = 1
+    ) -> float:
         total = 0.0
+        if self.unit_s is None:
+            receivers = 1  # fixed units: moves already hold the bytes one device receives
         for nbytes, grad, way in tree.moves:
             if direction is not None and way != direction:
                 continue
-            one = self.m * link.latency_s + nbytes / link.bandwidth_Bps
+            one = self.m * link.latency_s + nbytes / receivers / link.bandwidth_Bps
             total += 2 * one if grad else one
         return total
 
@@ -531,26 +573,61 @@ class _Solver:
         if tree.footprint > self.size(view):
             best = _INF
         elif tree.kind == "leaf":
-            best = tree.seconds
+            best = (
+                tree.seconds
+                if self.unit_s is None
+                else sum(self.unit_s(u, self.size(view)) for u in tree.units)
+            )
         elif tree.kind == "series":
             best = sum(self.solve(c, view) for c in tree.children)
         else:
-            a, b = tree.children
-            best = self.solve(a, view) + self.solve(b, view)
-            decision = ("sequence",)
-            j, count = view
-            if count > 1:
-                link = self.links[j]
-                for first, second in ((a, b), (b, a)):
-                    moves = self.move_s(second, link)
-                    for a1 in range(1, count):
-                        v1 = self.normalize(j, a1)
-                        v2 = self.normalize(j, count - a1)
-                        if first.footprint > self.size(v1) or second.footprint > self.size(v2):
-                            continue
-                        t = max(self.solve(first, v1), self.solve(second, v2) + moves)
-                        if t < best:
-                            best, decision = t, ("divide", first is a, a1)
+            best = self.solve_group(tree, (1 << len(tree.children)) - 1, view)
+        self.cache._solved[key] = (best, decision)
+        return best
+
+    def solve_group(self, tree: _Tree, mask: int, view: tuple[int, int]) -> float:
+        """The children of parallel split ``tree`` in ``mask`` on ``view``: one child alone, or
+        two groups of them one after the other on the whole view, or at once on a division of
+        it (the group off the view's first device paying its transfers)."""
+        key = (tree.key, view, self.m, mask)
+        found = self.cache._solved.get(key)
+        if found is not None:
+            return found[0]
+        members = [k for k in range(len(tree.children)) if mask >> k & 1]
+        if len(members) == 1:
+            best, decision = self.solve(tree.children[members[0]], view), ("one", members[0])
+            self.cache._solved[key] = (best, decision)
+            return best
+        best, decision = _INF, ()
+        j, count = view
+        link = self.links[j]
+        low = mask & -mask
+        sub = (mask - 1) & mask
+        while sub:  # every proper non-empty subset: the group that goes first / on the left
+            rest = mask & ~sub
+            if sub & low:  # in sequence the order does not matter: each pair once
+                t = self.solve_group(tree, sub, view) + self.solve_group(tree, rest, view)
+                if t < best:
+                    best, decision = t, ("sequence", sub, rest)
+            need1 = max(
+                tree.children[k].footprint for k in range(len(tree.children)) if sub >> k & 1
+            )
+            need2 = max(
+                tree.children[k].footprint for k in range(len(tree.children)) if rest >> k & 1
+            )
+            for a1 in range(1, count):
+                v1, v2 = self.normalize(j, a1), self.normalize(j, count - a1)
+                if need1 > self.size(v1) or need2 > self.size(v2):
+                    continue
+                moves = sum(
+                    self.move_s(tree.children[k], link, receivers=self.size(v2))
+                    for k in range(len(tree.children))
+                    if rest >> k & 1
+                )
+                t = max(self.solve_group(tree, sub, v1), self.solve_group(tree, rest, v2) + moves)
+                if t < best:
+                    best, decision = t, ("divide", sub, rest, a1)
+            sub = (sub - 1) & mask
         self.cache._solved[key] = (best, decision)
         return best
 
@@ -561,38 +638,58 @@ class _Solver:
         start: int,
         t0: float,
         units: list[_Unit],
-        out: dict[int, tuple[int, float, float]],
+        out: dict[int, tuple[int, float, float, int]],
         stats: list[float],
     ) -> float:
+        """Lays ``tree`` out from device ``start`` at time ``t0`` by the solved decisions:
+        ``out[unit] = (first device, start, end, devices of its view)``; returns the end."""
         if tree.kind == "leaf":
             t = t0
             for u in tree.units:
-                out[u] = (start, t, t + units[u].seconds)
-                t += units[u].seconds
+                seconds = self.unit_seconds(units, u, view)
+                out[u] = (start, t, t + seconds, self.size(view))
+                t += seconds
             return t
         if tree.kind == "series":
             t = t0
             for c in tree.children:
                 t = self.schedule(c, view, start, t, units, out, stats)
             return t
-        stats[0] += 1
-        _, decision = self.cache._solved[(tree.key, view, self.m)]
-        a, b = tree.children
+        return self.schedule_group(
+            tree, (1 << len(tree.children)) - 1, view, start, t0, units, out, stats
+        )
+
+    def schedule_group(
+        self,
+        tree: _Tree,
+        mask: int,
+        view: tuple[int, int],
+        start: int,
+        t0: float,
+        units: list[_Unit],
+        out: dict[int, tuple[int, float, float, int]],
+        stats: list[float],
+    ) -> float:
+        _, decision = self.cache._solved[(tree.key, view, self.m, mask)]
+        if decision[0] == "one":
+            return self.schedule(tree.children[decision[1]], view, start, t0, units, out, stats)
+        stats[0] += 1  # a binary split of the group: counted as one parallel split
         if decision[0] == "sequence":
-            t = self.schedule(a, view, start, t0, units, out, stats)
-            return self.schedule(b, view, start, t, units, out, stats)
+            t = self.schedule_group(tree, decision[1], view, start, t0, units, out, stats)
+            return self.schedule_group(tree, decision[2], view, start, t, units, out, stats)
         stats[1] += 1
-        _, a_first, a1 = decision
-        first, second = (a, b) if a_first else (b, a)
+        _, first, second, a1 = decision
         j, count = view
         link = self.links[j]
-        move_in, move_out = self.move_s(second, link, "in"), self.move_s(second, link, "out")
+        v2 = self.normalize(j, count - a1)
+        moved = [tree.children[k] for k in range(len(tree.children)) if second >> k & 1]
+        move_in = sum(self.move_s(c, link, "in", self.size(v2)) for c in moved)
+        move_out = sum(self.move_s(c, link, "out", self.size(v2)) for c in moved)
         stats[2] += move_in + move_out
-        end1 = self.schedule(first, self.normalize(j, a1), start, t0, units, out, stats)
+        v1 = self.normalize(j, a1)
+        end1 = self.schedule_group(tree, first, v1, start, t0, units, out, stats)
         offset = start + a1 * self.unit_size[j]
-        end2 = self.schedule(
-            second, self.normalize(j, count - a1), offset, t0 + move_in, units, out, stats
-        )
+        end2 = self.schedule_group(tree, second, v2, offset, t0 + move_in, units, out, stats)
         return max(end1, end2 + move_out)
 
 
@@ -668,7 +765,7 @@ def map_machine(
     solver = _Solver(machine, cost.micro_batches, cache)
     root = solver.normalize(0, machine.counts[0])
     time_s = solver.solve(tree, root)
-    placed: dict[int, tuple[int, float, float]] = {}
+    placed: dict[int, tuple[int, float, float, int]] = {}
     stats = [0.0, 0.0, 0.0]
     end = solver.schedule(tree, root, 0, 0.0, units, placed, stats)
     assert math.isclose(end, time_s, rel_tol=1e-9, abs_tol=1e-15), (end, time_s)
@@ -693,7 +790,7 @@ def map_machine(
         memory = cost.memory
     schedule = tuple(
         MappedUnit(
-            tuple(u.nodes), DeviceBlock(placed[u.index][0], u.footprint), *placed[u.index][1:]
+            tuple(u.nodes), DeviceBlock(placed[u.index][0], u.footprint), *placed[u.index][1:3]
         )
         for u in units
     )

@@ -13,7 +13,10 @@ Phases, each timed in :attr:`Plan.stats`:
    counted once and the device memory respected (:mod:`pcgopt.extract.extraction`: exact ILP for
    small e-graphs, greedy plus local search otherwise);
 4. **baselines**: data parallelism, Megatron-style tensor parallelism and sequential
-   optimization (:mod:`pcgopt.extract.baselines`), costed by the same model. The plan returned is
+   optimization (:mod:`pcgopt.extract.baselines`), costed by the same model, and the
+   branch-parallel plan (:func:`~pcgopt.extract.branches.branch_parallel`: data parallelism
+   whose degree narrows where the mapping DP runs branches at once, a plan that only pays off
+   once mapped, so extraction would not propose it). The plan returned is
    the fastest that fits in memory among the extraction, the baselines, the layer-wise plans
    and the seeds, so it is never worse than any of them; :attr:`SearchStats.chosen`
    says which one won;
@@ -51,6 +54,7 @@ from pcgopt.egraph import Budget, saturate, warm_up
 from pcgopt.errors import PCGError
 from pcgopt.evaluate import equivalent
 from pcgopt.extract.baselines import BaselineError, data_parallel, megatron, sequential
+from pcgopt.extract.branches import branch_parallel
 from pcgopt.extract.cost import (
     CostBreakdown,
     CostError,
@@ -383,10 +387,24 @@ def mapped_cost(
     table ``cache``), then, if it still does not fit device memory, gradient accumulation over
     the fewest micro-batches that fit in the cost model's (unmapped, so conservative) memory
     (:func:`~pcgopt.extract.cost.accumulate_to_fit`), mapped again. ``cost``: its
-    default-placement cost, if known."""
+    default-placement cost, if known.
+
+    The placement spreads a plan's axes over the machine, which can leave no room to run
+    narrow branches beside each other, so the default placement (every node's tasks packed
+    from its block's first device) is mapped too, and the faster of the two is kept."""
     placed = place_plan(plan, machine, optimizer=optimizer, default_cost=cost)
     final = placed.cost
     mapping = map_machine(plan, machine, cost=final, devices=placed.devices, cache=cache)
+    if placed.matrix is not None:
+        default = cost or iteration_cost(plan, machine, optimizer=optimizer)
+        packed = map_machine(plan, machine, cost=default, cache=cache)
+        if (not packed.cost(default).feasible, packed.time_s) < (
+            not mapping.cost(final).feasible,
+            mapping.time_s,
+        ):
+            reason = "packed placement maps faster"
+            placed = PlanPlacement(placed.axes, None, {}, default, placed.tried, reason)
+            final, mapping = default, packed
     if not mapping.cost(final).feasible:
         final = accumulate_to_fit(
             plan, machine, optimizer=optimizer, cost=final, devices=placed.devices
@@ -536,6 +554,19 @@ def saturate_and_extract(
             except (BaselineError, CostError) as e:
                 say(f"baseline {name} does not apply: {e}")
                 candidates[name] = None
+        # Data parallelism narrowed where branches run at once: only cheaper once mapped, so
+        # extraction (which costs plans in sequence) would not propose it.
+        try:
+            branches = branch_parallel(pcg, machine, optimizer=optimizer)
+            say(repr(branches) if branches else "branch parallel: no branch narrows")
+            candidates["branch parallel"] = (
+                None
+                if branches is None
+                else (branches.pcg, iteration_cost(branches.pcg, machine, optimizer=optimizer))
+            )
+        except (BaselineError, CostError) as e:
+            say(f"branch parallel does not apply: {e}")
+            candidates["branch parallel"] = None
     phases["baselines"] = time.perf_counter() - start
     candidates.update(layerwise)
     candidates.update(extra)

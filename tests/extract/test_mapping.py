@@ -5,6 +5,7 @@ not change when a unit moves to other devices of the same shape; the memo table 
 across candidates."""
 
 import math
+from unittest.mock import patch
 
 import pytest
 from hypothesis import assume, given, settings
@@ -20,6 +21,7 @@ from pcgopt.extract import (
     map_machine,
     saturate_and_extract,
 )
+from pcgopt.extract import mapping as mapping_module
 from pcgopt.extract.mapping import _units
 from pcgopt.extract.plan import _mapping, mapped_cost
 from pcgopt.machine import DeviceSpec, Level, Link
@@ -159,6 +161,20 @@ def test_the_schedule_of_branchy_graphs_is_valid(case):
     check_schedule(pcg, machine, map_machine(pcg, machine, cost=cost), cost)
 
 
+@settings(max_examples=30, deadline=None)
+@given(st.sampled_from(MACHINES).flatmap(lambda m: st.tuples(_fitting_towers(m), st.just(m))))
+def test_grouping_parts_every_way_is_never_worse_than_one_balanced_tree(case):
+    """A parallel split of up to six parts tries every grouping of them into two sides; the
+    balanced binary tree it used to take (still taken beyond six) is one of those groupings."""
+    pcg, machine = case
+    cost = iteration_cost(pcg, machine)
+    every_way = map_machine(pcg, machine, cost=cost)
+    with patch.object(mapping_module, "_MAX_PARTS", 1):
+        one_tree = map_machine(pcg, machine, cost=cost)
+        check_schedule(pcg, machine, one_tree, cost)
+    assert every_way.time_s <= one_tree.time_s * (1 + 1e-12)
+
+
 @settings(max_examples=40, deadline=None)
 @given(small_pcgs(max_ops=10, degrees=(2, 4)), st.sampled_from(MACHINES[1:]))
 def test_the_schedule_of_random_pcgs_is_valid(pcg, machine):
@@ -292,10 +308,11 @@ def test_the_memo_table_keeps_micro_batch_counts_apart():
 def test_a_tensor_two_nodes_of_a_unit_read_moves_once():
     b = PCGBuilder()
     t = b.relu(b.input((64, 64), name="x"), name="t")
-    back = b.combine(b.partition(t, dim=0, degree=2, name="p"), dim=0, degree=2, name="c")
-    pcg = b.build(b.add(t, back, name="a"))
+    both = b.add(b.replicate(t, degree=2, name="r1"), b.replicate(t, degree=2, name="r2"))
+    pcg = b.build(b.discard_copies(both, degree=2, name="one"))
     units, unit_of = _units(pcg, iteration_cost(pcg, MACHINES[0]), {})
-    assert len(units[unit_of["a"]].inputs) == 1  # t, read by the add and by the partition
+    assert unit_of["r1"] == unit_of["r2"] == unit_of["one"] != unit_of["t"]
+    assert len(units[unit_of["r1"]].inputs) == 1  # t, read by both Replicates
 
 
 def test_flat_device_lists_are_placements_too():

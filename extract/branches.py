@@ -1,0 +1,228 @@
+"""Branch-parallel plans: data parallelism whose degree narrows where branches run at once
+(Unity section 5.2, where extraction and machine mapping interact).
+
+A data-parallel plan spans as many devices as its degree, in every node, so the machine-mapping
+DP (:func:`~pcgopt.extract.mapping.map_machine`) cannot run two of its branches at once: neither
+fits beside the other. Inception-v3 on a 6-GPU Summit node shows what that loses: its batch of
+64 splits 4 ways at most, so two GPUs idle, while its towers could run 4 + 2 wide side by side.
+Such a plan is only cheaper once mapped, and extraction costs plans as if their nodes ran in
+sequence, so no other search proposes it. :func:`branch_parallel` does:
+
+1. **Elastic costs.** The data-parallel plan at every legal degree ``d`` (a divisor of the
+   batch, at most the machine's devices) is costed by the cost model, and every node's time is
+   charged to the sequential node it came from (a Replicate to its Weight's reader, an
+   AllReduce to what it reduces). A unit of the sequential graph (as the mapping forms them)
+   then has a time on every view of ``w`` devices: at degree ``d(w)``, the largest legal one up
+   to ``w``.
+2. **The mapping DP on elastic units.** The sequential graph's series-parallel decomposition is
+   solved with those times: a parallel split runs its sides in sequence on the whole view, or at
+   once on a division of it, each side then at the degree its share allows; moves between
+   divided sides carry each receiving device's share of the tensor. The solution says how many
+   devices every unit gets, hence its degree.
+3. **The plan.** The sequential PCG is lowered with each compute node at its degree
+   (:func:`lower_degrees`): a node whose inputs come at another degree gets them
+   redistributed (an AllGather and DiscardCopies to narrow, a Partition to widen), so the plan
+   is an ordinary PCG, equivalent to the input.
+
+The estimate of step 2 leaves out the redistributions step 3 adds, so the plan is judged like
+every other candidate: :func:`~pcgopt.extract.plan.saturate_and_extract` places and maps it
+with the exact cost model, and keeps it only if it is the fastest.
+
+>>> from pcgopt import Machine
+>>> from pcgopt.models import build
+>>> found = branch_parallel(build("inception_v3", small=True), Machine.preset("summit"))
+>>> found is None or found.narrowed > 0
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+import numpy as np
+
+from pcgopt.builder import Tensor
+from pcgopt.errors import PCGError
+from pcgopt.extract.baselines import (
+    BaselineError,
+    _check_sequential,
+    _largest_divisor,
+    batch_size,
+    data_parallel,
+)
+from pcgopt.extract.cost import CostError, iteration_cost
+from pcgopt.extract.layerwise import _LayerwiseLowering
+from pcgopt.extract.mapping import MappingCache, _annotate, _decompose, _Solver, _units
+from pcgopt.graph import PCG, Node
+from pcgopt.machine import Machine
+from pcgopt.ops import OpKind
+
+__all__ = ["BranchParallel", "branch_parallel", "lower_degrees"]
+
+
+@dataclass(frozen=True)
+class BranchParallel:
+    """A branch-parallel plan: its ``pcg``, the batch ``degrees`` of its compute nodes, the
+    DP's ``estimate_s`` (redistributions left out) against ``uniform_s``, the same estimate with
+    every node at the widest degree in sequence, and how many compute nodes are ``narrowed``
+    below that degree."""
+
+    pcg: PCG = field(repr=False)
+    degrees: Mapping[str, int] = field(repr=False)
+    estimate_s: float
+    uniform_s: float
+    widest: int
+    narrowed: int
+
+    def __repr__(self) -> str:
+        return (
+            f"BranchParallel({self.narrowed} of {len(self.degrees)} compute nodes below degree "
+            f"{self.widest}; estimated {self.estimate_s * 1e3:.4g} ms vs "
+            f"{self.uniform_s * 1e3:.4g} ms data parallel)"
+        )
+
+
+class _DegreeLowering(_LayerwiseLowering):
+    """Data-parallel lowering with a batch degree per compute node (module docstring)."""
+
+    def __init__(self, pcg: PCG, degrees: Mapping[str, int], input_degree: int) -> None:
+        super().__init__(pcg, {}, input_degree)
+        self.degrees = degrees
+        consumers = pcg.consumers()
+        self.input_degrees = {
+            n.name: min(
+                (degrees[r] for r, _ in consumers.get(n.output(), ()) if r in degrees),
+                default=input_degree,
+            )
+            for n in pcg.inputs
+        }
+
+    def _lower(self, node: Node) -> None:
+        if node.op == "input":
+            self.dp = self.input_degrees[node.name]  # split as its first readers need it
+        super()._lower(node)
+
+    def _attempts(self, node: Node, data: dict[int, Tensor]):  # type: ignore[no-untyped-def]
+        attempts = super()._attempts(node, data)
+        degree = self.degrees.get(node.name)
+        if degree is None or not data:
+            return attempts
+        first = min(data)
+        rank = data[first].shape.rank
+        if rank == 0 or data[first].shape.sizes[0] % degree:
+            return attempts
+        target = (degree, *([1] * (rank - 1)))
+        # Its own degree first; the inputs' layouts (and the fallbacks) if that fails.
+        return [self._matching(node, data, first, target, 1), *attempts]
+
+
+def lower_degrees(pcg: PCG, machine: Machine, degrees: Mapping[str, int]) -> PCG:
+    """``pcg`` (sequential) data parallel with compute node ``name`` split by batch
+    ``degrees[name]`` ways (nodes left out follow their inputs): inputs arriving at another
+    degree are redistributed. Raises :class:`~pcgopt.extract.baselines.BaselineError` for a
+    node that is not a compute node of ``pcg`` or a degree that does not divide the batch or
+    exceeds the machine."""
+    _check_sequential(pcg)
+    batch = batch_size(pcg)
+    for name, degree in degrees.items():
+        node = pcg.node(name) if name in pcg else None
+        if node is None or node.spec.kind is not OpKind.COMPUTE:
+            raise BaselineError(f"node {name!r} is not a compute node of the PCG", node=name)
+        if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
+            raise BaselineError(
+                f"node {name!r}: degree must be a positive integer, got {degree!r}", node=name
+            )
+        if batch % degree or degree > machine.num_devices:
+            raise BaselineError(
+                f"node {name!r}: degree {degree} must divide the batch ({batch}) and be at most "
+                f"the {machine.num_devices} devices of {machine.name!r}",
+                node=name,
+            )
+    widest = max(degrees.values(), default=_largest_divisor(batch, machine.num_devices))
+    return _DegreeLowering(pcg, degrees, widest).run()
+
+
+def _origins(plan: PCG, unit_of: Mapping[str, int]) -> list[tuple[str, int]]:
+    """Each node of a data-parallel ``plan`` with the sequential unit it came from: its own
+    name's, else its first input's (layout operators follow what they lay out)."""
+    origin: dict[str, int] = {}
+    out = []
+    for n in plan.nodes:
+        if n.name in unit_of:
+            origin[n.name] = unit_of[n.name]
+        elif n.inputs:
+            origin[n.name] = origin[n.inputs[0].node]
+        else:
+            continue
+        out.append((n.name, origin[n.name]))
+    return out
+
+
+def branch_parallel(
+    pcg: PCG, machine: Machine, *, optimizer: str = "adam"
+) -> BranchParallel | None:
+    """The branch-parallel plan of ``pcg`` on ``machine`` (module docstring), or None when
+    the DP narrows no branch (the plan would be data parallelism). Raises
+    :class:`~pcgopt.extract.baselines.BaselineError` when ``pcg`` has no batch to split or is
+    already parallel."""
+    _check_sequential(pcg)
+    batch = batch_size(pcg)
+    # The degrees views can get: the largest divisor of the batch up to each view's size.
+    sizes = {
+        a * math.prod(machine.counts[j + 1 :])
+        for j in range(len(machine.counts))
+        for a in range(1, machine.counts[j] + 1)
+    }
+    legal = sorted({_largest_divisor(batch, w) for w in sizes})
+    sequential_cost = iteration_cost(pcg, machine, optimizer=optimizer)
+    units, unit_of = _units(pcg, sequential_cost, {})
+    table = np.full((len(units), len(legal)), math.inf)
+    for k, degree in enumerate(legal):
+        try:
+            plan = data_parallel(pcg, machine, degree=degree)
+            cost = iteration_cost(plan, machine, optimizer=optimizer)
+        except (PCGError, CostError):
+            continue  # this degree does not apply: never chosen
+        column = np.zeros(len(units))
+        for name, u in _origins(plan, unit_of):
+            column[u] += cost.per_node[name].total_s
+        table[:, k] = column
+    usable = [k for k in range(len(legal)) if np.isfinite(table[0, k])]
+    if not usable:
+        return None
+    # The degree a view of w devices gets: the largest usable one up to w.
+    by_width = {w: max((k for k in usable if legal[k] <= w), default=usable[0]) for w in sizes}
+
+    def unit_s(u: int, width: int) -> float:
+        return float(table[u, by_width[width]])
+
+    cache = MappingCache(machine)
+    tree = _decompose(units, tuple(range(len(units))))
+    _annotate(tree, units, cache)
+    solver = _Solver(machine, 1, cache, unit_s=unit_s)
+    root = solver.normalize(0, machine.counts[0])
+    estimate = solver.solve(tree, root)
+    placed: dict[int, tuple[int, float, float, int]] = {}
+    solver.schedule(tree, root, 0, 0.0, units, placed, [0.0, 0.0, 0.0])
+    widest = legal[by_width[machine.num_devices]]
+    degrees: dict[str, int] = {}
+    for u in units:
+        degree = legal[by_width[placed[u.index][3]]]
+        for name in u.nodes:
+            if pcg.node(name).spec.kind is OpKind.COMPUTE:
+                degrees[name] = degree
+    narrowed = sum(1 for d in degrees.values() if d < widest)
+    if not narrowed:
+        return None
+    uniform = float(table[:, by_width[machine.num_devices]].sum())
+    return BranchParallel(
+        pcg=lower_degrees(pcg, machine, degrees),
+        degrees=MappingProxyType(degrees),
+        estimate_s=estimate,
+        uniform_s=uniform,
+        widest=widest,
+        narrowed=narrowed,
+    )

@@ -1,0 +1,129 @@
+"""Branch-parallel plans: data parallelism with a batch degree per node, narrowed where the
+machine-mapping DP runs branches at once. The plans compute what the input computes; each node
+runs at the degree asked; the DP's estimate is what the exact cost model and mapping then find;
+towers that data parallelism runs one after another on all devices run side by side."""
+
+import inspect
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pcgopt import Machine, PCGBuilder, equivalent
+from pcgopt.extract import (
+    BaselineError,
+    branch_parallel,
+    data_parallel,
+    iteration_cost,
+    lower_degrees,
+    map_machine,
+)
+from pcgopt.extract.plan import mapped_cost
+from pcgopt.machine import DeviceSpec, Level, Link
+from pcgopt.models import ZOO, build
+from pcgopt.ops import OpKind
+from pcgopt.testing.strategies import towers
+
+DEVICE = DeviceSpec(
+    name="gpu", peak_flops={"f32": 15e12}, memory_bandwidth_Bps=900e9, memory_bytes=16 * 2**30
+)
+FOUR = Machine((Level("gpu", 4, Link(10e9, 5e-6)),), DEVICE, name="flat4")
+
+
+def weak_scaled(name: str, machine: Machine):
+    """A zoo model with its default per-GPU batch on every device (as bench/run.py builds it)."""
+    per_gpu = inspect.signature(ZOO[name].builder).parameters["batch"].default
+    return build(name, batch=per_gpu * machine.num_devices)
+
+
+def fork(k: int, *, rows: int = 64, width: int = 2048, depth: int = 2):
+    """``k`` identical towers of dense layers over one input, joined by a concatenation."""
+    b = PCGBuilder()
+    x = b.input((rows, width), name="x")
+    outs = []
+    for i in range(k):
+        t = x
+        for j in range(depth):
+            w = b.weight((width, width), name=f"w{i}_{j}")
+            t = b.relu(b.matmul(t, w, name=f"m{i}_{j}"), name=f"t{i}_{j}")
+        outs.append(t)
+    return b.build(b.reduce_sum(b.concat(*outs, axis=1, name="join"), axes=(0, 1), name="loss"))
+
+
+@settings(max_examples=25, deadline=None)
+@given(pcg=towers(degrees=(1,)), data=st.data())
+def test_every_node_runs_at_its_degree_and_the_plan_is_equivalent(pcg, data):
+    compute = [n.name for n in pcg.nodes if n.spec.kind is OpKind.COMPUTE]
+    degrees = {name: data.draw(st.sampled_from((1, 2, 4)), label=name) for name in compute}
+    plan = lower_degrees(pcg, FOUR, degrees)
+    assert equivalent(pcg, plan)
+    for name, degree in degrees.items():
+        shape = plan.shape(name)
+        if shape.rank == 2:  # the batch dimension; a scalar loss holds partial sums instead
+            assert shape.degrees[0] == degree, name
+            assert shape.num_shards == degree, name
+
+
+def test_towers_run_side_by_side_at_narrower_degrees():
+    pcg = fork(4)
+    machine = Machine.preset("dgx-a100", devices_per_node=4)
+    found = branch_parallel(pcg, machine)
+    assert found is not None and found.narrowed > 0
+    assert equivalent(pcg, found.pcg)
+    _, dp_mapping, dp_cost = mapped_cost(data_parallel(pcg, machine), machine)
+    _, mapping, cost = mapped_cost(found.pcg, machine)
+    assert dp_mapping.divided_splits == 0  # every tower spans all devices: nothing fits beside
+    assert mapping.divided_splits > 0
+    assert cost.total_s < dp_cost.total_s
+    # The towers' first layers run at once on disjoint blocks as wide as their degrees.
+    first = [u for u in mapping.units if u.nodes[0] in {f"m{i}_0" for i in range(4)}]
+    assert all(u.block.size == found.degrees[u.nodes[0]] for u in first)
+    starts = {u.start_s for u in first}
+    assert len(starts) < len(first)
+
+
+def test_the_estimate_is_what_the_exact_cost_and_mapping_find():
+    # CANDLE-Uno on one Summit node: five feature towers on six GPUs. The DP's estimate leaves
+    # out the redistributions the plan adds; they are small here.
+    machine = Machine.preset("summit")
+    pcg = weak_scaled("candle_uno", machine)
+    found = branch_parallel(pcg, machine)
+    assert found is not None
+    _, _, cost = mapped_cost(found.pcg, machine)
+    assert cost.total_s == pytest.approx(found.estimate_s, rel=0.05)
+    _, _, dp_cost = mapped_cost(data_parallel(pcg, machine), machine)
+    assert cost.total_s < 0.6 * dp_cost.total_s
+    assert cost.feasible
+
+
+def test_nothing_to_narrow_in_a_chain():
+    assert branch_parallel(build("mnist_mlp"), FOUR) is None
+
+
+def test_bad_degrees_are_named():
+    pcg = fork(2, rows=8, width=16)
+    with pytest.raises(BaselineError, match="'x' is not a compute node"):
+        lower_degrees(pcg, FOUR, {"x": 2})
+    with pytest.raises(BaselineError, match=r"'m0_0'.*degree 3 must divide the batch"):
+        lower_degrees(pcg, FOUR, {"m0_0": 3})
+    with pytest.raises(BaselineError, match=r"'m0_0'.*at most the 4 devices"):
+        lower_degrees(pcg, FOUR, {"m0_0": 8})
+    with pytest.raises(BaselineError, match=r"'m0_0'.*positive integer"):
+        lower_degrees(pcg, FOUR, {"m0_0": 0})
+    with pytest.raises(BaselineError, match=r"already parallel|sequential"):
+        branch_parallel(data_parallel(pcg, FOUR), FOUR)
+
+
+def test_a_narrowed_tensor_moves_to_its_reader():
+    # The AllGather and DiscardCopies that narrow a tensor for a narrow branch run with its
+    # producer, so the branch's block is as narrow as the branch.
+    pcg = fork(2, rows=8, width=16)
+    plan = lower_degrees(pcg, FOUR, {"m0_0": 4, "t0_0": 4, "m0_1": 2, "t0_1": 2})
+    mapping = map_machine(plan, FOUR, cost=iteration_cost(plan, FOUR))
+    unit_of = {n: u for u in mapping.units for n in u.nodes}
+    assert unit_of["m0_1"].block.size == 2
+    narrowing = [n.name for n in plan.nodes if n.op in ("all_gather", "discard_copies")]
+    assert {"t0_0.gather", "t0_0.one"} <= set(narrowing)  # t0_0 from 4 devices to 2
+    for name in narrowing:  # each with what it narrows
+        producer = plan.node(name).inputs[0].node
+        assert unit_of[name] is unit_of[producer], name
