@@ -38,6 +38,7 @@ True
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -54,8 +55,20 @@ from pcgopt.extract.baselines import (
     data_parallel,
 )
 from pcgopt.extract.cost import CostError, iteration_cost
-from pcgopt.extract.layerwise import _LayerwiseLowering
-from pcgopt.extract.mapping import MappingCache, _annotate, _decompose, _Solver, _units
+from pcgopt.extract.layerwise import (
+    MatmulStrategy,
+    _LayerwiseLowering,
+    dense_layers,
+    strategies_for,
+)
+from pcgopt.extract.mapping import (
+    MappingCache,
+    _annotate,
+    _decompose,
+    _Solver,
+    _units,
+    map_machine,
+)
 from pcgopt.graph import PCG, Node
 from pcgopt.machine import Machine
 from pcgopt.ops import OpKind
@@ -65,31 +78,45 @@ __all__ = ["BranchParallel", "branch_parallel", "lower_degrees"]
 
 @dataclass(frozen=True)
 class BranchParallel:
-    """A branch-parallel plan: its ``pcg``, the batch ``degrees`` of its compute nodes, the
-    DP's ``estimate_s`` (redistributions left out) against ``uniform_s``, the same estimate with
-    every node at the widest degree in sequence, and how many compute nodes are ``narrowed``
-    below that degree."""
+    """A branch-parallel plan: its ``pcg``; the batch ``degrees`` of its compute nodes and the
+    ``strategies`` of its dense layers; the DP's ``estimate_s`` (redistributions left out)
+    against ``uniform_s``, the same estimate with every node at the widest degree in sequence;
+    ``mapped_s``, the plan's time under the exact cost model and machine mapping (default
+    placement); how many compute nodes are ``narrowed`` below the widest degree, and how many
+    assignments the descent costed (``evaluations``)."""
 
     pcg: PCG = field(repr=False)
     degrees: Mapping[str, int] = field(repr=False)
+    strategies: Mapping[str, MatmulStrategy] = field(repr=False)
     estimate_s: float
     uniform_s: float
+    mapped_s: float
     widest: int
     narrowed: int
+    evaluations: int
 
     def __repr__(self) -> str:
+        split = sum(1 for s in self.strategies.values() if s.columns * s.contraction > 1)
         return (
             f"BranchParallel({self.narrowed} of {len(self.degrees)} compute nodes below degree "
-            f"{self.widest}; estimated {self.estimate_s * 1e3:.4g} ms vs "
-            f"{self.uniform_s * 1e3:.4g} ms data parallel)"
+            f"{self.widest}, {split} dense layers tensor parallel; {self.mapped_s * 1e3:.4g} ms "
+            f"mapped (DP estimate {self.estimate_s * 1e3:.4g} ms, data parallel in sequence "
+            f"{self.uniform_s * 1e3:.4g} ms); {self.evaluations} assignments costed)"
         )
 
 
 class _DegreeLowering(_LayerwiseLowering):
-    """Data-parallel lowering with a batch degree per compute node (module docstring)."""
+    """Data-parallel lowering with a batch degree per compute node (module docstring); dense
+    layers given a strategy run it instead."""
 
-    def __init__(self, pcg: PCG, degrees: Mapping[str, int], input_degree: int) -> None:
-        super().__init__(pcg, {}, input_degree)
+    def __init__(
+        self,
+        pcg: PCG,
+        degrees: Mapping[str, int],
+        input_degree: int,
+        strategies: Mapping[str, MatmulStrategy],
+    ) -> None:
+        super().__init__(pcg, strategies, input_degree)
         self.degrees = degrees
         consumers = pcg.consumers()
         self.input_degrees = {
@@ -119,13 +146,35 @@ class _DegreeLowering(_LayerwiseLowering):
         return [self._matching(node, data, first, target, 1), *attempts]
 
 
-def lower_degrees(pcg: PCG, machine: Machine, degrees: Mapping[str, int]) -> PCG:
+def lower_degrees(
+    pcg: PCG,
+    machine: Machine,
+    degrees: Mapping[str, int],
+    strategies: Mapping[str, MatmulStrategy] | None = None,
+) -> PCG:
     """``pcg`` (sequential) data parallel with compute node ``name`` split by batch
     ``degrees[name]`` ways (nodes left out follow their inputs): inputs arriving at another
-    degree are redistributed. Raises :class:`~pcgopt.extract.baselines.BaselineError` for a
-    node that is not a compute node of ``pcg`` or a degree that does not divide the batch or
-    exceeds the machine."""
+    degree are redistributed. Dense layers in ``strategies`` run that SBP matmul strategy
+    instead (:func:`~pcgopt.extract.layerwise.lower`). Raises
+    :class:`~pcgopt.extract.baselines.BaselineError` for a node that is not a compute node of
+    ``pcg``, a degree that does not divide the batch or exceeds the machine, or a strategy
+    that cannot be applied."""
     _check_sequential(pcg)
+    strategies = dict(strategies or {})
+    dense = set(dense_layers(pcg))
+    for name, strategy in strategies.items():
+        if name not in dense or not isinstance(strategy, MatmulStrategy):
+            raise BaselineError(
+                f"node {name!r}: strategies take dense layers (MatMul/Linear by a rank-2 "
+                f"weight) to MatmulStrategy values, got {strategy!r}",
+                node=name,
+            )
+        if strategy.devices > machine.num_devices:
+            raise BaselineError(
+                f"node {name!r}: {strategy!r} needs {strategy.devices} devices, machine "
+                f"{machine.name!r} has {machine.num_devices}",
+                node=name,
+            )
     batch = batch_size(pcg)
     for name, degree in degrees.items():
         node = pcg.node(name) if name in pcg else None
@@ -142,7 +191,14 @@ def lower_degrees(pcg: PCG, machine: Machine, degrees: Mapping[str, int]) -> PCG
                 node=name,
             )
     widest = max(degrees.values(), default=_largest_divisor(batch, machine.num_devices))
-    return _DegreeLowering(pcg, degrees, widest).run()
+    lowering = _DegreeLowering(pcg, degrees, widest, strategies)
+    plan = lowering.run()
+    if lowering.failed:
+        name, strategy, error = lowering.failed[0]
+        raise BaselineError(
+            f"node {name!r}: strategy {strategy} cannot be applied: {error}", node=name
+        )
+    return plan
 
 
 def _origins(plan: PCG, unit_of: Mapping[str, int]) -> list[tuple[str, int]]:
@@ -162,10 +218,16 @@ def _origins(plan: PCG, unit_of: Mapping[str, int]) -> list[tuple[str, int]]:
 
 
 def branch_parallel(
-    pcg: PCG, machine: Machine, *, optimizer: str = "adam"
+    pcg: PCG,
+    machine: Machine,
+    *,
+    optimizer: str = "adam",
+    time_limit_s: float | None = None,
 ) -> BranchParallel | None:
     """The branch-parallel plan of ``pcg`` on ``machine`` (module docstring), or None when
-    the DP narrows no branch (the plan would be data parallelism). Raises
+    the DP narrows no branch (the plan would be data parallelism). ``time_limit_s`` bounds the
+    coordinate descent of step 4 (checked before every evaluation; the DP itself is not
+    bounded). Raises
     :class:`~pcgopt.extract.baselines.BaselineError` when ``pcg`` has no batch to split or is
     already parallel."""
     _check_sequential(pcg)
@@ -209,20 +271,102 @@ def branch_parallel(
     solver.schedule(tree, root, 0, 0.0, units, placed, [0.0, 0.0, 0.0])
     widest = legal[by_width[machine.num_devices]]
     degrees: dict[str, int] = {}
+    views: dict[str, int] = {}
     for u in units:
         degree = legal[by_width[placed[u.index][3]]]
         for name in u.nodes:
             if pcg.node(name).spec.kind is OpKind.COMPUTE:
-                degrees[name] = degree
+                degrees[name], views[name] = degree, placed[u.index][3]
     narrowed = sum(1 for d in degrees.values() if d < widest)
     if not narrowed:
         return None
     uniform = float(table[:, by_width[machine.num_devices]].sum())
+    strategies, plan, mapped_s, evaluations = _descend(
+        pcg, machine, degrees, views, optimizer=optimizer, time_limit_s=time_limit_s
+    )
     return BranchParallel(
-        pcg=lower_degrees(pcg, machine, degrees),
+        pcg=plan,
         degrees=MappingProxyType(degrees),
+        strategies=MappingProxyType(strategies),
         estimate_s=estimate,
         uniform_s=uniform,
+        mapped_s=mapped_s,
         widest=widest,
         narrowed=narrowed,
+        evaluations=evaluations,
     )
+
+
+def _descend(
+    pcg: PCG,
+    machine: Machine,
+    degrees: Mapping[str, int],
+    views: Mapping[str, int],
+    *,
+    optimizer: str,
+    time_limit_s: float | None,
+) -> tuple[dict[str, MatmulStrategy], PCG, float, int]:
+    """Coordinate descent (AutoDDL section 4.4) over the SBP matmul strategies of the dense
+    layers, each on the devices of its view (or its data-parallel degree's), ranked by the
+    exact cost model's time under the machine mapping: the plan the DP estimated, made
+    consistent with the exact costs (the redistributions, tensor parallelism in a branch).
+    Starts from data parallelism at each layer's degree; the slowest layers first, so a time
+    limit leaves out the least."""
+    started = time.perf_counter()
+    cache = MappingCache(machine)
+    seen: dict[tuple, tuple[tuple[bool, float], PCG | None]] = {}
+
+    def evaluate(assignment: dict[str, MatmulStrategy]) -> tuple[bool, float]:
+        key = tuple(sorted(assignment.items()))
+        if key not in seen:
+            try:
+                plan = lower_degrees(pcg, machine, degrees, assignment)
+                cost = iteration_cost(plan, machine, optimizer=optimizer)
+                mapping = map_machine(plan, machine, cost=cost, cache=cache)
+                seen[key] = ((not mapping.cost(cost).feasible, mapping.time_s), plan)
+            except (PCGError, CostError):
+                seen[key] = ((True, math.inf), None)
+        return seen[key][0]
+
+    layers = [name for name in dense_layers(pcg) if name in degrees]
+    options: dict[str, list[MatmulStrategy]] = {}
+    current: dict[str, MatmulStrategy] = {}
+    for name in layers:
+        found = {
+            o
+            for devices in {degrees[name], views[name]}
+            for o in strategies_for(pcg, name, machine, devices=devices)
+        }
+        start = MatmulStrategy(degrees[name], 1, 1)
+        if start in found:
+            current[name] = start
+        # Most promising first: no partial sums, then even splits of batch and columns.
+        options[name] = sorted(found, key=lambda o: (o.contraction, -min(o.batch, o.columns)))
+    best = evaluate(current)
+    first_plan = seen[tuple(sorted(current.items()))][1]
+    if first_plan is None:  # data parallelism at the chosen degrees: a bug if it fails
+        raise BaselineError("the branch-parallel degrees could not be lowered and costed")
+    # The slowest layers first (their time in the plan at the start).
+    start_cost = iteration_cost(first_plan, machine, optimizer=optimizer)
+    layers.sort(key=lambda n: -start_cost.per_node[n].total_s if n in start_cost.per_node else 0)
+
+    def over() -> bool:
+        return time_limit_s is not None and time.perf_counter() - started > time_limit_s
+
+    for _ in range(3):  # sweeps
+        changed = False
+        for name in layers:
+            for option in options[name]:
+                if over():
+                    break
+                if current.get(name) == option:
+                    continue
+                trial = {**current, name: option}
+                key = evaluate(trial)
+                if key < best:
+                    current, best, changed = trial, key, True
+        if not changed or over():
+            break
+    plan = seen[tuple(sorted(current.items()))][1]
+    assert plan is not None
+    return current, plan, best[1], len(seen)

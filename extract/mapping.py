@@ -528,6 +528,8 @@ class _Solver:
         # (elastic, pcgopt.extract.branches); moves are then split over the receiving devices.
         # None: every unit takes its fixed time.
         self.unit_s = unit_s
+        self._divisions: dict[tuple[int, int], list] = {}
+        self._groups: dict[tuple[int, int], tuple[list[int], list[float], list[float]]] = {}
         self.counts = machine.counts
         self.links: tuple[Link, ...] = tuple(level.link for level in machine.levels)
         depth = len(self.counts)
@@ -585,6 +587,47 @@ class _Solver:
         self.cache._solved[key] = (best, decision)
         return best
 
+    def divisions(
+        self, view: tuple[int, int]
+    ) -> list[tuple[int, tuple[int, int], tuple[int, int], int, int]]:
+        """The divisions of ``view``: (a1, the two views, their sizes)."""
+        found = self._divisions.get(view)
+        if found is None:
+            j, count = view
+            found = []
+            for a1 in range(1, count):
+                v1, v2 = self.normalize(j, a1), self.normalize(j, count - a1)
+                found.append((a1, v1, v2, self.size(v1), self.size(v2)))
+            self._divisions[view] = found
+        return found
+
+    def group_table(self, tree: _Tree, j: int) -> tuple[list[int], list[float], list[float]]:
+        """For every group (bit mask) of the children of parallel split ``tree``: its widest
+        footprint, and its moves over level ``j``'s link as latency seconds plus seconds per
+        receiving device's share (:meth:`move_s` summed over the group)."""
+        key = (id(tree), j)
+        found = self._groups.get(key)
+        if found is None:
+            link = self.links[j]
+            k = len(tree.children)
+            foot, lat, per_byte = [0] * (1 << k), [0.0] * (1 << k), [0.0] * (1 << k)
+            own = []
+            for c in tree.children:
+                a = b = 0.0
+                for nbytes, grad, _ in c.moves:
+                    times = 2 if grad else 1
+                    a += times * self.m * link.latency_s
+                    b += times * nbytes / link.bandwidth_Bps
+                own.append((c.footprint, a, b))
+            for mask in range(1, 1 << k):
+                low = (mask & -mask).bit_length() - 1
+                prev = mask & (mask - 1)
+                foot[mask] = max(foot[prev], own[low][0])
+                lat[mask] = lat[prev] + own[low][1]
+                per_byte[mask] = per_byte[prev] + own[low][2]
+            found = self._groups[key] = (foot, lat, per_byte)
+        return found
+
     def solve_group(self, tree: _Tree, mask: int, view: tuple[int, int]) -> float:
         """The children of parallel split ``tree`` in ``mask`` on ``view``: one child alone, or
         two groups of them one after the other on the whole view, or at once on a division of
@@ -599,8 +642,7 @@ class _Solver:
             self.cache._solved[key] = (best, decision)
             return best
         best, decision = _INF, ()
-        j, count = view
-        link = self.links[j]
+        foot, lat, per_byte = self.group_table(tree, view[0])
         low = mask & -mask
         sub = (mask - 1) & mask
         while sub:  # every proper non-empty subset: the group that goes first / on the left
@@ -609,21 +651,10 @@ class _Solver:
                 t = self.solve_group(tree, sub, view) + self.solve_group(tree, rest, view)
                 if t < best:
                     best, decision = t, ("sequence", sub, rest)
-            need1 = max(
-                tree.children[k].footprint for k in range(len(tree.children)) if sub >> k & 1
-            )
-            need2 = max(
-                tree.children[k].footprint for k in range(len(tree.children)) if rest >> k & 1
-            )
-            for a1 in range(1, count):
-                v1, v2 = self.normalize(j, a1), self.normalize(j, count - a1)
-                if need1 > self.size(v1) or need2 > self.size(v2):
+            for a1, v1, v2, size1, size2 in self.divisions(view):
+                if foot[sub] > size1 or foot[rest] > size2:
                     continue
-                moves = sum(
-                    self.move_s(tree.children[k], link, receivers=self.size(v2))
-                    for k in range(len(tree.children))
-                    if rest >> k & 1
-                )
+                moves = lat[rest] + per_byte[rest] / (1 if self.unit_s is None else size2)
                 t = max(self.solve_group(tree, sub, v1), self.solve_group(tree, rest, v2) + moves)
                 if t < best:
                     best, decision = t, ("divide", sub, rest, a1)

@@ -4,7 +4,7 @@ Phases, each timed in :attr:`Plan.stats`:
 
 1. **layer-wise search**: AutoDDL's searches over per-layer SBP matmul strategies
    (:mod:`pcgopt.extract.layerwise`): coordinate descent (12% of the time budget), then
-   Metropolis-Hastings from its result (8%); their plans, and any ``seeds`` given, seed the
+   Metropolis-Hastings from its result (6%); their plans, and any ``seeds`` given, seed the
    e-graph and are candidates;
 2. **saturate**: the verified rules explore the equivalent PCGs in one e-graph
    (:func:`pcgopt.egraph.saturate`) within a share of the time budget, starting from the input
@@ -430,8 +430,9 @@ def saturate_and_extract(
     """Optimize ``pcg`` for training on ``machine`` (module docstring): returns the fastest
     plan found that fits in device memory, with its predicted cost.
 
-    ``time_budget_s``: the search's wall-time target (the layer-wise searches get 20% of it,
-    saturation 50%, extraction up to 30% of which costing the e-graph is not bounded; each
+    ``time_budget_s``: the search's wall-time target (the layer-wise searches get 18% of it,
+    saturation 46%, extraction up to 28% of which costing the e-graph is not bounded, the
+    branch-parallel descent 8%; each
     limit is checked between steps, so a step in progress can overrun it);
     ``memory_budget``: the search's own memory limit in bytes (saturation stops before it);
     ``rules``: the rewrite rules (default: the shipped, proved ones); ``check``: verify the
@@ -478,7 +479,7 @@ def saturate_and_extract(
                 steps=found.evaluations,
                 start=found.strategies,
                 optimizer=optimizer,
-                time_limit_s=0.08 * time_budget_s,
+                time_limit_s=0.06 * time_budget_s,
             )
             layerwise["metropolis-hastings"] = (walked.pcg, walked.cost)
             say(repr(walked))
@@ -504,7 +505,7 @@ def saturate_and_extract(
         machine,
         rules=rules,
         budget=Budget(
-            seconds=max(0.05 * time_budget_s, 0.5 * time_budget_s - loading_s),
+            seconds=max(0.05 * time_budget_s, 0.46 * time_budget_s - loading_s),
             memory_bytes=memory_budget,
         ),
         progress=bool(progress),
@@ -519,7 +520,7 @@ def saturate_and_extract(
         say(f"{costs.uncosted} e-nodes read tensors without shape facts; they are left out")
     extracted: PCG | None = None
     try:
-        extraction: Extraction = extract_greedy(costs, time_limit_s=0.2 * time_budget_s)
+        extraction: Extraction = extract_greedy(costs, time_limit_s=0.18 * time_budget_s)
         if sat.num_enodes <= ILP_MAX_ENODES:
             try:
                 extraction = extract_ilp(
@@ -557,7 +558,9 @@ def saturate_and_extract(
         # Data parallelism narrowed where branches run at once: only cheaper once mapped, so
         # extraction (which costs plans in sequence) would not propose it.
         try:
-            branches = branch_parallel(pcg, machine, optimizer=optimizer)
+            branches = branch_parallel(
+                pcg, machine, optimizer=optimizer, time_limit_s=0.08 * time_budget_s
+            )
             say(repr(branches) if branches else "branch parallel: no branch narrows")
             candidates["branch parallel"] = (
                 None

@@ -37,6 +37,7 @@ def test_the_plan_is_never_worse_than_a_baseline_and_is_checked(mnist_plan):
         "sequential",
         "coordinate descent",
         "metropolis-hastings",
+        "branch parallel",
     } <= set(plan.stats.candidates)
     assert plan.cost.total_s == min(costs)
     assert plan.cost.feasible
