@@ -92,8 +92,13 @@ loader delivers the input already split and replicated, and a weight is *stored*
 Its backward is free for Partition (each shard's gradient is where the shard is) and, for
 Replicate on a trainable weight, an AllReduce of the gradient among the copies: every copy
 updates itself with the sum (Unity section 3.3: parameter synchronization is the backward of
-Replicate on weights). Other parallel operators after a weight (AllGather of a sharded weight,
-as in FSDP) are ordinary communication in every iteration.
+Replicate on weights). A weight that is only looked up by rows (an embedding table: every
+reader's operator says so, ``gradient_rows``) has a sparse gradient, at most one row per index:
+its synchronization and its optimizer update cover that many rows of the shard (sparse
+gradients with a lazy optimizer update, as recommendation models train), not the whole table;
+its gradient and optimizer state are still held whole in memory. Other parallel operators after
+a weight (AllGather of a sharded weight, as in FSDP) are ordinary communication in every
+iteration.
 
 **Placement.** A PCG fixes what every shard holds, not which device holds it. Here, by default,
 the groups of every collective are consecutive devices from device 0 (the machine mapping,
@@ -1104,6 +1109,29 @@ def iteration_cost(
                 found += stored_below(c)
         return found
 
+    sparse: dict[str, int | None] = {}
+
+    def touched_bytes(weight: str, layout: ParallelTensorShape) -> int:
+        """Bytes of one shard of ``weight`` (stored as ``layout``) an iteration's gradient can
+        make non-zero: every row, unless every reader of the weight's stored layouts only
+        looks rows up (an embedding table), then at most one row per index read."""
+        if weight not in sparse:
+            rows: int | None = 0
+            for stored in stored_below(weight):
+                for c, slot in consumers.get(TensorRef(stored), ()):
+                    if c in source_of:
+                        continue
+                    reader = pcg.node(c)
+                    sizes = tuple(s.sizes for s in pcg.input_shapes(c))
+                    found = reader.spec.gradient_rows(reader.params, sizes, slot)
+                    rows = None if found is None or rows is None else rows + found
+            sparse[weight] = rows
+        rows = sparse[weight]
+        if rows is None or layout.rank == 0:
+            return layout.shard_nbytes
+        shard_rows = max(1, layout.sizes[0] // layout.degrees[0])
+        return min(layout.shard_nbytes, rows * (layout.shard_nbytes // shard_rows))
+
     def collective(kind: str, groups, nbytes: float, name: str | None = None) -> CollectiveCost:
         """One collective, or (``name`` given, with gradient accumulation) the ``m`` that node
         runs, one per micro-batch."""
@@ -1159,7 +1187,8 @@ def iteration_cost(
                 for layout in stored_below(n.name):
                     shape = pcg.shape(layout)
                     groups = placement.groups(n, degree, shape.num_shards)
-                    a.add(collective("all_reduce", groups, shape.shard_nbytes), "weight sync")
+                    nbytes = touched_bytes(source_of[n.name], shape)
+                    a.add(collective("all_reduce", groups, nbytes), "weight sync")
             else:
                 placement.groups(n, degree, width)  # still on the machine
         elif spec.kind is OpKind.PARALLEL:  # moves no data, but its tensors must fit the machine
@@ -1183,7 +1212,8 @@ def iteration_cost(
                 gradients += size
                 states += opt.states * size
                 acc[n.name].memory_bytes += (1 + opt.states) * size
-                acc[n.name].update_s += update_s(size, opt, device)
+                touched = touched_bytes(n.name, pcg.shape(layout))
+                acc[n.name].update_s += update_s(touched, opt, device)
     kept: dict[TensorRef, None] = {}
     for n in pcg.nodes:
         if acc[n.name].grad_inputs:

@@ -4,6 +4,8 @@ rows it holds and contributes zeros for the others. That is DLRM's model-paralle
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from pcgopt.errors import EvaluationError, ShapeError
@@ -81,6 +83,9 @@ class Embedding(ComputeOp):
     def bytes_accessed(self, params, inputs, outputs, *, per_shard=True):
         return _gather_bytes(inputs, outputs, per_shard)
 
+    def gradient_rows(self, params, in_sizes, i):
+        return math.prod(in_sizes[0]) if i == 1 else None  # one table row per index
+
 
 class EmbeddingBag(ComputeOp):
     """Sum of looked-up rows per bag: indices [N, L] (integers), table [rows, dim] -> [N, dim].
@@ -118,3 +123,6 @@ class EmbeddingBag(ComputeOp):
 
     def bytes_accessed(self, params, inputs, outputs, *, per_shard=True):
         return _gather_bytes(inputs, outputs, per_shard)
+
+    def gradient_rows(self, params, in_sizes, i):
+        return math.prod(in_sizes[0]) if i == 1 else None  # one table row per bag entry

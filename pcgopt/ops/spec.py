@@ -224,6 +224,13 @@ class OpSpec:
         attr = "shard_nbytes" if per_shard else "nbytes"
         return sum(getattr(s, attr) for s in (*inputs, *outputs))
 
+    def gradient_rows(self, params: Params, in_sizes: Sequence[Sizes], i: int) -> int | None:
+        """How many rows (dimension-0 slices) of input ``i``'s gradient one execution on
+        whole tensors of these sizes can make non-zero, when that is fewer than all of them
+        by construction (a lookup touches only the rows it reads): the cost model then syncs
+        and updates only those. None: the gradient is dense."""
+        return None
+
     def __repr__(self) -> str:
         return f"<op {self.name}>"
 

@@ -10,12 +10,14 @@ from hypothesis import strategies as st
 from pcgopt import DeviceSpec, Level, Link, Machine, PCGBuilder, models
 from pcgopt.extract import (
     COLLECTIVES,
+    OPTIMIZERS,
     CostError,
     collective_cost,
     flat_coefficients,
     iteration_cost,
     roofline_s,
 )
+from pcgopt.extract.cost import update_s
 from pcgopt.machine import V100_SXM2_16GB
 from pcgopt.testing.strategies import small_pcgs
 
@@ -479,6 +481,38 @@ def test_sharded_weights_gathered_each_iteration_fsdp():
     ]
     assert cost.comm_bytes == 2 * full  # (p-1) n each way
     assert cost.memory.weights == full // 2
+
+
+def _lookup_model(rows: int, *, dense_reader: bool = False):
+    """Data parallel over two GPUs: 8 rows of 4 indices each looked up in a [rows, 16] table
+    (and, optionally, the table also multiplied densely)."""
+    b = PCGBuilder()
+    idx = b.partition(b.input((8, 4), dtype="i64", max_value=rows, name="idx"), dim=0, degree=2)
+    table = b.replicate(b.weight((rows, 16), name="table"), degree=2, name="table.r2")
+    y = b.embedding_bag(idx, table, name="bag")
+    if dense_reader:
+        x = b.partition(b.input((8, rows), name="x"), dim=0, degree=2)
+        y = b.add(y, b.matmul(x, table), name="both")
+    return b.build(b.reduce_sum(y, axes=(0, 1)))
+
+
+def test_an_embedding_table_syncs_and_updates_only_the_rows_looked_up():
+    # 32 indices in all: at most 32 rows of the table's gradient are non-zero.
+    cost = iteration_cost(_lookup_model(1000), TWO_GPUS)
+    touched = 32 * 16 * 4
+    assert collectives(cost) == [("table.r2", "weight sync", "all_reduce", touched)]
+    node = cost.per_node["table"]
+    assert node.update_s == pytest.approx(update_s(touched, OPTIMIZERS["adam"], TWO_GPUS.device))
+    assert cost.memory.weights == 1000 * 16 * 4  # the table is still held whole ...
+    assert cost.memory.optimizer_state == 2 * 1000 * 16 * 4  # ... with its state
+
+
+def test_a_table_smaller_than_its_lookups_or_also_read_densely_syncs_whole():
+    small = iteration_cost(_lookup_model(20), TWO_GPUS)  # 20 rows < 32 indices
+    assert collectives(small) == [("table.r2", "weight sync", "all_reduce", 20 * 16 * 4)]
+    dense = iteration_cost(_lookup_model(1000, dense_reader=True), TWO_GPUS)
+    syncs = [c for c in collectives(dense) if c[1] == "weight sync"]
+    assert syncs == [("table.r2", "weight sync", "all_reduce", 1000 * 16 * 4)]
 
 
 def test_total_is_the_sum_of_its_parts():
