@@ -13,11 +13,15 @@ its own and what one e-class costs once, however many e-nodes share it:
 * **per e-class, once**: a weight layout some other e-node reads is *stored*: its optimizer
   update and, if it has copies, the gradient AllReduce among them (``stored_s``), and its
   weight, gradient and optimizer state in memory (``stored_mem``); a tensor a backward reads is
-  *kept* (``act_mem``).
+  *kept* (``act_mem``). A layout a lookup reads (an embedding table) has a sparse gradient:
+  ``stored_s`` covers the rows one lookup e-node reading it touches, and an e-node reading it
+  densely pays the difference to a dense sync and update in its ``node_s``.
 
 For a chosen set of e-nodes the sums are those :func:`~pcgopt.extract.cost.iteration_cost`
 computes for the PCG, except where a weight layout is reached through several Replicates (the
-model charges each); the final plan is always re-costed by ``iteration_cost``.
+model charges each) or read by several lookups (the model charges the largest one's rows, not
+their sum; a dense reader beside a lookup pays the difference once per reader); the final plan is
+always re-costed by ``iteration_cost``.
 
 Two extractors over this model:
 
@@ -219,6 +223,24 @@ def enode_costs(
         node_s[i], backward[i] = hit
         node_s[i] += _EPSILON_S
 
+    # Sparse gradients (iteration_cost, "Sources and weight-gradient synchronization"): a
+    # trainable weight layout read by a lookup (an embedding table) syncs and updates the rows
+    # the lookup touches (the most any one lookup e-node reading it touches); an e-node that
+    # reads it densely pays the difference to a dense sync and update itself.
+    rows: dict[int, int] = {}
+    dense_readers: dict[int, list[int]] = {}
+    for i, n in enumerate(nodes):
+        if n.op == OUT:
+            continue
+        for slot, c in enumerate(n.children):
+            if not trainable_layout[c] or (n.op in LAYOUT_OPS and weight_layout[n.eclass]):
+                continue  # a further stored layout, not a reader
+            sizes = tuple(None if shapes[k] is None else shapes[k].sizes for k in n.children)
+            found = None if None in sizes else get_op(n.op).gradient_rows(n.params, sizes, slot)
+            if found is None:
+                dense_readers.setdefault(c, []).append(i)
+            else:
+                rows[c] = max(rows.get(c, 0), found)
     stored_s = np.zeros(num_classes)
     stored_mem = np.zeros(num_classes)
     act_mem = np.zeros(num_classes)
@@ -232,10 +254,20 @@ def enode_costs(
         stored_mem[c] = nbytes
         if trainable_layout[c]:
             stored_mem[c] += (1 + opt.states) * nbytes
-            stored_s[c] = update_s(nbytes, opt, device)
-            if shape.copy_degree > 1:
-                groups = default_groups(shape.copy_degree, shape.num_shards)
-                stored_s[c] += collective_cost("all_reduce", groups, nbytes, machine).seconds
+
+            def sync_and_update(touched: int, shape: ParallelTensorShape = shape) -> float:
+                seconds = update_s(touched, opt, device)
+                if shape.copy_degree > 1:
+                    groups = default_groups(shape.copy_degree, shape.num_shards)
+                    seconds += collective_cost("all_reduce", groups, touched, machine).seconds
+                return seconds
+
+            stored_s[c] = dense = sync_and_update(nbytes)
+            if c in rows and shape.rank:
+                shard_rows = max(1, shape.sizes[0] // shape.degrees[0])
+                stored_s[c] = sync_and_update(min(nbytes, rows[c] * (nbytes // shard_rows)))
+                for i in dense_readers.get(c, ()):
+                    node_s[i] += dense - stored_s[c]
     return ENodeCosts(
         egraph=egraph,
         machine=machine,

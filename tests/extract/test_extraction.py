@@ -86,6 +86,22 @@ def test_figure_2a_is_in_the_egraph_and_costs_what_the_model_says(mnist):
     )
 
 
+def test_an_embedding_tables_sparse_gradient_costs_what_the_model_says():
+    """A replicated table only looked up syncs and updates the rows it can touch, in the
+    extraction model as in the cost model."""
+    b = PCGBuilder()
+    idx = b.partition(b.input((8, 4), dtype="i64", max_value=1000, name="idx"), dim=0, degree=2)
+    table = b.replicate(b.weight((1000, 16), name="table"), degree=2, name="table.r2")
+    plan = b.build(b.combine(b.embedding_bag(idx, table, name="bag"), dim=0, degree=2))
+    sat = saturate(plan, TWO_GPUS, budget=Budget(iterations=1))
+    costs = enode_costs(sat.egraph, TWO_GPUS)
+    exact = iteration_cost(plan, TWO_GPUS)
+    # The AllReduce of 32 rows looked up (not 1000): 2 (p - 1) n bytes on two devices.
+    assert exact.per_node["table.r2"].comm_bytes == 2 * 32 * 16 * 4
+    seconds = dag_cost(costs, sat.egraph.choice_for(plan)).seconds
+    assert seconds == pytest.approx(exact.total_s, rel=1e-6)
+
+
 @pytest.fixture(scope="module")
 def one_iteration():
     sat = saturate(MNIST, TWO_GPUS, budget=Budget(iterations=1))
