@@ -357,6 +357,7 @@ class _Builder:
         self.pattern_vars = set(tensor_vars(pattern))
         self.sizes = {x: f"s_{x}" for x in self.pattern_vars}
         self.fresh = 0
+        self.matched_symbols: set[str] = set()
         # Example sizes fix ranks and each compute operator's signature structure, which for
         # operators whose signature does not depend on sizes holds at every size.
         letters = rule.letter_sizes()
@@ -404,7 +405,15 @@ class _Builder:
             self.query.append(f"(= {bound} (vec-of {items}))")
             return bound
         if isinstance(value, Sym):
-            return f"k_{value.name}"
+            if value.name not in self.matched_symbols:
+                self.matched_symbols.add(value.name)
+                return f"k_{value.name}"
+            # A later occurrence gets its own variable, checked equal once bound: a shared one
+            # lets egglog's join pair every two operators with that degree (all Reduces of
+            # degree 2) before the rest of the pattern narrows them.
+            bound = self.var()
+            self.guard.add(f"(= 0 (- {bound} k_{value.name}))")
+            return bound
         if _is_symbolic(value):
             bound = self.var()
             self.guard.equal(bound, _egg_int(value, self.sizes))
