@@ -69,6 +69,7 @@ from pcgopt.extract.mapping import (
     _units,
     map_machine,
 )
+from pcgopt.extract.placement import batch_split_only, place_plan
 from pcgopt.graph import PCG, Node
 from pcgopt.machine import Machine
 from pcgopt.ops import OpKind
@@ -322,7 +323,11 @@ def _descend(
             try:
                 plan = lower_degrees(pcg, machine, degrees, assignment)
                 cost = iteration_cost(plan, machine, optimizer=optimizer)
-                mapping = map_machine(plan, machine, cost=cost, cache=cache)
+                devices = None
+                if not batch_split_only(plan):  # placed as saturate_and_extract will place it
+                    placed = place_plan(plan, machine, optimizer=optimizer, default_cost=cost)
+                    cost, devices = placed.cost, placed.devices
+                mapping = map_machine(plan, machine, cost=cost, devices=devices, cache=cache)
                 seen[key] = ((not mapping.cost(cost).feasible, mapping.time_s), plan)
             except (PCGError, CostError):
                 seen[key] = ((True, math.inf), None)

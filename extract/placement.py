@@ -415,6 +415,21 @@ def sub_hierarchies(counts: Sequence[int], devices: int) -> list[tuple[int, ...]
     return out
 
 
+def batch_split_only(plan: PCG) -> bool:
+    """Whether every tensor of ``plan`` is split along its first (batch) dimension at most,
+    with copies, or holds partial sums alone (a loss summed over the batch shards): data
+    parallelism, at one degree or several. Numbering each tensor's shards batch block first,
+    copies next, every collective's group is then consecutive devices, the cost model's
+    default placement."""
+    for node in plan.nodes:
+        for shape in plan.output_shapes(node.name):
+            if any(d > 1 for d in shape.degrees[1:]):
+                return False
+            if shape.sum_degree > 1 and (shape.num_shards > shape.sum_degree):
+                return False  # partial sums beside another split (a row-parallel output)
+    return True
+
+
 def place_plan(
     pcg: PCG,
     machine: Machine,

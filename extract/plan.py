@@ -71,7 +71,7 @@ from pcgopt.extract.extraction import (
 )
 from pcgopt.extract.layerwise import coordinate_descent, metropolis_hastings
 from pcgopt.extract.mapping import MachineMapping, MappingCache, map_machine
-from pcgopt.extract.placement import PlanPlacement, parallel_nodes, place_plan
+from pcgopt.extract.placement import PlanPlacement, batch_split_only, parallel_nodes, place_plan
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine, MachineError
 from pcgopt.ops import OpKind
@@ -390,12 +390,16 @@ def mapped_cost(
     default-placement cost, if known.
 
     The placement spreads a plan's axes over the machine, which can leave no room to run
-    narrow branches beside each other, so the default placement (every node's tasks packed
-    from its block's first device) is mapped too, and the faster of the two is kept."""
+    narrow branches beside each other. For a plan whose tensors are split along their batch
+    dimension only (:func:`batch_split_only`: data parallelism at one or several degrees), the
+    default placement (each collective's groups consecutive from its block's first device) is
+    one a machine can have, so it is mapped too and the faster kept. For other plans (a
+    tensor-parallel group inside a data-parallel one) the default puts every group on the
+    closest devices at once, which no machine can; they keep P^2's placement."""
     placed = place_plan(plan, machine, optimizer=optimizer, default_cost=cost)
     final = placed.cost
     mapping = map_machine(plan, machine, cost=final, devices=placed.devices, cache=cache)
-    if placed.matrix is not None:
+    if placed.matrix is not None and batch_split_only(plan):
         default = cost or iteration_cost(plan, machine, optimizer=optimizer)
         packed = map_machine(plan, machine, cost=default, cache=cache)
         if (not packed.cost(default).feasible, packed.time_s) < (
