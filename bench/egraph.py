@@ -25,17 +25,6 @@ from pcgopt.egraph import Budget, saturate
 from pcgopt.extract.baselines import data_parallel, megatron
 
 HEADING = "## E-graph saturation"
-#: What the last full run showed; rewrite it when the figures change.
-NOTES = (
-    "Notes (from this run). Every run stopped on its time budget; in-process budgets are chec"
-    "ked between iterations and one iteration took up to 17 s, so saturation overran 30 s by "
-    "up to 17 s (`Budget(isolate=True)` enforces the limit strictly). The MNIST e-graphs hold"
-    " both baselines on 8 devices; on 64 the Megatron plan is not reached within the budget. "
-    "BERT-Large holds neither: the shipped rules are declared on rank-2 tensors and cover rel"
-    "u, add, mul, matmul, linear, concat, split and transpose only, so BERT's rank-3 activati"
-    "ons, batch matmuls, softmax and layer norm are never parallelized by a rule. The growth "
-    "is driven by concat/split/transpose rules (about 40% of the e-nodes on MNIST)."
-)
 MACHINES = {8: ("dgx-a100", 1, 8), 64: ("dgx-a100", 4, None)}
 
 
@@ -149,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             "",
             *lines,
             "",
-            NOTES,
+            "Notes: written by hand below each run (a rerun replaces them).",
             "",
         ]
     )
