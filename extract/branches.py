@@ -3,8 +3,8 @@
 
 A data-parallel plan spans as many devices as its degree, in every node, so the machine-mapping
 DP (:func:`~pcgopt.extract.mapping.map_machine`) cannot run two of its branches at once: neither
-fits beside the other. Inception-v3 on a 6-GPU Summit node shows what that loses: its batch of
-64 splits 4 ways at most, so two GPUs idle, while its towers could run 4 + 2 wide side by side.
+fits beside the other. CANDLE-Uno's five feature towers on a 6-GPU Summit node show what that
+loses: run one after another on all six GPUs, or side by side on one or two GPUs each.
 Such a plan is only cheaper once mapped, and extraction costs plans as if their nodes ran in
 sequence, so no other search proposes it. :func:`branch_parallel` does:
 
@@ -23,15 +23,27 @@ sequence, so no other search proposes it. :func:`branch_parallel` does:
    (:func:`lower_degrees`): a node whose inputs come at another degree gets them
    redistributed (an AllGather and DiscardCopies to narrow, a Partition to widen), so the plan
    is an ordinary PCG, equivalent to the input.
+4. **The descent.** Coordinate descent over the dense layers' SBP matmul strategies, each on
+   the devices of its view, ranked by the exact cost under the mapping (a tensor-parallel
+   assignment placed by P^2, as :func:`~pcgopt.extract.plan.saturate_and_extract` places it),
+   within ``time_limit_s``.
 
-The estimate of step 2 leaves out the redistributions step 3 adds, so the plan is judged like
-every other candidate: :func:`~pcgopt.extract.plan.saturate_and_extract` places and maps it
+The estimate of step 2 leaves out the redistributions step 3 adds (a degree change at a join
+can cost more than the DP saw), so the plan is judged like every other candidate:
+:func:`~pcgopt.extract.plan.saturate_and_extract` places and maps it
 with the exact cost model, and keeps it only if it is the fastest.
 
 >>> from pcgopt import Machine
 >>> from pcgopt.models import build
->>> found = branch_parallel(build("inception_v3", small=True), Machine.preset("summit"))
->>> found is None or found.narrowed > 0
+>>> from pcgopt.extract import data_parallel
+>>> from pcgopt.extract.plan import mapped_cost
+>>> summit, pcg = Machine.preset("summit"), build("candle_uno", small=True)
+>>> found = branch_parallel(pcg, summit)
+>>> found.narrowed > 0  # towers below the widest data-parallel degree
+True
+>>> def mapped_s(plan):
+...     return mapped_cost(plan, summit)[2].total_s
+>>> mapped_s(found.pcg) < mapped_s(data_parallel(pcg, summit))
 True
 """
 
@@ -83,7 +95,8 @@ class BranchParallel:
     ``strategies`` of its dense layers; the DP's ``estimate_s`` (redistributions left out)
     against ``uniform_s``, the same estimate with every node at the widest degree in sequence;
     ``mapped_s``, the plan's time under the exact cost model and machine mapping (default
-    placement); how many compute nodes are ``narrowed`` below the widest degree, and how many
+    placement for batch splits, P^2's for tensor-parallel layers); how many compute nodes are
+    ``narrowed`` below the widest degree, and how many
     assignments the descent costed (``evaluations``)."""
 
     pcg: PCG = field(repr=False)
@@ -199,6 +212,17 @@ def lower_degrees(
         raise BaselineError(
             f"node {name!r}: strategy {strategy} cannot be applied: {error}", node=name
         )
+    for node in plan.nodes:
+        width = max(
+            s.num_shards for s in (*plan.input_shapes(node.name), *plan.output_shapes(node.name))
+        )
+        if width > machine.num_devices:
+            raise BaselineError(
+                f"node {node.name!r} ({node.op}) of the lowered plan spans {width} devices, "
+                f"machine {machine.name!r} has {machine.num_devices}: these degrees and "
+                "strategies do not fit together",
+                node=node.name,
+            )
     return plan
 
 
@@ -265,7 +289,9 @@ def branch_parallel(
     cache = MappingCache(machine)
     tree = _decompose(units, tuple(range(len(units))))
     _annotate(tree, units, cache)
-    solver = _Solver(machine, 1, cache, unit_s=unit_s)
+    solver = _Solver(
+        machine, 1, cache, unit_s=unit_s, receivers=lambda width: legal[by_width[width]]
+    )
     root = solver.normalize(0, machine.counts[0])
     estimate = solver.solve(tree, root)
     placed: dict[int, tuple[int, float, float, int]] = {}
@@ -350,7 +376,8 @@ def _descend(
     best = evaluate(current)
     first_plan = seen[tuple(sorted(current.items()))][1]
     if first_plan is None:  # data parallelism at the chosen degrees: a bug if it fails
-        raise BaselineError("the branch-parallel degrees could not be lowered and costed")
+        lower_degrees(pcg, machine, degrees, current)  # raises the error naming the node
+        raise BaselineError("the branch-parallel degrees could not be costed or mapped")
     # The slowest layers first (their time in the plan at the start).
     start_cost = iteration_cost(first_plan, machine, optimizer=optimizer)
     layers.sort(key=lambda n: -start_cost.per_node[n].total_s if n in start_cost.per_node else 0)

@@ -269,8 +269,11 @@ class _LayerwiseLowering(_Lowering):
             if have == want:
                 continue
             g = want // have
-            if s.copy_degree % g == 0:
-                x = b.discard_copies(x, degree=g, name=self._name(f"{base}.one"))
+            # Splits come out of copies where there are copies, so that the tensor spans no
+            # more devices than before.
+            kept = math.gcd(s.copy_degree, g)
+            if kept > 1:
+                x = b.discard_copies(x, degree=kept, name=self._name(f"{base}.one"))
             x = b.partition(x, dim=dst, degree=g, name=self._name(f"{base}.split"))
             s = x.shape
         if s.copy_degree < copies and copies % s.copy_degree == 0:

@@ -227,9 +227,9 @@ class MappingCache:
 
     machine: Machine | None = None
     _keys: dict[tuple, int] = field(default_factory=dict, repr=False)
-    _solved: dict[tuple[int, tuple[int, int], int], tuple[float, tuple]] = field(
-        default_factory=dict, repr=False
-    )
+    # (sub-graph, view, micro-batches) -> (seconds, decision); with a fourth item, a group of
+    # a parallel split's children (bit mask).
+    _solved: dict[tuple, tuple[float, tuple]] = field(default_factory=dict, repr=False)
 
     def __len__(self) -> int:
         return len(self._solved)
@@ -317,7 +317,10 @@ def _units(
     for n in reversed(nodes):
         names = readers_of.get(n.name, ())
         readers = {rep_of[c] for c in names if c in rep_of}
-        joining = sum(1 for c in names if c in narrowing and c not in rep_of)
+        # Readers still without a unit join their latest producer below, and so this node's
+        # unit if they have readers of their own (a narrowing chain): each counts as one more
+        # reading unit, so that this node does not fold into a later unit than theirs.
+        joining = sum(1 for c in names if c not in rep_of and (c in narrowing or readers_of.get(c)))
         if n.name in narrowing:
             pending.append(n)  # joins its producer's unit, below, however many read it
         elif n.spec.kind is OpKind.COMPUTE or len(readers) + joining > 1:
@@ -523,11 +526,13 @@ class _Solver:
         micro_batches: int,
         cache: MappingCache,
         unit_s: Callable[[int, int], float] | None = None,
+        receivers: Callable[[int], int] | None = None,
     ) -> None:
         # unit_s (unit, devices) -> seconds: units whose time depends on the devices they get
         # (elastic, pcgopt.extract.branches); moves are then split over the receiving devices.
         # None: every unit takes its fixed time.
         self.unit_s = unit_s
+        self.receivers = receivers  # elastic units: the degree a view of that many devices runs
         self._divisions: dict[tuple[int, int], list] = {}
         self._groups: dict[tuple[int, int], tuple[list[int], list[float], list[float]]] = {}
         self.counts = machine.counts
@@ -551,18 +556,25 @@ class _Solver:
     def unit_seconds(self, units: Sequence[_Unit], u: int, view: tuple[int, int]) -> float:
         return units[u].seconds if self.unit_s is None else self.unit_s(u, self.size(view))
 
-    def move_s(
-        self, tree: _Tree, link: Link, direction: str | None = None, receivers: int = 1
-    ) -> float:
-        total = 0.0
+    def share(self, devices: int) -> int:
+        """Over how many devices a side on a view of ``devices`` receives a moved tensor: 1 for
+        fixed units (their moves already hold one device's bytes), else the degree elastic
+        units run at there."""
         if self.unit_s is None:
-            receivers = 1  # fixed units: moves already hold the bytes one device receives
-        for nbytes, grad, way in tree.moves:
-            if direction is not None and way != direction:
-                continue
-            one = self.m * link.latency_s + nbytes / receivers / link.bandwidth_Bps
-            total += 2 * one if grad else one
-        return total
+            return 1
+        return devices if self.receivers is None else self.receivers(devices)
+
+    def child_moves(self, child: _Tree, link: Link) -> tuple[float, float, float, float]:
+        """``child``'s boundary moves over ``link``: latency seconds and seconds per receiving
+        device's share, in then out. A tensor with a gradient moves twice (it comes back);
+        every micro-batch pays the latency."""
+        out = [0.0, 0.0, 0.0, 0.0]
+        for nbytes, grad, way in child.moves:
+            times = 2 if grad else 1
+            k = 0 if way == "in" else 2
+            out[k] += times * self.m * link.latency_s
+            out[k + 1] += times * nbytes / link.bandwidth_Bps
+        return out[0], out[1], out[2], out[3]
 
     def solve(self, tree: _Tree, view: tuple[int, int]) -> float:
         key = (tree.key, view, self.m)  # transfers' latencies depend on micro-batches
@@ -603,8 +615,8 @@ class _Solver:
 
     def group_table(self, tree: _Tree, j: int) -> tuple[list[int], list[float], list[float]]:
         """For every group (bit mask) of the children of parallel split ``tree``: its widest
-        footprint, and its moves over level ``j``'s link as latency seconds plus seconds per
-        receiving device's share (:meth:`move_s` summed over the group)."""
+        footprint, and its moves (in and out) over level ``j``'s link as latency seconds plus
+        seconds per receiving device's share (:meth:`child_moves` summed over the group)."""
         key = (id(tree), j)
         found = self._groups.get(key)
         if found is None:
@@ -613,12 +625,8 @@ class _Solver:
             foot, lat, per_byte = [0] * (1 << k), [0.0] * (1 << k), [0.0] * (1 << k)
             own = []
             for c in tree.children:
-                a = b = 0.0
-                for nbytes, grad, _ in c.moves:
-                    times = 2 if grad else 1
-                    a += times * self.m * link.latency_s
-                    b += times * nbytes / link.bandwidth_Bps
-                own.append((c.footprint, a, b))
+                lat_in, bytes_in, lat_out, bytes_out = self.child_moves(c, link)
+                own.append((c.footprint, lat_in + lat_out, bytes_in + bytes_out))
             for mask in range(1, 1 << k):
                 low = (mask & -mask).bit_length() - 1
                 prev = mask & (mask - 1)
@@ -635,7 +643,9 @@ class _Solver:
         key = (tree.key, view, self.m, mask)
         found = self.cache._solved.get(key)
         if found is not None:
+            self.hits += 1
             return found[0]
+        self.subproblems += 1
         members = [k for k in range(len(tree.children)) if mask >> k & 1]
         if len(members) == 1:
             best, decision = self.solve(tree.children[members[0]], view), ("one", members[0])
@@ -654,7 +664,7 @@ class _Solver:
             for a1, v1, v2, size1, size2 in self.divisions(view):
                 if foot[sub] > size1 or foot[rest] > size2:
                     continue
-                moves = lat[rest] + per_byte[rest] / (1 if self.unit_s is None else size2)
+                moves = lat[rest] + per_byte[rest] / self.share(size2)
                 t = max(self.solve_group(tree, sub, v1), self.solve_group(tree, rest, v2) + moves)
                 if t < best:
                     best, decision = t, ("divide", sub, rest, a1)
@@ -714,8 +724,10 @@ class _Solver:
         link = self.links[j]
         v2 = self.normalize(j, count - a1)
         moved = [tree.children[k] for k in range(len(tree.children)) if second >> k & 1]
-        move_in = sum(self.move_s(c, link, "in", self.size(v2)) for c in moved)
-        move_out = sum(self.move_s(c, link, "out", self.size(v2)) for c in moved)
+        share = self.share(self.size(v2))
+        parts = [self.child_moves(c, link) for c in moved]
+        move_in = sum(p[0] + p[1] / share for p in parts)
+        move_out = sum(p[2] + p[3] / share for p in parts)
         stats[2] += move_in + move_out
         v1 = self.normalize(j, a1)
         end1 = self.schedule_group(tree, first, v1, start, t0, units, out, stats)

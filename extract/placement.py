@@ -420,7 +420,9 @@ def batch_split_only(plan: PCG) -> bool:
     with copies, or holds partial sums alone (a loss summed over the batch shards): data
     parallelism, at one degree or several. Numbering each tensor's shards batch block first,
     copies next, every collective's group is then consecutive devices, the cost model's
-    default placement."""
+    default placement. One move goes uncharged: after an AllGather that narrows a tensor, the
+    copy DiscardCopies keeps of a block may sit on another device than the narrower reader's
+    (DiscardCopies moves no data in the cost model), at most one shard per device."""
     for node in plan.nodes:
         for shape in plan.output_shapes(node.name):
             if any(d > 1 for d in shape.degrees[1:]):

@@ -20,7 +20,7 @@ from pcgopt.extract import (
     megatron,
     saturate_and_extract,
 )
-from pcgopt.extract.layerwise import dense_layers, strategies_for
+from pcgopt.extract.layerwise import MatmulStrategy, dense_layers, strategies_for
 from pcgopt.extract.placement import batch_split_only
 from pcgopt.extract.plan import mapped_cost
 from pcgopt.machine import DeviceSpec, Level, Link
@@ -67,6 +67,8 @@ def test_every_node_runs_at_its_degree_and_the_plan_is_equivalent(pcg, data):
             strategies[name] = data.draw(st.sampled_from(options), label=f"{name} option")
     plan = lower_degrees(pcg, FOUR, degrees, strategies)
     assert equivalent(pcg, plan)
+    cost = iteration_cost(plan, FOUR)  # fits the machine: no tensor spans more than 4 devices
+    assert map_machine(plan, FOUR, cost=cost).time_s <= cost.total_s * (1 + 1e-12)
     for name, degree in degrees.items():
         if name in strategies:
             continue
@@ -172,3 +174,18 @@ def test_only_batch_split_plans_may_keep_the_packed_placement():
     assert cost.total_s > iteration_cost(hybrid, machine).total_s  # the default is optimistic
     assert batch_split_only(data_parallel(model, machine))
     assert batch_split_only(lower_degrees(fork(2, rows=8, width=16), FOUR, {"m0_0": 2}))
+
+
+def test_splits_come_out_of_copies_so_the_plan_fits_the_machine():
+    """Review regression: x, copied twice for a column-split layer, then split four ways for a
+    data-parallel one, spanned 8 devices of a 4-device machine."""
+    b = PCGBuilder()
+    x = b.input((8, 4), name="x")
+    m1 = b.matmul(x, b.weight((4, 4), name="w1"), name="m1")
+    m3 = b.matmul(x, b.weight((4, 4), name="w3"), name="m3")
+    pcg = b.build(b.reduce_sum(b.add(m1, m3, name="add"), axes=(0, 1), name="loss"))
+    degrees = {"m1": 2, "m3": 4, "add": 4, "loss": 4}
+    plan = lower_degrees(pcg, FOUR, degrees, {"m1": MatmulStrategy(1, 2, 1)})
+    assert max(s.num_shards for n in plan.nodes for s in plan.output_shapes(n.name)) <= 4
+    assert iteration_cost(plan, FOUR).devices_used == 4
+    assert equivalent(pcg, plan)

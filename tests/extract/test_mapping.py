@@ -324,3 +324,20 @@ def test_flat_device_lists_are_placements_too():
     mapping = map_machine(pcg, machine, cost=cost, devices={"rep": [2, 3]})
     assert mapping.device_groups({"rep": [2, 3]}) == {"rep": (2, 3)}
     assert max(u.block.stop for u in mapping.units) <= machine.num_devices
+
+
+def test_a_narrowing_chain_runs_before_the_reader_that_needs_it():
+    """Review regression: a tensor read by a later compute node and, through an AllGather and
+    DiscardCopies, by an earlier one. The narrowing chain joins the tensor's unit, which must
+    then be its own (not folded into the later reader's), or an edge would run backwards."""
+    b = PCGBuilder()
+    xs = b.partition(b.input((8, 4), name="x"), dim=1, degree=2, name="x.split")
+    one = b.discard_copies(b.all_gather(xs, dim=1, degree=2, name="x.gather"), degree=2)
+    m1 = b.matmul(one, b.weight((4, 4), name="w1"), name="m1")
+    m3 = b.matmul(xs, b.partition(b.weight((4, 4), name="w3"), dim=0, degree=2), name="m3")
+    pcg = b.build(b.reduce_sum(b.add(m1, b.reduce(m3, degree=2)), axes=(0, 1)))
+    machine = MACHINES[1]
+    cost = iteration_cost(pcg, machine)
+    mapping = map_machine(pcg, machine, cost=cost)
+    check_schedule(pcg, machine, mapping, cost)
+    assert mapping.offsets["x.gather"] == mapping.offsets["x.split"]
