@@ -70,6 +70,7 @@ from pcgopt.extract.cost import CostError, iteration_cost
 from pcgopt.extract.layerwise import (
     MatmulStrategy,
     _LayerwiseLowering,
+    check_strategies,
     dense_layers,
     strategies_for,
 )
@@ -175,20 +176,7 @@ def lower_degrees(
     that cannot be applied."""
     _check_sequential(pcg)
     strategies = dict(strategies or {})
-    dense = set(dense_layers(pcg))
-    for name, strategy in strategies.items():
-        if name not in dense or not isinstance(strategy, MatmulStrategy):
-            raise BaselineError(
-                f"node {name!r}: strategies take dense layers (MatMul/Linear by a rank-2 "
-                f"weight) to MatmulStrategy values, got {strategy!r}",
-                node=name,
-            )
-        if strategy.devices > machine.num_devices:
-            raise BaselineError(
-                f"node {name!r}: {strategy!r} needs {strategy.devices} devices, machine "
-                f"{machine.name!r} has {machine.num_devices}",
-                node=name,
-            )
+    check_strategies(pcg, machine, strategies)
     batch = batch_size(pcg)
     for name, degree in degrees.items():
         node = pcg.node(name) if name in pcg else None
@@ -205,13 +193,7 @@ def lower_degrees(
                 node=name,
             )
     widest = max(degrees.values(), default=_largest_divisor(batch, machine.num_devices))
-    lowering = _DegreeLowering(pcg, degrees, widest, strategies)
-    plan = lowering.run()
-    if lowering.failed:
-        name, strategy, error = lowering.failed[0]
-        raise BaselineError(
-            f"node {name!r}: strategy {strategy} cannot be applied: {error}", node=name
-        )
+    plan = _DegreeLowering(pcg, degrees, widest, strategies).lowered()
     for node in plan.nodes:
         width = max(
             s.num_shards for s in (*plan.input_shapes(node.name), *plan.output_shapes(node.name))

@@ -195,13 +195,27 @@ def enode_costs(
     backward = np.zeros(num_nodes, dtype=bool)
     memo: dict[tuple, tuple[float, bool]] = {}
     unshaped = 0
+    # Sparse gradients (iteration_cost, "Sources and weight-gradient synchronization"): a
+    # trainable weight layout read by a lookup (an embedding table) syncs and updates the rows
+    # the lookup touches (the most any one lookup e-node reading it touches); an e-node that
+    # reads it densely pays the difference to a dense sync and update itself.
+    rows: dict[int, int] = {}
+    dense_readers: dict[int, list[int]] = {}
     for i, n in enumerate(nodes):
         if n.op == OUT or is_source[i]:
             free[i] = True
             continue
         if layout_op[i] and source_layout[n.children[0]]:
             free[i] = True
-            continue
+            continue  # a source's stored layout, not a reader of one
+        for slot, c in enumerate(n.children):
+            if trainable_layout[c]:
+                sizes = tuple(None if shapes[k] is None else shapes[k].sizes for k in n.children)
+                found = None if None in sizes else get_op(n.op).gradient_rows(n.params, sizes, slot)
+                if found is None:
+                    dense_readers.setdefault(c, []).append(i)
+                else:
+                    rows[c] = max(rows.get(c, 0), found)
         ins = tuple(shapes[c] for c in n.children)
         out_shape = shapes[n.eclass]
         if out_shape is None:
@@ -223,24 +237,6 @@ def enode_costs(
         node_s[i], backward[i] = hit
         node_s[i] += _EPSILON_S
 
-    # Sparse gradients (iteration_cost, "Sources and weight-gradient synchronization"): a
-    # trainable weight layout read by a lookup (an embedding table) syncs and updates the rows
-    # the lookup touches (the most any one lookup e-node reading it touches); an e-node that
-    # reads it densely pays the difference to a dense sync and update itself.
-    rows: dict[int, int] = {}
-    dense_readers: dict[int, list[int]] = {}
-    for i, n in enumerate(nodes):
-        if n.op == OUT:
-            continue
-        for slot, c in enumerate(n.children):
-            if not trainable_layout[c] or (n.op in LAYOUT_OPS and weight_layout[n.eclass]):
-                continue  # a further stored layout, not a reader
-            sizes = tuple(None if shapes[k] is None else shapes[k].sizes for k in n.children)
-            found = None if None in sizes else get_op(n.op).gradient_rows(n.params, sizes, slot)
-            if found is None:
-                dense_readers.setdefault(c, []).append(i)
-            else:
-                rows[c] = max(rows.get(c, 0), found)
     stored_s = np.zeros(num_classes)
     stored_mem = np.zeros(num_classes)
     act_mem = np.zeros(num_classes)

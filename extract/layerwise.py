@@ -221,6 +221,17 @@ class _LayerwiseLowering(_Lowering):
         self.strategies = strategies
         self.failed: list[tuple[str, MatmulStrategy, PCGError]] = []
 
+    def lowered(self) -> PCG:
+        """The lowered PCG; raises :class:`~pcgopt.extract.baselines.BaselineError` naming the
+        first dense layer whose strategy could not be applied."""
+        plan = self.run()
+        if self.failed:
+            name, strategy, error = self.failed[0]
+            raise BaselineError(
+                f"node {name!r}: strategy {strategy} cannot be applied: {error}", node=name
+            )
+        return plan
+
     # -- redistribution ---------------------------------------------------------------------
 
     def _redistribute(
@@ -460,17 +471,10 @@ class _LayerwiseLowering(_Lowering):
         return make
 
 
-def lower(
-    pcg: PCG,
-    machine: Machine,
-    strategies: Mapping[str, MatmulStrategy],
-    *,
-    input_degree: int | None = None,
-) -> PCG:
-    """The parallel PCG of ``strategies`` (dense layer name -> :class:`MatmulStrategy`; layers
-    left out follow their inputs' layouts). Data inputs are split by batch ``input_degree`` ways
-    (default: the largest divisor of the batch up to the machine's devices)."""
-    _check_sequential(pcg)
+def check_strategies(pcg: PCG, machine: Machine, strategies: Mapping[str, MatmulStrategy]) -> None:
+    """Raises :class:`~pcgopt.extract.baselines.BaselineError`, naming the node, unless every
+    key of ``strategies`` is a dense layer of ``pcg`` given a :class:`MatmulStrategy` that fits
+    ``machine``."""
     layers = set(dense_layers(pcg))
     for name, strategy in strategies.items():
         if name not in layers:
@@ -489,16 +493,23 @@ def lower(
                 f"{machine.name!r} has {machine.num_devices}",
                 node=name,
             )
+
+
+def lower(
+    pcg: PCG,
+    machine: Machine,
+    strategies: Mapping[str, MatmulStrategy],
+    *,
+    input_degree: int | None = None,
+) -> PCG:
+    """The parallel PCG of ``strategies`` (dense layer name -> :class:`MatmulStrategy`; layers
+    left out follow their inputs' layouts). Data inputs are split by batch ``input_degree`` ways
+    (default: the largest divisor of the batch up to the machine's devices)."""
+    _check_sequential(pcg)
+    check_strategies(pcg, machine, strategies)
     if input_degree is None:
         input_degree = _largest_divisor(batch_size(pcg), machine.num_devices)
-    lowering = _LayerwiseLowering(pcg, strategies, input_degree)
-    plan = lowering.run()
-    if lowering.failed:
-        name, strategy, error = lowering.failed[0]
-        raise BaselineError(
-            f"node {name!r}: strategy {strategy} cannot be applied: {error}", node=name
-        )
-    return plan
+    return _LayerwiseLowering(pcg, strategies, input_degree).lowered()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from pcgopt.builder import PCGBuilder, Tensor
 from pcgopt.errors import PCGError
 from pcgopt.evaluate import random_feeds
 from pcgopt.graph import PCG
+from pcgopt.machine import DeviceSpec, Level, Link, Machine
 from pcgopt.ops import OPERATORS, ComputeOp, OpKind, Params, get_op
 from pcgopt.shapes import DType, ParallelDim, ParallelTensorShape
 
@@ -524,3 +525,14 @@ def placements(draw, *, max_devices: int = 16, max_levels: int = 3, max_axes: in
         st.lists(st.integers(0, num_axes - 1), min_size=1, max_size=num_axes, unique=True)
     )
     return Placement(tuple(hierarchy), axes, rows, tuple(sorted(reduce_axes)))
+
+
+def flat_machine(devices: int, *, bandwidth: float = 10e9, latency: float = 5e-6) -> Machine:
+    """A one-level machine of ``devices`` 15-TFLOP, 16 GiB GPUs joined by one link (bytes per
+    second, seconds): the smallest hierarchy the cost model and the mapping DP run on."""
+    device = DeviceSpec(
+        name="gpu", peak_flops={"f32": 15e12}, memory_bandwidth_Bps=900e9, memory_bytes=16 * 2**30
+    )
+    return Machine(
+        (Level("gpu", devices, Link(bandwidth, latency)),), device, name=f"flat{devices}"
+    )

@@ -23,15 +23,11 @@ from pcgopt.extract import (
 from pcgopt.extract.layerwise import MatmulStrategy, dense_layers, strategies_for
 from pcgopt.extract.placement import batch_split_only
 from pcgopt.extract.plan import mapped_cost
-from pcgopt.machine import DeviceSpec, Level, Link
 from pcgopt.models import ZOO, build
 from pcgopt.ops import OpKind
-from pcgopt.testing.strategies import towers
+from pcgopt.testing.strategies import flat_machine, towers
 
-DEVICE = DeviceSpec(
-    name="gpu", peak_flops={"f32": 15e12}, memory_bandwidth_Bps=900e9, memory_bytes=16 * 2**30
-)
-FOUR = Machine((Level("gpu", 4, Link(10e9, 5e-6)),), DEVICE, name="flat4")
+FOUR = flat_machine(4)
 
 
 def weak_scaled(name: str, machine: Machine):

@@ -24,17 +24,12 @@ from pcgopt.extract import (
 from pcgopt.extract import mapping as mapping_module
 from pcgopt.extract.mapping import _units
 from pcgopt.extract.plan import _mapping, mapped_cost
-from pcgopt.machine import DeviceSpec, Level, Link
 from pcgopt.models import build
-from pcgopt.testing.strategies import small_pcgs, towers
-
-DEVICE = DeviceSpec(
-    name="gpu", peak_flops={"f32": 15e12}, memory_bandwidth_Bps=900e9, memory_bytes=16 * 2**30
-)
+from pcgopt.testing.strategies import flat_machine, small_pcgs, towers
 
 
 def flat(p: int, bandwidth: float = 10e9, latency: float = 5e-6) -> Machine:
-    return Machine((Level("gpu", p, Link(bandwidth, latency)),), DEVICE, name=f"flat{p}")
+    return flat_machine(p, bandwidth=bandwidth, latency=latency)
 
 
 MACHINES = [
