@@ -957,6 +957,9 @@ class _Placement:
     def __init__(self, pcg: PCG, machine: Machine, devices: DevicePlacement | None) -> None:
         self.machine = machine
         self.explicit: dict[str, object] = {}
+        # Groups already checked, by (groups, degree, width): a placement gives most nodes of
+        # a deep model the same groups, and checking walks every device.
+        self._checked: dict[tuple[object, int, int], tuple[tuple[int, ...], ...]] = {}
         if devices is None:
             return
         if not isinstance(devices, Mapping):
@@ -984,10 +987,21 @@ class _Placement:
                 f"{self.machine.name!r} has {num_devices}",
                 node=node.name,
             )
-        count = width // degree
         if node.name not in self.explicit:
             return default_groups(degree, width)
         value = self.explicit[node.name]
+        key = (value, degree, width) if isinstance(value, tuple) else None
+        if key is not None and key in self._checked:
+            return self._checked[key]
+        checked = self._check(node, value, degree, width)
+        if key is not None:
+            self._checked[key] = checked
+        return checked
+
+    def _check(
+        self, node: Node, value: object, degree: int, width: int
+    ) -> tuple[tuple[int, ...], ...]:
+        count = width // degree
         where = f"devices[{node.name!r}]"
         try:
             items = list(value)  # type: ignore[call-overload]

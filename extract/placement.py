@@ -38,6 +38,7 @@ ParallelismMatrix([[1, 4], [2, 2]], hierarchy=[2, 8], axes=[4, 4])
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -118,6 +119,11 @@ class ParallelismMatrix:
     rows: tuple[tuple[int, ...], ...]
     # Per level, the radix of every axis digit inside the level's coordinate.
     _strides: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
+    # groups() per reduction axes: placing a plan asks every parallel node's groups, thousands
+    # of times per matrix for a deep model, and each answer walks every device.
+    _groups: dict[tuple[int, ...], tuple[tuple[int, ...], ...]] = field(
+        init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         hierarchy = _positive_ints(self.hierarchy, "hierarchy")
@@ -159,6 +165,7 @@ class ParallelismMatrix:
                 acc *= rows[i][j]
             strides.append(tuple(s))
         object.__setattr__(self, "_strides", tuple(strides))
+        object.__setattr__(self, "_groups", {})
 
     def __repr__(self) -> str:
         return (
@@ -230,12 +237,16 @@ class ParallelismMatrix:
         """The device groups of a reduction over ``reduce_axes``: devices that agree on every
         other axis, each group sorted by device number, groups ordered by their first device."""
         axes = reduce_axes_of(reduce_axes, len(self.axes))
-        by_key: dict[tuple[int, ...], list[int]] = {}
-        for d in range(self.num_devices):
-            idx = self.axis_indices(d)
-            key = tuple(v for i, v in enumerate(idx) if i not in axes)
-            by_key.setdefault(key, []).append(d)
-        return tuple(sorted((tuple(g) for g in by_key.values()), key=lambda g: g[0]))
+        found = self._groups.get(axes)
+        if found is None:
+            by_key: dict[tuple[int, ...], list[int]] = {}
+            for d in range(self.num_devices):
+                idx = self.axis_indices(d)
+                key = tuple(v for i, v in enumerate(idx) if i not in axes)
+                by_key.setdefault(key, []).append(d)
+            found = tuple(sorted((tuple(g) for g in by_key.values()), key=lambda g: g[0]))
+            self._groups[axes] = found
+        return found
 
     def reduction_levels(self, reduce_axes: int | Iterable[int]) -> tuple[tuple[int, int], ...]:
         """The synthesis hierarchy of a reduction over ``reduce_axes`` (P^2 section 2.5,
@@ -317,6 +328,8 @@ class PlanPlacement:
     cost: CostBreakdown
     tried: tuple[tuple[ParallelismMatrix, float], ...] = ()
     reason: str = ""
+    #: Matrices left untried because the time limit ran out.
+    untried: int = 0
 
     @property
     def considered(self) -> int:
@@ -325,9 +338,10 @@ class PlanPlacement:
 
     def __repr__(self) -> str:
         where = self.matrix.to_list() if self.matrix is not None else f"default ({self.reason})"
+        cut = f", {self.untried} left untried (time limit)" if self.untried else ""
         return (
             f"PlanPlacement(axes={list(self.axes)}, matrix={where}, "
-            f"{self.cost.total_s * 1e3:.4g} ms, {self.considered} matrices tried)"
+            f"{self.cost.total_s * 1e3:.4g} ms, {self.considered} matrices tried{cut})"
         )
 
 
@@ -438,6 +452,7 @@ def place_plan(
     *,
     optimizer: str = "adam",
     default_cost: CostBreakdown | None = None,
+    time_limit_s: float | None = None,
 ) -> PlanPlacement:
     """The fastest placement of a plan's parallelism axes on the machine hierarchy. For every
     regular sub-machine of the plan's width (:func:`sub_hierarchies`; the whole machine when
@@ -447,7 +462,9 @@ def place_plan(
     :func:`pcgopt.extract.cost.iteration_cost` is kept (feasible ones first). Reductions that
     span levels are priced with the best synthesized program, so placement and reduction
     strategy are chosen together. Plans whose axes cannot be named keep the cost model's
-    default placement, with the reason (``default_cost``: its cost, if already known)."""
+    default placement, with the reason (``default_cost``: its cost, if already known).
+    ``time_limit_s``: checked before every matrix but the first; the matrices not reached are
+    counted in :attr:`PlanPlacement.untried`."""
     axes, spans, reason = plan_axes(pcg)
     default = default_cost or iteration_cost(pcg, machine, optimizer=optimizer)
     if not axes:
@@ -459,13 +476,21 @@ def place_plan(
         return PlanPlacement(axes, None, {}, default, (), "no regular sub-machine fits the plan")
     best: PlanPlacement | None = None
     tried = []
+    start = time.perf_counter()
     for m in candidates:
+        if tried and time_limit_s is not None and time.perf_counter() - start > time_limit_s:
+            break
         # A device of the sub-machine is the machine device with the same coordinates.
         on_machine = [machine.device_at(m.coordinates(d)) for d in range(m.num_devices)]
         devices: dict[str, tuple[tuple[int, ...], ...]] = {}
+        # One tuple per (degree, width), shared by the nodes that have it: the cost model
+        # checks each distinct group list once.
+        shared: dict[tuple[int, int], tuple[tuple[int, ...], ...]] = {}
         for name, degree, w in nodes:
-            groups = m.groups(spans[degree])[: w // degree]
-            devices[name] = tuple(tuple(on_machine[d] for d in g) for g in groups)
+            if (degree, w) not in shared:
+                groups = m.groups(spans[degree])[: w // degree]
+                shared[degree, w] = tuple(tuple(on_machine[d] for d in g) for g in groups)
+            devices[name] = shared[degree, w]
         cost = iteration_cost(pcg, machine, devices=devices, optimizer=optimizer)
         tried.append((m, cost.total_s))
         if best is None or (not cost.feasible, cost.total_s) < (
@@ -474,4 +499,4 @@ def place_plan(
         ):
             best = PlanPlacement(axes, m, devices, cost)
     assert best is not None
-    return replace(best, tried=tuple(tried))
+    return replace(best, tried=tuple(tried), untried=len(candidates) - len(tried))

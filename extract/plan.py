@@ -380,6 +380,7 @@ def mapped_cost(
     optimizer: str = "adam",
     cost: CostBreakdown | None = None,
     cache: MappingCache | None = None,
+    time_limit_s: float | None = None,
 ) -> tuple[PlanPlacement, MachineMapping, CostBreakdown]:
     """How :func:`saturate_and_extract` costs a candidate plan: its axes placed on the hierarchy
     (:func:`~pcgopt.extract.placement.place_plan`), its independent branches mapped onto
@@ -387,7 +388,8 @@ def mapped_cost(
     table ``cache``), then, if it still does not fit device memory, gradient accumulation over
     the fewest micro-batches that fit in the cost model's (unmapped, so conservative) memory
     (:func:`~pcgopt.extract.cost.accumulate_to_fit`), mapped again. ``cost``: its
-    default-placement cost, if known.
+    default-placement cost, if known; ``time_limit_s``: the placement search's (see
+    :func:`~pcgopt.extract.placement.place_plan`).
 
     The placement spreads a plan's axes over the machine, which can leave no room to run
     narrow branches beside each other. For a plan whose tensors are split along their batch
@@ -396,7 +398,9 @@ def mapped_cost(
     one a machine can have, so it is mapped too and the faster kept. For other plans (a
     tensor-parallel group inside a data-parallel one) the default puts every group on the
     closest devices at once, which no machine can; they keep P^2's placement."""
-    placed = place_plan(plan, machine, optimizer=optimizer, default_cost=cost)
+    placed = place_plan(
+        plan, machine, optimizer=optimizer, default_cost=cost, time_limit_s=time_limit_s
+    )
     final = placed.cost
     mapping = map_machine(plan, machine, cost=final, devices=placed.devices, cache=cache)
     if placed.matrix is not None and batch_split_only(plan):
@@ -417,6 +421,47 @@ def mapped_cost(
     return placed, mapping, mapping.cost(final)
 
 
+@dataclass(frozen=True)
+class _Clock:
+    """The search's time budget as a deadline: a phase gets its share of the budget, less
+    whatever the phases before it overran, so that the shares of the phases after it stay
+    whole (each still gets at least 2% of the budget)."""
+
+    budget_s: float
+    deadline: float
+
+    @classmethod
+    def start(cls, budget_s: float) -> _Clock:
+        return cls(budget_s, time.perf_counter() + budget_s)
+
+    def limit(self, share: float, after: float) -> float:
+        """Seconds for a phase whose share is ``share`` of the budget, keeping ``after`` of
+        it for the phases that follow."""
+        left = self.deadline - time.perf_counter() - after * self.budget_s
+        return max(0.02 * self.budget_s, min(share * self.budget_s, left))
+
+    def left(self) -> float:
+        return max(0.02 * self.budget_s, self.deadline - time.perf_counter())
+
+
+#: Each phase's share of the time budget (they add up to 1), in the order they run.
+PHASE_SHARES = {
+    "coordinate descent": 0.12,
+    "metropolis-hastings": 0.06,
+    "saturate": 0.42,
+    "extract greedy": 0.16,
+    "extract exact": 0.08,
+    "branch parallel": 0.08,
+    "placement and mapping": 0.08,
+}
+
+
+def _after(phase: str) -> float:
+    """The shares of the phases after ``phase``."""
+    names = list(PHASE_SHARES)
+    return sum(PHASE_SHARES[n] for n in names[names.index(phase) + 1 :])
+
+
 def saturate_and_extract(
     pcg: PCG,
     machine: Machine | None = None,
@@ -434,10 +479,11 @@ def saturate_and_extract(
     """Optimize ``pcg`` for training on ``machine`` (module docstring): returns the fastest
     plan found that fits in device memory, with its predicted cost.
 
-    ``time_budget_s``: the search's wall-time target (the layer-wise searches get 18% of it,
-    saturation 46%, extraction up to 28% of which costing the e-graph is not bounded, the
-    branch-parallel descent 8%; each
-    limit is checked between steps, so a step in progress can overrun it);
+    ``time_budget_s``: the search's wall-time target, shared by the phases as
+    :data:`PHASE_SHARES` says (the layer-wise searches 18%, saturation 42%, extraction 24% of
+    which costing the e-graph is not bounded, the branch-parallel descent 8%, placement and
+    mapping 8%); a phase that overruns its share is taken out of the next ones' (limits are
+    checked between steps, so a step in progress can overrun them);
     ``memory_budget``: the search's own memory limit in bytes (saturation stops before it);
     ``rules``: the rewrite rules (default: the shipped, proved ones); ``check``: verify the
     plan against the input with the reference evaluator (module docstring); ``baselines``:
@@ -459,6 +505,7 @@ def saturate_and_extract(
     if not time_budget_s > 0:
         raise PCGError(f"time_budget_s must be > 0 seconds, got {time_budget_s!r}")
     say = _reporter(progress)
+    clock = _Clock.start(time_budget_s)
     phases: dict[str, float] = {}
     input_cost = iteration_cost(pcg, machine, optimizer=optimizer)
 
@@ -473,7 +520,11 @@ def saturate_and_extract(
         say("coordinate descent over per-layer SBP strategies")
         try:
             found = coordinate_descent(
-                pcg, machine, restarts=4, optimizer=optimizer, time_limit_s=0.12 * time_budget_s
+                pcg,
+                machine,
+                restarts=4,
+                optimizer=optimizer,
+                time_limit_s=clock.limit(0.12, _after("coordinate descent")),
             )
             layerwise["coordinate descent"] = (found.pcg, found.cost)
             say(repr(found))
@@ -483,7 +534,7 @@ def saturate_and_extract(
                 steps=found.evaluations,
                 start=found.strategies,
                 optimizer=optimizer,
-                time_limit_s=0.06 * time_budget_s,
+                time_limit_s=clock.limit(0.06, _after("metropolis-hastings")),
             )
             layerwise["metropolis-hastings"] = (walked.pcg, walked.cost)
             say(repr(walked))
@@ -509,7 +560,7 @@ def saturate_and_extract(
         machine,
         rules=rules,
         budget=Budget(
-            seconds=max(0.05 * time_budget_s, 0.46 * time_budget_s - loading_s),
+            seconds=max(0.02 * time_budget_s, clock.limit(0.42, _after("saturate")) - loading_s),
             memory_bytes=memory_budget,
         ),
         progress=bool(progress),
@@ -524,11 +575,15 @@ def saturate_and_extract(
         say(f"{costs.uncosted} e-nodes read tensors without shape facts; they are left out")
     extracted: PCG | None = None
     try:
-        extraction: Extraction = extract_greedy(costs, time_limit_s=0.18 * time_budget_s)
+        extraction: Extraction = extract_greedy(
+            costs, time_limit_s=clock.limit(0.16, _after("extract greedy"))
+        )
         if sat.num_enodes <= ILP_MAX_ENODES:
             try:
                 extraction = extract_ilp(
-                    costs, time_limit_s=0.1 * time_budget_s, warm_start=extraction
+                    costs,
+                    time_limit_s=clock.limit(0.08, _after("extract exact")),
+                    warm_start=extraction,
                 )
             except ExtractionError as e:
                 say(f"exact extraction skipped: {e}")
@@ -563,7 +618,10 @@ def saturate_and_extract(
         # extraction (which costs plans in sequence) would not propose it.
         try:
             branches = branch_parallel(
-                pcg, machine, optimizer=optimizer, time_limit_s=0.08 * time_budget_s
+                pcg,
+                machine,
+                optimizer=optimizer,
+                time_limit_s=clock.limit(0.08, _after("branch parallel")),
             )
             say(repr(branches) if branches else "branch parallel: no branch narrows")
             candidates["branch parallel"] = (
@@ -586,13 +644,25 @@ def saturate_and_extract(
     placements: dict[str, PlanPlacement] = {}
     mappings: dict[str, MachineMapping] = {}
     cache = MappingCache(machine)
-    for name, value in list(candidates.items()):
-        if value is not None:
-            placed, mapped, cost = mapped_cost(
-                value[0], machine, optimizer=optimizer, cost=value[1], cache=cache
+    # Searches often agree (metropolis-hastings keeps coordinate descent's plan): one
+    # placement per distinct plan.
+    done: dict[PCG, tuple[PlanPlacement, MachineMapping, CostBreakdown]] = {}
+    pending = [name for name, value in candidates.items() if value is not None]
+    for k, name in enumerate(pending):
+        plan, cost = candidates[name]  # type: ignore[misc]
+        if plan not in done:
+            # What is left of the budget, shared by the plans still to place.
+            distinct = len({candidates[n][0] for n in pending[k:]} - done.keys())  # type: ignore[index]
+            done[plan] = mapped_cost(
+                plan,
+                machine,
+                optimizer=optimizer,
+                cost=cost,
+                cache=cache,
+                time_limit_s=clock.left() / max(1, distinct),
             )
-            placements[name], mappings[name] = placed, mapped
-            candidates[name] = (value[0], cost)
+        placements[name], mappings[name], final = done[plan]
+        candidates[name] = (plan, final)
     phases["placement and mapping"] = time.perf_counter() - start
 
     def rank(item: tuple[str, tuple[PCG, CostBreakdown] | None]) -> tuple[bool, float]:

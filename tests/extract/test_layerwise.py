@@ -262,6 +262,37 @@ def test_coordinate_descent_never_loses_to_its_data_parallel_start():
     assert all(len(v) == 1 for v in by_role.values())
 
 
+def test_the_uniform_start_tries_the_most_even_three_way_split_right_after_data_parallelism(
+    monkeypatch,
+):
+    from pcgopt.extract import layerwise
+
+    tried: list[set[MatmulStrategy]] = []
+    evaluate = layerwise._Search.evaluate
+
+    def recording(self, assignment):
+        tried.append(set(assignment))
+        return evaluate(self, assignment)
+
+    monkeypatch.setattr(layerwise._Search, "evaluate", recording)
+    pcg = build("transformer", small=True, batch=8)
+    coordinate_descent(pcg, EIGHT, restarts=1, max_sweeps=0, tie=True)  # the uniform pass only
+    assert tried[0] == {MatmulStrategy(8, 1, 1)}  # data parallelism first, as the fallback
+    assert MatmulStrategy(2, 2, 2) in tried[1]  # then the 3D split, 2 x 2 x 2
+
+    def spread(s: MatmulStrategy) -> float:
+        return max(s.batch, s.columns, s.contraction) / min(s.batch, s.columns, s.contraction)
+
+    # Each later one is as even or less: when time runs out, the balanced ones were tried.
+    # (Layers that cannot take a strategy keep data parallelism; those are left out.)
+    # The descent then re-reads its start from the cache: first evaluations only.
+    firsts = list(dict.fromkeys(frozenset(t) for t in tried))
+    uniform = [t - tried[0] for t in firsts[1:] if t - tried[0]]
+    assert all(len(t) == 1 for t in uniform) and len(uniform) > 3
+    spreads = [spread(next(iter(t))) for t in uniform]
+    assert spreads == sorted(spreads)
+
+
 def test_the_baseline_entry_point_is_the_same_search():
     pcg = build("mnist_mlp", small=True)
     a = baselines.coordinate_descent(pcg, FOUR, restarts=2)

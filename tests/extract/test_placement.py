@@ -129,6 +129,30 @@ def test_placing_a_hybrid_plan_keeps_tensor_parallelism_inside_a_socket():
     assert len(others) == 2 and all(t > placed.cost.total_s for t in others)
 
 
+def test_a_time_limit_keeps_the_first_matrix_tried_and_counts_the_rest():
+    from pcgopt.extract.baselines import megatron
+    from pcgopt.extract.placement import place_plan
+    from pcgopt.machine import Machine
+    from pcgopt.models import ZOO
+
+    summit = Machine.preset("summit", nodes=2)
+    plan = megatron(ZOO["mlp"].build(), summit)
+    whole = place_plan(plan, summit)
+    cut = place_plan(plan, summit, time_limit_s=0.0)
+    assert (cut.considered, cut.untried) == (1, whole.considered - 1) == (1, 2)
+    assert cut.tried == whole.tried[:1] and cut.matrix == whole.tried[0][0]
+    assert "2 left untried (time limit)" in repr(cut) and whole.untried == 0
+
+
+def test_a_matrix_remembers_its_groups_without_changing_what_it_equals():
+    m = ParallelismMatrix((2, 8), (4, 4), ((1, 4), (2, 2)))
+    fresh = ParallelismMatrix((2, 8), (4, 4), ((1, 4), (2, 2)))
+    first = m.groups([1])
+    assert m.groups([1]) is first and m.groups((1,)) is first  # computed once per axes
+    assert m == fresh and hash(m) == hash(fresh) and fresh.groups([1]) == first
+    assert m.groups([0]) != first
+
+
 def test_plans_whose_axes_cannot_be_named_keep_the_default_placement():
     from pcgopt.extract.baselines import megatron
     from pcgopt.extract.placement import place_plan

@@ -125,3 +125,38 @@ def test_a_failed_extraction_still_returns_the_best_baseline(monkeypatch):
     assert plan.stats.extraction.startswith("failed: no acyclic extraction")
     assert plan.stats.candidates["e-graph"] is None
     assert plan.stats.chosen != "e-graph" and equivalent(MNIST, plan.pcg)
+
+
+def test_candidates_that_are_the_same_plan_are_placed_once(monkeypatch):
+    from pcgopt.extract.baselines import data_parallel
+
+    placed: list[pcgopt.PCG] = []
+    place = plan_module.place_plan
+
+    def counting(plan, machine, **kwargs):
+        placed.append(plan)
+        return place(plan, machine, **kwargs)
+
+    monkeypatch.setattr(plan_module, "place_plan", counting)
+    # The seed is the data-parallel baseline itself: two candidates, one plan.
+    plan = saturate_and_extract(
+        MNIST, TWO_GPUS, time_budget_s=4, seeds=[data_parallel(MNIST, TWO_GPUS)]
+    )
+    assert len(placed) == len(set(placed))
+    assert plan.stats.candidates["seed 0"] == plan.stats.candidates["data parallel"]
+
+
+def test_each_phase_gets_its_share_less_what_the_phases_before_it_overran(monkeypatch):
+    from pcgopt.extract.plan import PHASE_SHARES, _after, _Clock
+
+    assert sum(PHASE_SHARES.values()) == pytest.approx(1.0)
+    now = [0.0]
+    monkeypatch.setattr(plan_module.time, "perf_counter", lambda: now[0])
+    clock = _Clock.start(100.0)
+    assert clock.limit(0.12, _after("coordinate descent")) == pytest.approx(12.0)
+    now[0] = 30.0  # the layer-wise searches took 30 s of their 18
+    # Saturation keeps the 40 s of the phases after it whole and gets 30 s, not 42.
+    assert clock.limit(0.42, _after("saturate")) == pytest.approx(30.0)
+    now[0] = 99.5  # every phase overran: the next still gets 2% of the budget
+    assert clock.limit(0.08, _after("branch parallel")) == pytest.approx(2.0)
+    assert clock.left() == pytest.approx(2.0)
