@@ -990,9 +990,12 @@ class _Placement:
         if node.name not in self.explicit:
             return default_groups(degree, width)
         value = self.explicit[node.name]
-        key = (value, degree, width) if isinstance(value, tuple) else None
-        if key is not None and key in self._checked:
-            return self._checked[key]
+        key: tuple[object, int, int] | None = (value, degree, width)
+        try:
+            if key in self._checked:
+                return self._checked[key]
+        except TypeError:  # groups given as lists: checked every time
+            key = None
         checked = self._check(node, value, degree, width)
         if key is not None:
             self._checked[key] = checked

@@ -246,7 +246,8 @@ class Plan:
             p = self.placement
             where = (
                 f"parallelism matrix {p.matrix.to_list()} on levels {list(p.matrix.hierarchy)} "
-                f"(best of {p.considered})"
+                f"(best of {p.considered}"
+                + (f"; {p.untried} left untried, time limit)" if p.untried else ")")
                 if p.matrix is not None
                 else f"default (consecutive devices): {p.reason}"
             )
@@ -311,6 +312,8 @@ class Plan:
                 if self.placement.matrix is None
                 else list(self.placement.matrix.hierarchy),
                 "reason": self.placement.reason,
+                "matrices_tried": self.placement.considered,
+                "matrices_untried": self.placement.untried,
             },
             "machine_mapping": None
             if self.machine_mapping is None
@@ -423,9 +426,10 @@ def mapped_cost(
 
 @dataclass(frozen=True)
 class _Clock:
-    """The search's time budget as a deadline: a phase gets its share of the budget, less
-    whatever the phases before it overran, so that the shares of the phases after it stay
-    whole (each still gets at least 2% of the budget)."""
+    """The search's time budget as a deadline: a phase may use what is left of the budget less
+    the shares of the phases after it, that is its own share plus what the phases before it
+    left unused, less what they overran; the phases after it keep their shares whole. Each
+    still gets at least 2% of the budget."""
 
     budget_s: float
     deadline: float
@@ -434,11 +438,14 @@ class _Clock:
     def start(cls, budget_s: float) -> _Clock:
         return cls(budget_s, time.perf_counter() + budget_s)
 
-    def limit(self, share: float, after: float) -> float:
-        """Seconds for a phase whose share is ``share`` of the budget, keeping ``after`` of
-        it for the phases that follow."""
-        left = self.deadline - time.perf_counter() - after * self.budget_s
-        return max(0.02 * self.budget_s, min(share * self.budget_s, left))
+    def limit(self, phase: str) -> float:
+        """Seconds for ``phase`` (one of :data:`PHASE_SHARES`): what is left of the budget,
+        keeping the shares of the phases after it."""
+        names = list(PHASE_SHARES)
+        after = sum(PHASE_SHARES[n] for n in names[names.index(phase) + 1 :])
+        return max(
+            0.02 * self.budget_s, self.deadline - time.perf_counter() - after * self.budget_s
+        )
 
     def left(self) -> float:
         return max(0.02 * self.budget_s, self.deadline - time.perf_counter())
@@ -454,12 +461,6 @@ PHASE_SHARES = {
     "branch parallel": 0.08,
     "placement and mapping": 0.08,
 }
-
-
-def _after(phase: str) -> float:
-    """The shares of the phases after ``phase``."""
-    names = list(PHASE_SHARES)
-    return sum(PHASE_SHARES[n] for n in names[names.index(phase) + 1 :])
 
 
 def saturate_and_extract(
@@ -482,8 +483,9 @@ def saturate_and_extract(
     ``time_budget_s``: the search's wall-time target, shared by the phases as
     :data:`PHASE_SHARES` says (the layer-wise searches 18%, saturation 42%, extraction 24% of
     which costing the e-graph is not bounded, the branch-parallel descent 8%, placement and
-    mapping 8%); a phase that overruns its share is taken out of the next ones' (limits are
-    checked between steps, so a step in progress can overrun them);
+    mapping 8%); time a phase leaves unused goes to the next one, time it overruns comes out
+    of its own successors' (limits are checked between steps, so a step in progress can
+    overrun them);
     ``memory_budget``: the search's own memory limit in bytes (saturation stops before it);
     ``rules``: the rewrite rules (default: the shipped, proved ones); ``check``: verify the
     plan against the input with the reference evaluator (module docstring); ``baselines``:
@@ -524,7 +526,7 @@ def saturate_and_extract(
                 machine,
                 restarts=4,
                 optimizer=optimizer,
-                time_limit_s=clock.limit(0.12, _after("coordinate descent")),
+                time_limit_s=clock.limit("coordinate descent"),
             )
             layerwise["coordinate descent"] = (found.pcg, found.cost)
             say(repr(found))
@@ -534,7 +536,7 @@ def saturate_and_extract(
                 steps=found.evaluations,
                 start=found.strategies,
                 optimizer=optimizer,
-                time_limit_s=clock.limit(0.06, _after("metropolis-hastings")),
+                time_limit_s=clock.limit("metropolis-hastings"),
             )
             layerwise["metropolis-hastings"] = (walked.pcg, walked.cost)
             say(repr(walked))
@@ -553,14 +555,15 @@ def saturate_and_extract(
 
     start = time.perf_counter()
     say(f"saturating on {machine.name} ({machine.num_devices} devices)")
-    # Loading the shipped rules (once per process) comes out of saturation's share.
-    loading_s = warm_up(rules)
+    # Loading the shipped rules (once per process) comes out of saturation's share: the clock
+    # runs while they load.
+    warm_up(rules)
     sat = saturate(
         pcg,
         machine,
         rules=rules,
         budget=Budget(
-            seconds=max(0.02 * time_budget_s, clock.limit(0.42, _after("saturate")) - loading_s),
+            seconds=clock.limit("saturate"),
             memory_bytes=memory_budget,
         ),
         progress=bool(progress),
@@ -575,14 +578,12 @@ def saturate_and_extract(
         say(f"{costs.uncosted} e-nodes read tensors without shape facts; they are left out")
     extracted: PCG | None = None
     try:
-        extraction: Extraction = extract_greedy(
-            costs, time_limit_s=clock.limit(0.16, _after("extract greedy"))
-        )
+        extraction: Extraction = extract_greedy(costs, time_limit_s=clock.limit("extract greedy"))
         if sat.num_enodes <= ILP_MAX_ENODES:
             try:
                 extraction = extract_ilp(
                     costs,
-                    time_limit_s=clock.limit(0.08, _after("extract exact")),
+                    time_limit_s=clock.limit("extract exact"),
                     warm_start=extraction,
                 )
             except ExtractionError as e:
@@ -621,7 +622,7 @@ def saturate_and_extract(
                 pcg,
                 machine,
                 optimizer=optimizer,
-                time_limit_s=clock.limit(0.08, _after("branch parallel")),
+                time_limit_s=clock.limit("branch parallel"),
             )
             say(repr(branches) if branches else "branch parallel: no branch narrows")
             candidates["branch parallel"] = (

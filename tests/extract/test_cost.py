@@ -605,6 +605,13 @@ def test_errors_name_the_node_and_what_is_valid():
         iteration_cost(plan, TWO_GPUS, devices={"copy_w1": [(1, 1)]})
     with pytest.raises(CostError, match="out of range"):
         iteration_cost(plan, TWO_GPUS, devices={"copy_w1": [(0, 7)]})
+    # Group lists in any sequence form are read alike; bad ones are refused however often given.
+    as_lists = iteration_cost(plan, TWO_GPUS, devices={"copy_w1": ([1, 0],)})
+    assert (
+        as_lists.total_s == iteration_cost(plan, TWO_GPUS, devices={"copy_w1": ((1, 0),)}).total_s
+    )
+    with pytest.raises(CostError, match="device 1 appears twice"):
+        iteration_cost(plan, TWO_GPUS, devices={"copy_w1": ([1, 1],)})
     with pytest.raises(CostError, match="unknown optimizer 'adamw'; valid: sgd, momentum, adam"):
         iteration_cost(plan, TWO_GPUS, optimizer="adamw")
     with pytest.raises(CostError, match=r"node 'linear1' .*no peak FLOP/s for dtype 'bf16'"):
