@@ -22,7 +22,9 @@ Phases, each timed in :attr:`Plan.stats`:
    says which one won;
 5. **placement and mapping**: every candidate's parallelism axes are placed on the machine
    hierarchy with P^2's parallelism matrices (:func:`pcgopt.extract.placement.place_plan`;
-   reductions across levels priced with the best synthesized program), then the
+   reductions across levels priced with the best synthesized program; each distinct plan
+   once, within its part of what is left of the time budget, at least one matrix each:
+   :attr:`PlanPlacement.untried` counts the matrices a time limit skipped), then the
    machine-mapping DP (:func:`pcgopt.extract.mapping.map_machine`, Unity section 5.2) decides
    which independent branches run at once on disjoint devices, with one memo table for all
    candidates. Candidates are compared by this cost, a candidate that does not fit device
