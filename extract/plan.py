@@ -42,6 +42,7 @@ spec ``NAME[:NODES[:DEVICES_PER_NODE]]`` (e.g. ``summit:2``) or the path of a ma
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -74,6 +75,7 @@ from pcgopt.extract.extraction import (
 from pcgopt.extract.layerwise import coordinate_descent, metropolis_hastings
 from pcgopt.extract.mapping import MachineMapping, MappingCache, map_machine
 from pcgopt.extract.placement import PlanPlacement, batch_split_only, parallel_nodes, place_plan
+from pcgopt.extract.splitting import MIN_SEGMENT_OPS, split_search, split_segments
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine, MachineError
 from pcgopt.ops import OpKind
@@ -164,6 +166,9 @@ class SearchStats:
     chosen: str
     phase_seconds: Mapping[str, float]
     peak_rss_bytes: int
+    #: Segments the graph was split into (1: saturated whole); e-node and e-class counts are
+    #: then the sums over the segments' distinct e-graphs, iterations their maximum.
+    segments: int = 1
 
     @property
     def seconds(self) -> float:
@@ -180,6 +185,7 @@ class SearchStats:
             "chosen": self.chosen,
             "phase_seconds": dict(self.phase_seconds),
             "peak_rss_bytes": self.peak_rss_bytes,
+            "segments": self.segments,
         }
 
 
@@ -478,6 +484,8 @@ def saturate_and_extract(
     seeds: Sequence[PCG] = (),
     check_flops_limit: float = CHECK_FLOPS_LIMIT,
     progress: bool | Callable[[str], None] = False,
+    split: bool | None = None,
+    min_segment_ops: int = MIN_SEGMENT_OPS,
 ) -> Plan:
     """Optimize ``pcg`` for training on ``machine`` (module docstring): returns the fastest
     plan found that fits in device memory, with its predicted cost.
@@ -495,7 +503,11 @@ def saturate_and_extract(
     searches (whose plans also seed the e-graph); ``seeds``: plans you already have (e.g. from
     another search), each a candidate and an e-graph seed; they must compute what ``pcg``
     computes (with ``check=True`` the returned plan is verified, whichever it is);
-    ``progress``: True prints phases to stderr, or a callable receives them.
+    ``progress``: True prints phases to stderr, or a callable receives them;
+    ``split``: graph splitting (Unity section 5.3, :mod:`pcgopt.extract.splitting`): saturate
+    and extract segments of at least ``min_segment_ops`` computing operators separately and
+    stitch them, with a DP over the layouts handed across the cuts; None (the default) splits
+    when the graph has such cuts, False never does.
     """
     if not isinstance(pcg, PCG):
         raise PCGError(f"saturate_and_extract takes a pcgopt.PCG, got {type(pcg).__name__}")
@@ -555,48 +567,35 @@ def saturate_and_extract(
         v[0] for v in (*layerwise.values(), *extra.values()) if v is not None and v[0] != pcg
     ]
 
-    start = time.perf_counter()
-    say(f"saturating on {machine.name} ({machine.num_devices} devices)")
-    # Loading the shipped rules (once per process) comes out of saturation's share: the clock
-    # runs while they load.
-    warm_up(rules)
-    sat = saturate(
-        pcg,
-        machine,
-        rules=rules,
-        budget=Budget(
-            seconds=clock.limit("saturate"),
-            memory_bytes=memory_budget,
-        ),
-        progress=bool(progress),
-        seeds=list(dict.fromkeys(seed_plans)),
-    )
-    phases["saturate"] = time.perf_counter() - start
-    say(sat.summary())
-
-    start = time.perf_counter()
-    costs = enode_costs(sat.egraph, machine, optimizer=optimizer)
-    if costs.uncosted:
-        say(f"{costs.uncosted} e-nodes read tensors without shape facts; they are left out")
-    extracted: PCG | None = None
-    try:
-        extraction: Extraction = extract_greedy(costs, time_limit_s=clock.limit("extract greedy"))
-        if sat.num_enodes <= ILP_MAX_ENODES:
-            try:
-                extraction = extract_ilp(
-                    costs,
-                    time_limit_s=clock.limit("extract exact"),
-                    warm_start=extraction,
-                )
-            except ExtractionError as e:
-                say(f"exact extraction skipped: {e}")
-        extracted = sat.egraph.to_pcg(extraction.choice)
-        extraction_text = repr(extraction)
-    except ExtractionError as e:
-        # The baselines and the input remain candidates: the call still returns a plan.
-        extraction_text = f"failed: {e}"
-    phases["extract"] = time.perf_counter() - start
-    say(f"extracted: {extraction_text}")
+    segments = split_segments(pcg, min_segment_ops) if split is not False else ()
+    if split and len(segments) < 2:
+        say(f"graph splitting: no cut leaves two segments of {min_segment_ops} operators")
+    if len(segments) >= 2:
+        extracted, search = _split_phase(
+            pcg,
+            machine,
+            clock,
+            phases,
+            say,
+            seed_plans,
+            rules,
+            min_segment_ops,
+            memory_budget,
+            optimizer,
+        )
+    else:
+        extracted, search = _whole_phase(
+            pcg,
+            machine,
+            clock,
+            phases,
+            say,
+            seed_plans,
+            rules,
+            memory_budget,
+            optimizer,
+            progress,
+        )
 
     start = time.perf_counter()
     candidates: dict[str, tuple[PCG, CostBreakdown] | None] = {
@@ -680,15 +679,16 @@ def saturate_and_extract(
     verdict = _check(pcg, best, check_flops_limit) if check else "not checked (check=False)"
     phases["check"] = time.perf_counter() - start
     stats = SearchStats(
-        num_enodes=sat.num_enodes,
-        num_eclasses=sat.num_eclasses,
-        iterations=sat.iterations,
-        stop_reason=str(sat.stop_reason.value),
-        extraction=extraction_text,
+        num_enodes=search.num_enodes,
+        num_eclasses=search.num_eclasses,
+        iterations=search.iterations,
+        stop_reason=search.stop_reason,
+        extraction=search.extraction,
         candidates={k: (v[1].total_s if v is not None else None) for k, v in candidates.items()},
         chosen=chosen,
         phase_seconds=phases,
-        peak_rss_bytes=sat.peak_rss_bytes,
+        peak_rss_bytes=search.peak_rss_bytes,
+        segments=search.segments,
     )
     return Plan(
         pcg=best,
@@ -700,6 +700,135 @@ def saturate_and_extract(
         input_cost=input_cost,
         placement=placements[chosen],
         machine_mapping=mappings[chosen],
+    )
+
+
+@dataclass(frozen=True)
+class _Explored:
+    """What the saturation and extraction phases report to :class:`SearchStats`."""
+
+    num_enodes: int
+    num_eclasses: int
+    iterations: int
+    stop_reason: str
+    extraction: str
+    peak_rss_bytes: int
+    segments: int = 1
+
+
+def _whole_phase(
+    pcg: PCG,
+    machine: Machine,
+    clock: _Clock,
+    phases: dict[str, float],
+    say: Callable[[str], None],
+    seed_plans: Sequence[PCG],
+    rules: list[Rule] | None,
+    memory_budget: int,
+    optimizer: str,
+    progress: bool | Callable[[str], None],
+) -> tuple[PCG | None, _Explored]:
+    """Saturation of the whole PCG, then extraction: the plan extracted (None if extraction
+    failed) and what to report."""
+    start = time.perf_counter()
+    say(f"saturating on {machine.name} ({machine.num_devices} devices)")
+    # Loading the shipped rules (once per process) comes out of saturation's share: the clock
+    # runs while they load.
+    warm_up(rules)
+    sat = saturate(
+        pcg,
+        machine,
+        rules=rules,
+        budget=Budget(
+            seconds=clock.limit("saturate"),
+            memory_bytes=memory_budget,
+        ),
+        progress=bool(progress),
+        seeds=list(dict.fromkeys(seed_plans)),
+    )
+    phases["saturate"] = time.perf_counter() - start
+    say(sat.summary())
+
+    start = time.perf_counter()
+    costs = enode_costs(sat.egraph, machine, optimizer=optimizer)
+    if costs.uncosted:
+        say(f"{costs.uncosted} e-nodes read tensors without shape facts; they are left out")
+    extracted: PCG | None = None
+    try:
+        extraction: Extraction = extract_greedy(costs, time_limit_s=clock.limit("extract greedy"))
+        if sat.num_enodes <= ILP_MAX_ENODES:
+            try:
+                extraction = extract_ilp(
+                    costs,
+                    time_limit_s=clock.limit("extract exact"),
+                    warm_start=extraction,
+                )
+            except ExtractionError as e:
+                say(f"exact extraction skipped: {e}")
+        extracted = sat.egraph.to_pcg(extraction.choice)
+        extraction_text = repr(extraction)
+    except ExtractionError as e:
+        # The baselines and the input remain candidates: the call still returns a plan.
+        extraction_text = f"failed: {e}"
+    phases["extract"] = time.perf_counter() - start
+    say(f"extracted: {extraction_text}")
+    return extracted, _Explored(
+        sat.num_enodes,
+        sat.num_eclasses,
+        sat.iterations,
+        str(sat.stop_reason.value),
+        extraction_text,
+        sat.peak_rss_bytes,
+    )
+
+
+def _split_phase(
+    pcg: PCG,
+    machine: Machine,
+    clock: _Clock,
+    phases: dict[str, float],
+    say: Callable[[str], None],
+    seed_plans: Sequence[PCG],
+    rules: list[Rule] | None,
+    min_segment_ops: int,
+    memory_budget: int,
+    optimizer: str,
+) -> tuple[PCG | None, _Explored]:
+    """Graph splitting (:mod:`pcgopt.extract.splitting`) in saturation's and extraction's
+    shares: the stitched plan (None if it failed) and what to report. The data-parallel and
+    Megatron plans join the seeds, for their layouts at the cuts."""
+    start = time.perf_counter()
+    warm_up(rules)
+    seeds = list(seed_plans)
+    for make in (data_parallel, megatron):
+        with contextlib.suppress(BaselineError, CostError):
+            seeds.append(make(pcg, machine))
+    extract_s = (PHASE_SHARES["extract greedy"] + PHASE_SHARES["extract exact"]) * clock.budget_s
+    search = split_search(
+        pcg,
+        machine,
+        seeds=seeds,
+        rules=rules,
+        min_ops=min_segment_ops,
+        saturate_s=clock.limit("saturate"),
+        extract_s=extract_s,
+        memory_budget=memory_budget,
+        optimizer=optimizer,
+        progress=say,
+    )
+    assert search is not None  # the caller split it already
+    phases["saturate"] = search.saturate_seconds
+    phases["extract"] = time.perf_counter() - start - search.saturate_seconds
+    say(repr(search))
+    text = repr(search) if search.pcg is not None else f"failed: {search.failures}"
+    return search.pcg, _Explored(
+        search.num_enodes,
+        search.num_eclasses,
+        search.iterations,
+        search.stop_reason,
+        text,
+        search.peak_rss_bytes,
+        len(search.segments),
     )
 
 

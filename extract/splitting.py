@@ -1,0 +1,754 @@
+"""Graph splitting (Unity section 5.3): saturate and extract a long model segment by segment.
+
+One e-graph for a whole deep model grows with the model, and so does the time its saturation
+needs to reach every layer; within a fixed budget the later layers are explored less. Splitting
+cuts the model into a sequence of segments at tensors every later operator reaches only
+through (*cuts*), explores each segment in an e-graph of its own, and stitches one extraction
+per segment back together:
+
+* **cuts** (:func:`cut_tensors`): a float tensor ``t`` such that, in the PCG's topological
+  order, ``t`` is the only computed tensor made before it and read (or returned) after it.
+  Sources (inputs, weights) are not computed: a segment takes every source it reads, so a
+  weight two segments read (tied embeddings) is in both;
+* **segments** (:func:`split_segments`): consecutive runs of at least ``min_ops`` computing
+  operators between cuts (Unity's minimum subgraph size *k*);
+* **boundary layouts**: the search must not lose the parallelism that spans a cut (data
+  parallelism across the whole model), so, as Unity does, every segment is solved for each
+  candidate partitioning of the tensor it hands on: the segment's PCG returns its exit tensor
+  unsplit and also Partitioned (and Replicated) into each candidate layout, and extraction is run
+  once per layout with that output as the root. The candidates are the unsplit layout and
+  the layouts the seeds (the layer-wise plans, the baselines) give the tensor. As in Unity,
+  partial sums never cross a cut (Replicate and Reduce are not inverses); copies may, since
+  ``discard_copies`` undoes ``replicate``;
+* **seeds**: each seed plan is cut at the same tensors (:func:`seed_slice`), so a segment's
+  e-graph holds what the seeds do within it (the rules do not parallelize every operator);
+* **a cache**: segments equal up to the names of their nodes (the layers of a transformer)
+  share one saturation and one set of extractions (Unity's cross-invocation cache);
+* **a DP over the cuts** (:func:`split_search`): a segment's extraction reads its entry
+  tensor in any layout for free; changing the layout the previous segment handed on into the
+  ones it reads costs the Combines (and ``discard_copies``) back to the unsplit tensor,
+  priced by the extraction's own cost model. The DP picks one exit layout per cut minimizing
+  the segments' extraction costs plus these changes, and the stitched PCG joins the segments
+  through those Combines; a Partition that undoes a Combine (and a Replicate that undoes a
+  ``discard_copies``) is then removed (:func:`cancel_inverse_pairs`), so a layout kept across
+  a cut costs nothing.
+
+The stitched plan is an ordinary candidate of :func:`~pcgopt.extract.plan.saturate_and_extract`:
+re-costed by :func:`~pcgopt.extract.cost.iteration_cost`, placed, mapped and checked like the
+others.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from pcgopt.egraph import Budget, saturate
+from pcgopt.errors import PCGError
+from pcgopt.extract.cost import Optimizer
+from pcgopt.extract.extraction import (
+    ENodeCosts,
+    ExtractionError,
+    _local_cost,
+    enode_costs,
+    extract_greedy,
+)
+from pcgopt.graph import PCG, Node, TensorRef
+from pcgopt.machine import Machine
+from pcgopt.ops import OpKind, get_op
+from pcgopt.rewrite import Rule
+from pcgopt.shapes import ParallelTensorShape
+
+__all__ = [
+    "Segment",
+    "SplitSearch",
+    "cancel_inverse_pairs",
+    "cut_tensors",
+    "layout_chain",
+    "seed_slice",
+    "segment_pcg",
+    "split_search",
+    "split_segments",
+]
+
+#: Unity's minimum segment size *k*, in computing operators (sources and parallel operators
+#: not counted): about one transformer layer.
+MIN_SEGMENT_OPS = 24
+
+
+def _is_source(node: Node) -> bool:
+    return get_op(node.op).kind is OpKind.SOURCE
+
+
+def _is_parallel(node: Node) -> bool:
+    return get_op(node.op).kind is OpKind.PARALLEL
+
+
+@dataclass(frozen=True)
+class Segment:
+    """Consecutive non-source nodes of a PCG (``nodes``, in topological order) that read the
+    cut tensor ``entry`` (None for the first segment) and hand on ``exit`` (None for the last,
+    which returns the PCG's outputs)."""
+
+    index: int
+    nodes: tuple[str, ...]
+    entry: TensorRef | None
+    exit: TensorRef | None
+
+    def __repr__(self) -> str:
+        return (
+            f"Segment({self.index}: {len(self.nodes)} nodes, "
+            f"{self.entry or 'inputs'} -> {self.exit or 'outputs'})"
+        )
+
+
+def cut_tensors(pcg: PCG) -> list[tuple[int, TensorRef]]:
+    """Every cut of ``pcg`` (module docstring) as ``(position, tensor)``: the tensor is the only
+    computed one that nodes after ``position`` (in ``pcg.nodes`` order, sources left out) read
+    from before it. Only output 0 of a node, of a float type, unsplit and without replicas
+    (the input PCG's layout) qualifies."""
+    computed = [n for n in pcg.nodes if not _is_source(n)]
+    position = {n.name: i for i, n in enumerate(computed)}
+    last_read: dict[TensorRef, int] = {}
+    for i, n in enumerate(computed):
+        for ref in n.inputs:
+            if ref.node in position:
+                last_read[ref] = max(last_read.get(ref, -1), i)
+    for ref in pcg.outputs:
+        if ref.node in position:
+            last_read[ref] = len(computed)  # returned: live to the end
+    # Sweep: tensors made at or before i and read after i.
+    live: set[TensorRef] = set()
+    ending: dict[int, list[TensorRef]] = {}
+    for ref, i in last_read.items():
+        ending.setdefault(i, []).append(ref)
+    out = []
+    for i, n in enumerate(computed[:-1]):
+        for k in range(len(pcg.output_shapes(n.name))):
+            ref = TensorRef(n.name, k)
+            if last_read.get(ref, -1) > i:
+                live.add(ref)
+        for ref in ending.get(i, ()):
+            live.discard(ref)
+        if len(live) == 1:
+            (ref,) = live
+            shape = pcg.shape(ref)
+            if ref.index == 0 and not shape.dtype.is_integer and shape.num_shards == 1:
+                out.append((i, ref))
+    return out
+
+
+def split_segments(pcg: PCG, min_ops: int = MIN_SEGMENT_OPS) -> tuple[Segment, ...]:
+    """``pcg``'s non-source nodes cut into segments of at least ``min_ops`` computing
+    operators each (the last may have fewer only if it is the only one), at cuts
+    (:func:`cut_tensors`). One segment if no cut leaves both sides big enough."""
+    if min_ops < 1:
+        raise PCGError(f"min_ops must be at least 1, got {min_ops!r}")
+    computed = [n for n in pcg.nodes if not _is_source(n)]
+    counts = [0]
+    for n in computed:
+        counts.append(counts[-1] + (not _is_parallel(n)))
+    total = counts[-1]
+    chosen: list[tuple[int, TensorRef]] = []
+    start = 0
+    for i, ref in cut_tensors(pcg):
+        made = counts[i + 1] - counts[start]
+        if made >= min_ops and total - counts[i + 1] >= min_ops:
+            chosen.append((i, ref))
+            start = i + 1
+    segments = []
+    begin = 0
+    entry: TensorRef | None = None
+    for k, (i, ref) in enumerate(chosen):
+        names = tuple(n.name for n in computed[begin : i + 1])
+        segments.append(Segment(k, names, entry, ref))
+        begin, entry = i + 1, ref
+    segments.append(Segment(len(chosen), tuple(n.name for n in computed[begin:]), entry, None))
+    return tuple(segments)
+
+
+# -- layouts ---------------------------------------------------------------------------------
+
+
+def layout_chain(layout: ParallelTensorShape) -> tuple[tuple[str, dict[str, int]], ...]:
+    """The parallel operators that lay an unsplit tensor out as ``layout``: a Partition per
+    split dimension (in dimension order), then a Replicate for its copies."""
+    if layout.is_partial:
+        raise PCGError(f"a layout across a cut cannot hold partial sums: {layout!r}")
+    ops: list[tuple[str, dict[str, int]]] = [
+        ("partition", {"dim": d, "degree": k}) for d, k in enumerate(layout.degrees) if k > 1
+    ]
+    if layout.copy_degree > 1:
+        ops.append(("replicate", {"degree": layout.copy_degree}))
+    return tuple(ops)
+
+
+def _undo_chain(layout: ParallelTensorShape) -> tuple[tuple[str, dict[str, int]], ...]:
+    """The inverse of :func:`layout_chain`: ``discard_copies``, then the Combines, last
+    dimension first."""
+    ops: list[tuple[str, dict[str, int]]] = []
+    if layout.copy_degree > 1:
+        ops.append(("discard_copies", {"degree": layout.copy_degree}))
+    ops += [
+        ("combine", {"dim": d, "degree": k})
+        for d, k in reversed(list(enumerate(layout.degrees)))
+        if k > 1
+    ]
+    return tuple(ops)
+
+
+def _apply_chain(
+    chain: Sequence[tuple[str, dict[str, int]]], ref: TensorRef, prefix: str, made: list[Node]
+) -> TensorRef:
+    for j, (op, params) in enumerate(chain):
+        node = Node(f"{prefix}.{j}", op, (ref,), params)
+        made.append(node)
+        ref = node.output()
+    return ref
+
+
+# -- a segment as a PCG of its own -------------------------------------------------------------
+
+
+def segment_pcg(pcg: PCG, segment: Segment, exits: Sequence[ParallelTensorShape] = ()) -> PCG:
+    """``segment`` as a PCG: its entry tensor becomes an input of the same name, and it returns
+    its exit tensor unsplit and then laid out as each of ``exits`` (the last segment returns
+    the PCG's outputs). Every source it reads comes along."""
+    inside = set(segment.nodes)
+    made: list[Node] = []
+    sources: dict[str, Node] = {}
+    for name in segment.nodes:
+        node = pcg.node(name)
+        for ref in node.inputs:
+            if ref.node not in inside and ref != segment.entry:
+                src = pcg.node(ref.node)
+                if not _is_source(src):
+                    raise PCGError(
+                        f"segment {segment.index} reads {ref}, made outside it and not its entry"
+                    )
+                sources[src.name] = src
+        made.append(node)
+    if segment.entry is not None:
+        shape = pcg.shape(segment.entry)
+        made.insert(
+            0,
+            Node(segment.entry.node, "input", (), {"shape": shape.sizes, "dtype": shape.dtype}),
+        )
+    nodes = [*sources.values(), *made]
+    if segment.exit is None:
+        return PCG(nodes, pcg.outputs)
+    outputs = [segment.exit]
+    for k, layout in enumerate(exits):
+        outputs.append(
+            _apply_chain(layout_chain(layout), segment.exit, f"{segment.exit.node}@{k}", nodes)
+        )
+    return PCG(nodes, outputs)
+
+
+def _source_layouts(seed: PCG) -> set[str]:
+    """Nodes of ``seed`` that only lay sources out (parallel operators over sources)."""
+    out: set[str] = set()
+    for n in seed.nodes:
+        if _is_source(n) or (_is_parallel(n) and all(r.node in out for r in n.inputs)):
+            out.add(n.name)
+    return out
+
+
+def seed_owners(seed: PCG, pcg: PCG, segments: Sequence[Segment]) -> dict[str, int]:
+    """The segment each node of ``seed`` belongs to: a node of ``pcg``'s its segment; another
+    node (a parallel operator the seed added) the first segment that reads it; nodes that only
+    lay sources out belong to none (every segment that reads them takes a copy)."""
+    home = {name: s.index for s in segments for name in s.nodes}
+    shared = _source_layouts(seed)
+    readers: dict[str, list[str]] = {}
+    for n in seed.nodes:
+        for r in n.inputs:
+            readers.setdefault(r.node, []).append(n.name)
+    owner: dict[str, int] = {}
+    last = segments[-1].index
+    for n in reversed(seed.nodes):
+        if n.name in shared:
+            continue
+        if n.name in home:
+            owner[n.name] = home[n.name]
+        else:
+            owner[n.name] = min(
+                (owner[r] for r in readers.get(n.name, ()) if r in owner), default=last
+            )
+    return owner
+
+
+def seed_slice(
+    seed: PCG,
+    pcg: PCG,
+    segment: Segment,
+    owners: Mapping[str, int],
+    exits: Sequence[ParallelTensorShape] = (),
+) -> PCG | None:
+    """The part of ``seed`` in ``segment``, as a PCG with the same inputs and output shapes as
+    :func:`segment_pcg` (so it can seed that segment's e-graph), or None where the seed does not
+    cut there: it lacks the cut tensors, holds partial sums across a cut, or a node of the
+    segment reads something the seed made in another segment."""
+    shared = _source_layouts(seed)
+    mine = [n for n in seed.nodes if owners.get(n.name) == segment.index]
+    made: list[Node] = []
+    copied: set[str] = set()
+    rename: dict[TensorRef, TensorRef] = {}
+    if segment.entry is not None:
+        if segment.entry.node not in seed:
+            return None
+        layout = seed.shape(segment.entry)
+        if layout.is_partial:
+            return None
+        shape = pcg.shape(segment.entry)
+        made.append(
+            Node(segment.entry.node, "input", (), {"shape": shape.sizes, "dtype": shape.dtype})
+        )
+        copied.add(segment.entry.node)
+        rename[segment.entry] = _apply_chain(
+            layout_chain(layout), segment.entry, f"{segment.entry.node}@seed", made
+        )
+
+    def take_shared(name: str) -> None:
+        stack = [name]
+        order: list[Node] = []
+        while stack:
+            n = seed.node(stack.pop())
+            if n.name in copied:
+                continue
+            copied.add(n.name)
+            order.append(n)
+            stack.extend(r.node for r in n.inputs)
+        made[:0] = reversed(order)
+
+    body: list[Node] = []
+    for n in mine:
+        inputs = []
+        for r in n.inputs:
+            if r in rename:
+                inputs.append(rename[r])
+            elif r.node in shared:
+                take_shared(r.node)
+                inputs.append(r)
+            elif owners.get(r.node) == segment.index:
+                inputs.append(r)
+            else:
+                return None
+        body.append(replace(n, inputs=tuple(inputs)))
+    nodes = [*made, *body]
+    try:
+        if segment.exit is None:
+            outputs = [rename.get(r, r) for r in seed.outputs]
+            if any(owners.get(r.node) != segment.index and r not in rename for r in outputs):
+                return None
+            return PCG(nodes, outputs)
+        if segment.exit.node not in seed or owners.get(segment.exit.node) != segment.index:
+            return None
+        layout = seed.shape(segment.exit)
+        if layout.is_partial:
+            return None
+        unsplit = _apply_chain(
+            _undo_chain(layout), segment.exit, f"{segment.exit.node}@back", nodes
+        )
+        outputs = [unsplit]
+        for k, want in enumerate(exits):
+            if want == layout:
+                outputs.append(segment.exit)
+            else:
+                outputs.append(
+                    _apply_chain(layout_chain(want), unsplit, f"{segment.exit.node}@{k}", nodes)
+                )
+        return PCG(nodes, outputs)
+    except PCGError:
+        return None
+
+
+# -- stitching ------------------------------------------------------------------------------------
+
+_INVERSES = {("partition", "combine"), ("replicate", "discard_copies")}
+
+
+def cancel_inverse_pairs(pcg: PCG) -> PCG:
+    """``pcg`` with every Partition that reads a Combine of the same dimension and degree (and
+    every Replicate that reads a ``discard_copies`` of the same degree) bypassed, and nodes
+    nothing reads any more removed (sources stay). Both pairs are identities: a Combine's
+    output split again the same way is its input; copies discarded and made again are the
+    copies."""
+    nodes = {n.name: n for n in pcg.nodes}
+    outputs = list(pcg.outputs)
+    changed = True
+    while changed:
+        changed = False
+        alias: dict[TensorRef, TensorRef] = {}
+        for n in nodes.values():
+            if len(n.inputs) != 1:
+                continue
+            before = nodes.get(n.inputs[0].node)
+            if before is not None and (n.op, before.op) in _INVERSES and n.params == before.params:
+                alias[n.output()] = before.inputs[0]
+        if alias:
+            changed = True
+
+            nodes = {
+                k: replace(n, inputs=tuple(_resolve(alias, r) for r in n.inputs))
+                for k, n in nodes.items()
+            }
+            outputs = [_resolve(alias, r) for r in outputs]
+        read = {r.node for n in nodes.values() for r in n.inputs} | {r.node for r in outputs}
+        dead = [k for k, n in nodes.items() if k not in read and not _is_source(n)]
+        if dead:
+            changed = True
+            for k in dead:
+                del nodes[k]
+    return PCG(nodes.values(), outputs)
+
+
+def _resolve(alias: Mapping[TensorRef, TensorRef], ref: TensorRef) -> TensorRef:
+    while ref in alias:
+        ref = alias[ref]
+    return ref
+
+
+# -- the search ---------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Solved:
+    """A segment's extraction for one exit layout: the PCG (canonical names), its cost in the
+    extraction's model, and the layouts in which it reads its entry tensor."""
+
+    pcg: PCG
+    seconds: float
+    entry_layouts: frozenset[ParallelTensorShape]
+
+
+@dataclass(frozen=True)
+class _Problem:
+    """A segment as the search sees it: its PCG and seed slices with canonical names (the
+    cache key), the map back to the model's names, its entry input's canonical name, and the
+    layouts it hands on (unsplit first)."""
+
+    pcg: PCG
+    seeds: tuple[PCG, ...]
+    back: Mapping[str, str]
+    entry: str | None
+    handed: tuple[ParallelTensorShape, ...]
+
+    @property
+    def key(self) -> tuple[PCG, tuple[PCG, ...]]:
+        return (self.pcg, self.seeds)
+
+
+@dataclass
+class SplitSearch:
+    """What :func:`split_search` did: the stitched ``pcg`` (None if it failed: ``failures``
+    says why), the segments, the layouts tried at each cut, and the work: distinct e-graphs
+    saturated (segments equal up to names share one), their e-classes and e-nodes in total,
+    saturation stop reasons, extractions run, seconds in saturation and in extraction, and
+    the plan's cost in the extraction's model (``predicted_s``)."""
+
+    pcg: PCG | None
+    segments: tuple[Segment, ...]
+    layouts: tuple[tuple[ParallelTensorShape, ...], ...] = ()
+    saturations: int = 0
+    num_eclasses: int = 0
+    num_enodes: int = 0
+    iterations: int = 0
+    stop_reasons: dict[str, int] = field(default_factory=dict)
+    extractions: int = 0
+    saturate_seconds: float = 0.0
+    extract_seconds: float = 0.0
+    peak_rss_bytes: int = 0
+    predicted_s: float = float("nan")
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def stop_reason(self) -> str:
+        """The stop reasons of the segment e-graphs, with counts where they differ."""
+        if len(self.stop_reasons) == 1:
+            return next(iter(self.stop_reasons))
+        return ", ".join(f"{k} x{v}" for k, v in sorted(self.stop_reasons.items()))
+
+    def __repr__(self) -> str:
+        return (
+            f"SplitSearch({len(self.segments)} segments, {self.saturations} distinct e-graphs "
+            f"({self.stop_reason}), {self.num_enodes:,} e-nodes, {self.extractions} "
+            f"extractions, saturation {self.saturate_seconds:.1f} s, extraction "
+            f"{self.extract_seconds:.1f} s"
+            + (f", failed: {self.failures[0]}" if self.failures else "")
+            + ")"
+        )
+
+
+def _entry_layouts(solved: PCG, entry: str) -> frozenset[ParallelTensorShape]:
+    """The layouts in which ``solved`` reads its input ``entry``: where each chain of
+    Partitions and Replicates from it ends."""
+    readers: dict[str, list[Node]] = {}
+    for n in solved.nodes:
+        for r in n.inputs:
+            readers.setdefault(r.node, []).append(n)
+    out: set[ParallelTensorShape] = set()
+    stack = [entry]
+    while stack:
+        name = stack.pop()
+        for n in readers.get(name, ()):
+            if n.op in ("partition", "replicate"):
+                stack.append(n.name)
+            else:
+                out.add(solved.shape(TensorRef(name)))
+    out.update(solved.shape(r) for r in solved.outputs if r.node == entry)
+    return frozenset(out)
+
+
+def _change_s(
+    handed: ParallelTensorShape,
+    read: frozenset[ParallelTensorShape],
+    machine: Machine,
+    memo: dict[ParallelTensorShape, float],
+) -> float:
+    """What turning a tensor handed on as ``handed`` into the layouts ``read`` costs in the
+    extraction's model: nothing if ``handed`` is the only one read, else the Combines (and
+    ``discard_copies``) back to the unsplit tensor, once (splitting it again is local)."""
+    if read <= {handed}:
+        return 0.0
+    if handed not in memo:
+        seconds, shape = 0.0, handed
+        for op, raw in _undo_chain(handed):
+            spec = get_op(op)
+            params = spec.make_params(raw, (shape,))
+            after = spec.infer(params, (shape,))[0]
+            seconds += _local_cost(op, params, (shape,), (after,), (True,), machine)[0]
+            shape = after
+        memo[handed] = seconds
+    return memo[handed]
+
+
+def _extract(
+    costs: ENodeCosts, roots: tuple[int, ...], time_limit_s: float, entry: str | None
+) -> _Solved | str:
+    """The greedy extraction of ``costs``' e-graph with ``roots`` as its outputs, or why not."""
+    egraph = replace(costs.egraph, roots=roots, _index=None)
+    try:
+        found = extract_greedy(replace(costs, egraph=egraph), time_limit_s=time_limit_s)
+        solved = egraph.to_pcg(found.choice)
+    except (ExtractionError, PCGError) as e:
+        return str(e)
+    layouts = frozenset() if entry is None else _entry_layouts(solved, entry)
+    return _Solved(solved, found.cost.objective(costs.memory_capacity), layouts)
+
+
+def _problems(pcg: PCG, segments: Sequence[Segment], seeds: Sequence[PCG]) -> list[_Problem]:
+    """Each segment's PCG and seed slices, with canonical names, and the layouts it hands on:
+    unsplit, then the seeds' (partial sums never cross a cut)."""
+    owners = [seed_owners(s, pcg, segments) for s in seeds]
+    out = []
+    for seg in segments:
+        exits: dict[ParallelTensorShape, None] = {}
+        if seg.exit is not None:
+            unsplit = pcg.shape(seg.exit)
+            for s in seeds:
+                if seg.exit.node in s:
+                    layout = s.shape(seg.exit)
+                    if not layout.is_partial and layout != unsplit:
+                        exits[layout] = None
+        own = segment_pcg(pcg, seg, tuple(exits))
+        canon, back = _canonical(own)
+        names = {v: k for k, v in back.items()}
+        sliced: dict[PCG, None] = {}
+        for k, (s, o) in enumerate(zip(seeds, owners, strict=True)):
+            part = seed_slice(s, pcg, seg, o, tuple(exits))
+            if part is None:
+                continue
+            # The slice's nodes named as the segment's where they are the same node, by
+            # position elsewhere (so equal layers stay equal).
+            fresh = {n.name: names.get(n.name, f"s{k}.{i}") for i, n in enumerate(part.nodes)}
+            sliced[_renamed(part, fresh)] = None
+            back.update(
+                (fresh[n.name], n.name) for n in part.nodes if _is_source(n) and n.name not in names
+            )
+        handed = () if seg.exit is None else (pcg.shape(seg.exit), *exits)
+        entry = None if seg.entry is None else names[seg.entry.node]
+        out.append(_Problem(canon, tuple(sliced), back, entry, handed))
+    return out
+
+
+def _renamed(pcg: PCG, names: Mapping[str, str]) -> PCG:
+    nodes = [
+        replace(
+            n, name=names[n.name], inputs=tuple(TensorRef(names[r.node], r.index) for r in n.inputs)
+        )
+        for n in pcg.nodes
+    ]
+    return PCG(nodes, [TensorRef(names[r.node], r.index) for r in pcg.outputs])
+
+
+def _canonical(pcg: PCG) -> tuple[PCG, dict[str, str]]:
+    """``pcg`` with its nodes named by position (``v0``, ``v1``, ...) and the map back, so that
+    segments equal up to names are equal."""
+    names = {n.name: f"v{i}" for i, n in enumerate(pcg.nodes)}
+    return _renamed(pcg, names), {v: k for k, v in names.items()}
+
+
+def split_search(
+    pcg: PCG,
+    machine: Machine,
+    *,
+    seeds: Sequence[PCG] = (),
+    rules: list[Rule] | None = None,
+    min_ops: int = MIN_SEGMENT_OPS,
+    saturate_s: float = 30.0,
+    extract_s: float = 10.0,
+    memory_budget: int = 4 * 2**30,
+    optimizer: str | Optimizer = "adam",
+    progress: Callable[[str], None] | None = None,
+    segment_budget: Budget | None = None,
+) -> SplitSearch | None:
+    """Saturate and extract ``pcg`` segment by segment and stitch the best combination
+    (module docstring). None if it does not split into at least two segments of ``min_ops``
+    computing operators. ``seeds``: plans equivalent to ``pcg`` whose slices seed the
+    segments' e-graphs and whose layouts at the cuts are tried. ``saturate_s`` is shared by
+    the distinct segment e-graphs, ``extract_s`` (plus what saturation left) by their
+    extractions, each getting what is left divided by the number still to do.
+    ``segment_budget``: each segment e-graph's saturation budget instead (benchmarks: the
+    same exploration per segment as for a whole graph)."""
+    say = progress or (lambda msg: None)
+    segments = split_segments(pcg, min_ops)
+    if len(segments) < 2:
+        return None
+    seeds = [s for s in dict.fromkeys(seeds) if s != pcg]
+    problems = _problems(pcg, segments, seeds)
+    result = SplitSearch(None, segments, tuple(p.handed for p in problems))
+    distinct = {p.key: p for p in problems}
+    say(f"graph splitting: {len(segments)} segments, {len(distinct)} distinct")
+    runs = sum(max(1, len(distinct[k].handed)) for k in distinct)
+    saturate_until = time.perf_counter() + saturate_s
+    extract_until = saturate_until + extract_s
+    solved: dict[tuple[PCG, tuple[PCG, ...]], list[_Solved | str]] = {}
+    for k, (key, problem) in enumerate(distinct.items()):
+        start = time.perf_counter()
+        sat = saturate(
+            problem.pcg,
+            machine,
+            rules=rules,
+            budget=segment_budget
+            or Budget(
+                seconds=max(0.5, (saturate_until - start) / (len(distinct) - k)),
+                memory_bytes=memory_budget,
+            ),
+            seeds=list(problem.seeds),
+        )
+        result.saturate_seconds += time.perf_counter() - start
+        result.saturations += 1
+        result.num_eclasses += sat.num_eclasses
+        result.num_enodes += sat.num_enodes
+        result.iterations = max(result.iterations, sat.iterations)
+        reason = str(sat.stop_reason.value)
+        result.stop_reasons[reason] = result.stop_reasons.get(reason, 0) + 1
+        result.peak_rss_bytes = max(result.peak_rss_bytes, sat.peak_rss_bytes)
+        start = time.perf_counter()
+        costs = enode_costs(sat.egraph, machine, optimizer=optimizer)
+        roots = sat.egraph.roots
+        # One extraction per layout handed on (root j is the exit laid out as handed[j]);
+        # the last segment's outputs all at once.
+        wanted = [(r,) for r in roots] if problem.handed else [tuple(roots)]
+        answers: list[_Solved | str] = []
+        for picked in wanted:
+            left = (extract_until - time.perf_counter()) / max(1, runs - result.extractions)
+            answers.append(_extract(costs, picked, max(0.05, left), problem.entry))
+            result.extractions += 1
+        solved[key] = answers
+        result.extract_seconds += time.perf_counter() - start
+        say(f"segment e-graph {k + 1}/{len(distinct)}: {sat.summary()}")
+
+    # The DP over the layouts handed on, first segment to last: best[k][j] is the cheapest
+    # way through segment k handing on layout j, and the layout segment k-1 handed on.
+    memo: dict[ParallelTensorShape, float] = {}
+    best: list[dict[int, tuple[float, int]]] = []
+    for k, problem in enumerate(problems):
+        table: dict[int, tuple[float, int]] = {}
+        for j, ans in enumerate(solved[problem.key]):
+            if isinstance(ans, str):
+                continue
+            if k == 0:
+                table[j] = (ans.seconds, -1)
+                continue
+            before = problems[k - 1].handed
+            options = [
+                (cost + _change_s(before[i], ans.entry_layouts, machine, memo) + ans.seconds, i)
+                for i, (cost, _) in best[k - 1].items()
+            ]
+            if options:
+                table[j] = min(options)
+        if not table:
+            why = next((a for a in solved[problem.key] if isinstance(a, str)), "no extraction")
+            result.failures.append(f"segment {k}: {why}")
+            return result
+        best.append(table)
+    picks = [0] * len(problems)
+    j = min(best[-1], key=lambda i: best[-1][i][0])
+    result.predicted_s = best[-1][j][0]
+    for k in range(len(problems) - 1, -1, -1):
+        picks[k] = j
+        j = best[k][j][1]
+    try:
+        result.pcg = _stitch(
+            pcg, problems, [solved[p.key][j] for p, j in zip(problems, picks, strict=True)], picks
+        )  # type: ignore[misc]
+    except PCGError as e:
+        result.failures.append(f"stitching: {e}")
+    return result
+
+
+def _stitch(
+    pcg: PCG, problems: Sequence[_Problem], parts: Sequence[_Solved], picks: Sequence[int]
+) -> PCG:
+    """The segments' extractions joined into one PCG over ``pcg``'s sources: segment k's entry
+    input becomes the Combines of what segment k-1 handed on, then inverse pairs cancel."""
+    sources = {n.name for n in pcg.nodes if _is_source(n)}
+    nodes: list[Node] = [n for n in pcg.nodes if _is_source(n)]
+    handed: TensorRef | None = None
+    outputs: list[TensorRef] = []
+    for k, (problem, part) in enumerate(zip(problems, parts, strict=True)):
+        names: dict[str, str] = {}
+        entry_ref: TensorRef | None = None
+        if problem.entry is not None:
+            assert handed is not None
+            before = problems[k - 1].handed[picks[k - 1]]
+            entry_ref = _apply_chain(_undo_chain(before), handed, f"split{k}/entry", nodes)
+        for n in part.pcg.nodes:
+            if n.name == problem.entry:
+                continue
+            if _is_source(n):
+                real = problem.back.get(n.name, n.name)
+                if real not in sources:
+                    raise PCGError(f"segment {k} reads source {real!r}, which the model lacks")
+                names[n.name] = real
+            else:
+                names[n.name] = f"split{k}/{n.name}"
+
+        for n in part.pcg.nodes:
+            if n.name == problem.entry or _is_source(n):
+                continue
+            nodes.append(
+                replace(
+                    n,
+                    name=names[n.name],
+                    inputs=tuple(_moved(r, names, problem.entry, entry_ref) for r in n.inputs),
+                )
+            )
+        if problem.handed:
+            handed = _moved(part.pcg.outputs[0], names, problem.entry, entry_ref)
+        else:
+            outputs = [_moved(r, names, problem.entry, entry_ref) for r in part.pcg.outputs]
+    return cancel_inverse_pairs(PCG(nodes, outputs))
+
+
+def _moved(
+    ref: TensorRef, names: Mapping[str, str], entry: str | None, entry_ref: TensorRef | None
+) -> TensorRef:
+    """A segment's tensor in the stitched PCG: its entry input is ``entry_ref``."""
+    if ref.node == entry:
+        assert entry_ref is not None
+        return entry_ref
+    return TensorRef(names[ref.node], ref.index)
