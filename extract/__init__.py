@@ -24,6 +24,8 @@ Lives in the top-level folder ``extract/`` and installs as ``pcgopt.extract`` (s
 * :mod:`pcgopt.extract.reduction`: P^2's reduction-program synthesis (:func:`synthesize`),
   simulator (:func:`simulate`) and ranking (:func:`best_reduction`);
   :mod:`pcgopt.extract.jax_lowering` runs programs as JAX collectives (optional extra);
+* :mod:`pcgopt.extract.splitting`: graph splitting (Unity section 5.3): :func:`split_search`
+  saturates and extracts a deep PCG segment by segment and stitches the cheapest combination;
 * :mod:`pcgopt.extract.plan`: :func:`saturate_and_extract`, PCG and machine to :class:`Plan`.
 """
 
@@ -107,6 +109,7 @@ from pcgopt.extract.reduction import (
     simulate,
     synthesize,
 )
+from pcgopt.extract.splitting import SplitSearch, split_search, split_segments
 
 __all__ = [
     "COLLECTIVES",
@@ -143,6 +146,7 @@ __all__ = [
     "ReductionError",
     "ReductionProgram",
     "SearchStats",
+    "SplitSearch",
     "accumulate_to_fit",
     "best_reduction",
     "branch_parallel",
@@ -171,6 +175,8 @@ __all__ = [
     "saturate_and_extract",
     "sequential",
     "simulate",
+    "split_search",
+    "split_segments",
     "summa_like",
     "synthesize",
 ]

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import heapq
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 import networkx as nx
@@ -157,10 +157,16 @@ def _derivable(egraph: EGraphData, allowed: np.ndarray) -> np.ndarray:
 
 
 def enode_costs(
-    egraph: EGraphData, machine: Machine, *, optimizer: str | Optimizer = "adam"
+    egraph: EGraphData,
+    machine: Machine,
+    *,
+    optimizer: str | Optimizer = "adam",
+    differentiable_inputs: Collection[str] = (),
 ) -> ENodeCosts:
     """Every e-node's and e-class's share of a training iteration on ``machine`` (module
-    docstring). E-nodes with the same operator, parameters and shapes are costed once."""
+    docstring). E-nodes with the same operator, parameters and shapes are costed once.
+    ``differentiable_inputs``: names of inputs whose gradient the iteration computes (a
+    segment's entry under graph splitting: the layers before it need that gradient)."""
     start = time.perf_counter()
     opt = _optimizer(optimizer)
     device = machine.device
@@ -178,9 +184,17 @@ def enode_costs(
     # A class needs a gradient unless some e-node in it computes it without a trainable weight
     # (its value then does not depend on one; other e-nodes in it may mention one, e.g. an
     # output of a Split of a Concat with a weight).
-    needs_grad = ~_derivable(egraph, ~trainable)
-    # A source layout: a source, or Partition/Replicate of a source layout.
-    source_layout = _fixpoint_any(egraph, np.flatnonzero(is_source), layout_op)
+    graded_input = np.array(
+        [
+            op == "input" and n.name in differentiable_inputs
+            for op, n in zip(ops, nodes, strict=True)
+        ],
+        dtype=bool,
+    )
+    needs_grad = ~_derivable(egraph, ~(trainable | graded_input))
+    # A source layout: a source, or Partition/Replicate of a source layout. Not of an input
+    # whose gradient is needed: laying it out has a backward (the gradient gathered back).
+    source_layout = _fixpoint_any(egraph, np.flatnonzero(is_source & ~graded_input), layout_op)
     weight_layout = _fixpoint_any(egraph, np.flatnonzero(is_weight), layout_op)
     trainable_layout = _fixpoint_any(egraph, np.flatnonzero(trainable), layout_op)
 

@@ -8,7 +8,9 @@ Phases, each timed in :attr:`Plan.stats`:
    e-graph and are candidates;
 2. **saturate**: the verified rules explore the equivalent PCGs in one e-graph
    (:func:`pcgopt.egraph.saturate`) within a share of the time budget, starting from the input
-   and the seeds in the same e-class;
+   and the seeds in the same e-class. A model with cuts is split first (graph splitting,
+   Unity section 5.3, :mod:`pcgopt.extract.splitting`): each segment is saturated and
+   extracted on its own, within the same shares, and the segments are stitched;
 3. **extract**: the cheapest PCG the e-graph holds under the cost model, shared subgraphs
    counted once and the device memory respected (:mod:`pcgopt.extract.extraction`: exact ILP for
    small e-graphs, greedy plus local search otherwise);
@@ -245,7 +247,9 @@ class Plan:
                 f"{k} {v * 1e3:.4g} ms" if v is not None else f"{k} n/a"
                 for k, v in s.candidates.items()
             ),
-            f"  search: {s.num_enodes:,} e-nodes, {s.num_eclasses:,} e-classes after "
+            "  search: "
+            + (f"{s.segments} segments (graph splitting), " if s.segments > 1 else "")
+            + f"{s.num_enodes:,} e-nodes, {s.num_eclasses:,} e-classes after "
             f"{s.iterations} iteration(s) ({s.stop_reason}); extraction {s.extraction}; "
             + ", ".join(f"{k} {v:.2f} s" for k, v in s.phase_seconds.items()),
             f"  check: {self.check}",

@@ -501,27 +501,42 @@ def _entry_layouts(solved: PCG, entry: str) -> frozenset[ParallelTensorShape]:
     return frozenset(out)
 
 
+def _chain_s(
+    chain: Sequence[tuple[str, dict[str, int]]], shape: ParallelTensorShape, machine: Machine
+) -> float:
+    """What the parallel operators ``chain`` cost from ``shape`` on, forward and backward, in
+    the extraction's model."""
+    seconds = 0.0
+    for op, raw in chain:
+        spec = get_op(op)
+        params = spec.make_params(raw, (shape,))
+        after = spec.infer(params, (shape,))[0]
+        seconds += _local_cost(op, params, (shape,), (after,), (True,), machine)[0]
+        shape = after
+    return seconds
+
+
 def _change_s(
     handed: ParallelTensorShape,
     read: frozenset[ParallelTensorShape],
     machine: Machine,
-    memo: dict[ParallelTensorShape, float],
+    memo: dict[ParallelTensorShape, tuple[float, float]],
 ) -> float:
-    """What turning a tensor handed on as ``handed`` into the layouts ``read`` costs in the
-    extraction's model: nothing if ``handed`` is the only one read, else the Combines (and
-    ``discard_copies``) back to the unsplit tensor, once (splitting it again is local)."""
-    if read <= {handed}:
+    """The boundary's cost beyond what the two extractions counted. A segment's extraction
+    pays for laying its entry out (the Partitions and Replicates, with their backward); the
+    stitched plan joins the layout ``handed`` on back to the unsplit tensor first (the
+    Combines), and where a segment reads exactly the layout handed on, both chains cancel: that
+    boundary costs nothing, so the layout chain the extraction paid is taken back."""
+    if handed.num_shards == 1:
         return 0.0
     if handed not in memo:
-        seconds, shape = 0.0, handed
-        for op, raw in _undo_chain(handed):
-            spec = get_op(op)
-            params = spec.make_params(raw, (shape,))
-            after = spec.infer(params, (shape,))[0]
-            seconds += _local_cost(op, params, (shape,), (after,), (True,), machine)[0]
-            shape = after
-        memo[handed] = seconds
-    return memo[handed]
+        unsplit = ParallelTensorShape.of(handed.sizes, handed.dtype)
+        memo[handed] = (
+            _chain_s(_undo_chain(handed), handed, machine),
+            _chain_s(layout_chain(handed), unsplit, machine),
+        )
+    undo, redo = memo[handed]
+    return -redo if read == {handed} else undo
 
 
 def _extract(
@@ -647,7 +662,12 @@ def split_search(
         result.stop_reasons[reason] = result.stop_reasons.get(reason, 0) + 1
         result.peak_rss_bytes = max(result.peak_rss_bytes, sat.peak_rss_bytes)
         start = time.perf_counter()
-        costs = enode_costs(sat.egraph, machine, optimizer=optimizer)
+        costs = enode_costs(
+            sat.egraph,
+            machine,
+            optimizer=optimizer,
+            differentiable_inputs=() if problem.entry is None else (problem.entry,),
+        )
         roots = sat.egraph.roots
         # One extraction per layout handed on (root j is the exit laid out as handed[j]);
         # the last segment's outputs all at once.
@@ -663,7 +683,7 @@ def split_search(
 
     # The DP over the layouts handed on, first segment to last: best[k][j] is the cheapest
     # way through segment k handing on layout j, and the layout segment k-1 handed on.
-    memo: dict[ParallelTensorShape, float] = {}
+    memo: dict[ParallelTensorShape, tuple[float, float]] = {}
     best: list[dict[int, tuple[float, int]]] = []
     for k, problem in enumerate(problems):
         table: dict[int, tuple[float, int]] = {}

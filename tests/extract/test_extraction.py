@@ -102,6 +102,23 @@ def test_an_embedding_tables_sparse_gradient_costs_what_the_model_says():
     assert seconds == pytest.approx(exact.total_s, rel=1e-6)
 
 
+def test_an_input_named_differentiable_pays_for_its_gradient():
+    """A segment's entry under graph splitting: the layers before it need its gradient, so the
+    MatMul reading it costs its input-gradient product too, and a Partition of it its dual
+    collective."""
+    b = PCGBuilder()
+    x = b.partition(b.input((64, 32), name="x"), dim=1, degree=2, name="x.split")
+    w = b.partition(b.weight((32, 32), name="w"), dim=0, degree=2, name="w.split")
+    plan = b.build(b.reduce(b.matmul(x, w, name="mm"), degree=2))
+    sat = saturate(plan, TWO_GPUS, budget=Budget(iterations=1))
+    choice = sat.egraph.choice_for(plan)
+    plain = dag_cost(enode_costs(sat.egraph, TWO_GPUS), choice).seconds
+    graded = dag_cost(
+        enode_costs(sat.egraph, TWO_GPUS, differentiable_inputs=("x",)), choice
+    ).seconds
+    assert graded > plain
+
+
 @pytest.fixture(scope="module")
 def one_iteration():
     sat = saturate(MNIST, TWO_GPUS, budget=Budget(iterations=1))

@@ -193,6 +193,15 @@ def test_the_batch_split_is_kept_across_the_cuts(deep_chain_search):
     assert iteration_cost(plan, TWO_GPUS).total_s <= iteration_cost(seed, TWO_GPUS).total_s
 
 
+def test_the_dp_predicts_what_the_cost_model_says_of_the_stitched_plan(deep_chain_search):
+    # Boundaries are priced as they are stitched: Combines where the layout changes, nothing
+    # where a layout handed on is read as it is.
+    _, _, search = deep_chain_search
+    assert search.predicted_s == pytest.approx(
+        iteration_cost(search.pcg, TWO_GPUS).total_s, rel=1e-6
+    )
+
+
 def test_a_graph_without_two_big_segments_is_not_split():
     assert split_search(chain(2), TWO_GPUS, min_ops=4) is None
 
