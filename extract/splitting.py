@@ -255,8 +255,8 @@ def _source_layouts(seed: PCG) -> set[str]:
     return out
 
 
-def seed_owners(seed: PCG, pcg: PCG, segments: Sequence[Segment]) -> dict[str, int]:
-    """The segment each node of ``seed`` belongs to: a node of ``pcg``'s its segment; another
+def seed_owners(seed: PCG, segments: Sequence[Segment]) -> dict[str, int]:
+    """The segment each node of ``seed`` belongs to: a node of the model its segment; another
     node (a parallel operator the seed added) the first segment that reads it; nodes that only
     lay sources out belong to none (every segment that reads them takes a copy)."""
     home = {name: s.index for s in segments for name in s.nodes}
@@ -530,7 +530,7 @@ def _change_s(
     if handed.num_shards == 1:
         return 0.0
     if handed not in memo:
-        unsplit = ParallelTensorShape.of(handed.sizes, handed.dtype)
+        unsplit = handed.unpartitioned()
         memo[handed] = (
             _chain_s(_undo_chain(handed), handed, machine),
             _chain_s(layout_chain(handed), unsplit, machine),
@@ -556,7 +556,7 @@ def _extract(
 def _problems(pcg: PCG, segments: Sequence[Segment], seeds: Sequence[PCG]) -> list[_Problem]:
     """Each segment's PCG and seed slices, with canonical names, and the layouts it hands on:
     unsplit, then the seeds' (partial sums never cross a cut)."""
-    owners = [seed_owners(s, pcg, segments) for s in seeds]
+    owners = [seed_owners(s, segments) for s in seeds]
     out = []
     for seg in segments:
         exits: dict[ParallelTensorShape, None] = {}

@@ -116,7 +116,7 @@ def test_a_seed_slice_computes_what_its_segment_computes():
     g = chain(6)
     seed = data_parallel(g, TWO_GPUS)
     segments = split_segments(g, min_ops=4)
-    owners = seed_owners(seed, g, segments)
+    owners = seed_owners(seed, segments)
     for s in segments:
         layouts = () if s.exit is None else (seed.shape(s.exit),)
         part = seed_slice(seed, g, s, owners, layouts)
