@@ -1,8 +1,9 @@
 """pcgopt.rules: the offline rule-generation job and the shipped, verified rule set.
 
-``load()`` returns the shipped rules (``rules.json`` in this package, written by
-``python -m pcgopt.rules generate``); every one was proved by :func:`pcgopt.verify.verify_rule`
-for all parallel degrees. See :mod:`pcgopt.rules.generate` for how they are found.
+``load()`` returns the shipped rules, every one proved by :func:`pcgopt.verify.verify_rule`
+for all parallel degrees: ``rules.json`` (matrices; ``python -m pcgopt.rules generate``). See
+:mod:`pcgopt.rules.generate` for how they are found and :mod:`pcgopt.rules.families` for what
+each preset enumerates (the ``transformer`` preset's file is not shipped yet).
 
 >>> rules = load()
 >>> all(meta["verdict"]["status"] == "proved" for _, meta in load_records())
@@ -16,24 +17,30 @@ from typing import Any
 
 from pcgopt.rewrite import Rule, load_rules
 
-#: The shipped rule file.
+#: The shipped rule file of the matrix preset.
 RULES_FILE = Path(__file__).with_name("rules.json")
+
+#: Every shipped rule file, by the preset that writes it.
+SHIPPED = {"matrix": RULES_FILE}
 
 
 def load_records(path: Path | None = None) -> list[tuple[Rule, dict[str, Any]]]:
-    """Every rule of a rule file (default: the shipped one) with its record: kind
+    """Every rule of a rule file (default: all shipped ones) with its record: kind
     ("algebraic" or "parallel"), the size it was found at, and the verifier's verdict."""
-    path = path or RULES_FILE
+    if path is None:
+        return [rec for p in SHIPPED.values() for rec in load_records(p)]
     if not path.exists():
+        preset = next((k for k, v in SHIPPED.items() if v == path), "matrix")
         raise FileNotFoundError(
-            f"no rule file at {path}; run `python -m pcgopt.rules generate --out {path}`"
+            f"no rule file at {path}; run "
+            f"`python -m pcgopt.rules generate --preset {preset} --out {path}`"
         )
     return load_rules(path.read_text())
 
 
 def load(path: Path | None = None) -> list[Rule]:
-    """The rules of a rule file (default: the shipped one)."""
+    """The rules of a rule file (default: all shipped ones)."""
     return [rule for rule, _ in load_records(path)]
 
 
-__all__ = ["RULES_FILE", "load", "load_records"]
+__all__ = ["RULES_FILE", "SHIPPED", "load", "load_records"]

@@ -1,6 +1,7 @@
 """``python -m pcgopt.rules``: generate the rule set, or measure how much of a peer set it covers.
 
     python -m pcgopt.rules generate --max-ops 3 --workers 2 --out rules/rules.json
+    python -m pcgopt.rules generate --preset transformer --out rules/rules_transformer.json
     python -m pcgopt.rules coverage --peer ../shared/peers/flexflow_graph_subst_3_v2.json
 
 ``generate`` keeps its intermediate results in ``--work-dir`` (default ``.pcgopt-rules-work``),
@@ -22,7 +23,8 @@ from pathlib import Path
 from pcgopt.rules import RULES_FILE, load
 from pcgopt.rules.candidates import kind
 from pcgopt.rules.enumerate import Config
-from pcgopt.rules.generate import generate, rule_file
+from pcgopt.rules.families import MIN_RANK, PRESETS
+from pcgopt.rules.generate import generate, merge, rule_file
 
 
 def _peak_rss_mb() -> float:
@@ -32,16 +34,30 @@ def _peak_rss_mb() -> float:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    defaults = Config()
-    config = Config(
-        max_ops=args.max_ops,
-        degree=args.degree,
-        ops=tuple(args.ops.split(",")) if args.ops else defaults.ops,
-    )
     start = time.perf_counter()
-    gen = generate(config, workers=args.workers, work_dir=args.work_dir, timeout=args.timeout)
+    if args.preset == "matrix":
+        defaults = Config()
+        configs: tuple[Config, ...] = (
+            Config(
+                max_ops=args.max_ops or defaults.max_ops,
+                degree=args.degree,
+                ops=tuple(args.ops.split(",")) if args.ops else defaults.ops,
+            ),
+        )
+    else:
+        if args.ops or args.max_ops is not None:
+            raise ValueError(f"--ops and --max-ops are the matrix preset's, not {args.preset}'s")
+        configs = PRESETS[args.preset]
+    gens = []
+    for i, config in enumerate(configs):
+        if len(configs) > 1:
+            print(f"family {i + 1}/{len(configs)}: {', '.join(config.ops)}", file=sys.stderr)
+        gens.append(
+            generate(config, workers=args.workers, work_dir=args.work_dir, timeout=args.timeout)
+        )
+    gen = merge(gens, MIN_RANK[args.preset])
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(rule_file(gen, config))
+    args.out.write_text(rule_file(gen, configs[0] if len(configs) == 1 else configs))
     s = gen.stats
     kinds = Counter(kind(r) for r in gen.rules)
     print(
@@ -52,7 +68,8 @@ def _generate(args: argparse.Namespace) -> int:
     print(
         f"  dropped: {s.not_general} only well-formed at the enumeration's sizes, "
         f"{s.pruned_renaming} equal up to renaming, {s.pruned_implied} implied by smaller rules, "
-        f"{s.pruned_redundant} proved but implied by the other proved rules"
+        f"{s.pruned_redundant} proved but implied by the other proved rules, "
+        f"{s.too_large} over the family's operator limit"
     )
     print(
         f"  verified {s.verified}: proved {s.proved}, refuted {s.refuted}, unknown {s.unknown} "
@@ -96,7 +113,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="enumerate, pair, prune, lift and verify rules")
-    g.add_argument("--max-ops", type=int, default=3)
+    g.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="matrix",
+        help="what to enumerate (pcgopt.rules.families; default matrix, the rules.json set)",
+    )
+    g.add_argument("--max-ops", type=int, default=None, help="matrix preset only (default 3)")
     g.add_argument(
         "--degree", type=int, default=2, help="parallel degree to enumerate with (default 2)"
     )

@@ -46,14 +46,20 @@ class Variant:
 
     op: str
     params: tuple[tuple[str, object], ...] = ()
+    #: How many inputs it reads, where the operator has optional ones (``linear`` with its
+    #: bias: 3); default the required ones (2 for variadic operators).
+    inputs: int | None = None
 
     @property
     def arity(self) -> int:
+        if self.inputs is not None:
+            return self.inputs
         return get_op(self.op).min_inputs if not get_op(self.op).variadic else 2
 
     def __repr__(self) -> str:
         ps = ", ".join(f"{k}={v!r}" for k, v in self.params)
-        return f"{self.op}({ps})"
+        extra = f", inputs={self.inputs}" if self.inputs is not None else ""
+        return f"{self.op}({ps}{extra})"
 
 
 @dataclass(frozen=True)
@@ -105,28 +111,55 @@ class Config:
     seed: int = 0
     #: At most this many outputs (tensors nothing reads) per graph.
     max_outputs: int = 2
+    #: Candidate rules with more operators than this on both sides together are not
+    #: considered (None: all). Families whose operators read three tensors need ``max_ops=4``
+    #: for one side of a rule (``linear(partition(x), replicate(w), replicate(b))``); their
+    #: 4-against-4 candidates are many and rarely new.
+    max_rule_ops: int | None = None
 
     def variants(self) -> list[Variant]:
         """The operator variants, in a fixed order."""
         k = self.degree
+        # Axes of the data tensors: (0, 1) for the default matrices, (0, 1, 2) for 3-D
+        # activations (a transformer's [batch, sequence, hidden]).
+        axes = tuple(range(max(s.shape.rank for s in self.inputs if s.cls == "data")))
+        last = axes[-1]
         table = {
             "relu": [Variant("relu")],
+            "gelu": [Variant("gelu")],
             "transpose": [Variant("transpose", (("perm", (1, 0)),))],
+            # Attention's head transposes: [B, S, h, d] -> [B, h, S, d] and -> [B, h, d, S].
+            "transpose_heads": [
+                Variant("transpose", (("perm", p),)) for p in ((0, 2, 1, 3), (0, 2, 3, 1))
+            ],
+            # The last dimension into (2, rest) heads, and two last dimensions merged back.
+            "reshape_heads": [
+                Variant("reshape", (("shape", "heads"),)),
+                Variant("reshape", (("shape", "merge"),)),
+            ],
+            "scale": [Variant("scale", (("factor", 0.5),))],
             "add": [Variant("add")],
             "mul": [Variant("mul")],
             "matmul": [Variant("matmul")],
+            "batch_matmul": [Variant("batch_matmul")],
             "linear": [Variant("linear", (("activation", a),)) for a in ("none", "relu")],
-            "concat": [Variant("concat", (("axis", a),)) for a in (0, 1)],
-            "split": [Variant("split", (("axis", a), ("sizes", "concat"))) for a in (0, 1)],
-            "partition": [Variant("partition", (("dim", d), ("degree", k))) for d in (0, 1)],
-            "combine": [Variant("combine", (("dim", d), ("degree", k))) for d in (0, 1)],
+            "linear_plain": [Variant("linear", (("activation", "none"),))],
+            "linear_bias": [
+                Variant("linear", (("activation", a),), inputs=3) for a in ("none", "gelu")
+            ],
+            "softmax": [Variant("softmax", (("axis", last),))],
+            "layer_norm": [Variant("layer_norm", inputs=3)],
+            "concat": [Variant("concat", (("axis", a),)) for a in axes],
+            "split": [Variant("split", (("axis", a), ("sizes", "concat"))) for a in axes],
+            "partition": [Variant("partition", (("dim", d), ("degree", k))) for d in axes],
+            "combine": [Variant("combine", (("dim", d), ("degree", k))) for d in axes],
             "replicate": [Variant("replicate", (("degree", k),))],
             "reduce": [Variant("reduce", (("degree", k),))],
             "stack_partial": [Variant("stack_partial")],
             "all_reduce": [Variant("all_reduce", (("degree", k),))],
-            "all_gather": [Variant("all_gather", (("dim", d), ("degree", k))) for d in (0, 1)],
+            "all_gather": [Variant("all_gather", (("dim", d), ("degree", k))) for d in axes],
             "reduce_scatter": [
-                Variant("reduce_scatter", (("dim", d), ("degree", k))) for d in (0, 1)
+                Variant("reduce_scatter", (("dim", d), ("degree", k))) for d in axes
             ],
             "discard_copies": [Variant("discard_copies", (("degree", k),))],
             "to_partial": [Variant("to_partial", (("degree", k),))],
@@ -141,7 +174,13 @@ def fingerprint(value: ShardedArray) -> bytes:
     """The parallel shape and the exact value a tensor stands for, hashed."""
     h = hashlib.blake2b(digest_size=12)
     h.update(repr(value.shape).encode())
-    logical = np.ascontiguousarray(value.logical(), dtype=np.int64)
+    logical = value.logical()
+    if logical.dtype.kind == "f" and not np.array_equal(logical, np.rint(logical)):
+        # softmax, layer_norm and gelu leave integers: hash their values on a 2^-20 grid
+        # (equal values computed in another order still agree; a near miss only loses a
+        # candidate, and a collision is refuted by the verifier).
+        logical = np.rint(logical * 2.0**20)
+    logical = np.ascontiguousarray(logical, dtype=np.int64)
     h.update(logical.tobytes())
     return h.digest()
 
@@ -297,6 +336,8 @@ class Enumerator:
         if variant.arity == 1:
             for a in avail:
                 yield (a,)
+        elif variant.arity > 2:
+            yield from itertools.product(avail, repeat=variant.arity)
         else:
             # One input order for commutative operators; the swap is a rule of its own
             # (swap_candidates).
@@ -374,6 +415,16 @@ class Enumerator:
             ):
                 return None
             raw["sizes"] = tuple(self._shapes[a].sizes[raw["axis"]] for a in made_by.args)
+        if raw.get("shape") in ("heads", "merge"):
+            sizes = shapes[0].sizes
+            if raw["shape"] == "heads":
+                if sizes[-1] % 2:
+                    return None
+                raw["shape"] = (*sizes[:-1], 2, sizes[-1] // 2)
+            elif len(sizes) < 2:
+                return None
+            else:
+                raw["shape"] = (*sizes[:-2], sizes[-2] * sizes[-1])
         try:
             params = spec.make_params(raw, shapes)
             outs = spec.infer(params, shapes)

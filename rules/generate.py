@@ -54,6 +54,7 @@ class Stats:
     visited: int = 0
     candidates: int = 0
     not_general: int = 0
+    too_large: int = 0
     pruned_renaming: int = 0
     pruned_implied: int = 0
     pruned_redundant: int = 0
@@ -320,6 +321,10 @@ def generate(
     t = time.perf_counter()
     cands = candidates(config, graphs, identities, fingerprint)
     del graphs, identities, results
+    if config.max_rule_ops is not None:
+        small = [c for c in cands if c.size <= config.max_rule_ops]
+        stats.too_large = len(cands) - len(small)
+        cands = small
     stats.candidates = len(cands)
     plain: dict[str, Rule] = {}
     for c in cands:
@@ -389,8 +394,45 @@ def generate(
     return Generated(rules, verdicts, stats, found_with, verified)
 
 
-def rule_file(gen: Generated, config: Config) -> str:
-    """The shipped file: only proved rules, each with its kind, size, verdict and axioms."""
+def merge(gens: Sequence[Generated], min_rank: int = 0) -> Generated:
+    """The proved rules of several runs (a preset's families) as one set: each rule once (by
+    canonical text, the first run's), and only rules with a tensor of rank ``min_rank`` or
+    more. Statistics are summed."""
+    stats = Stats()
+    rules: dict[str, Rule] = {}
+    out = Generated([], {}, stats, {})
+    for gen in gens:
+        for name, value in asdict(gen.stats).items():
+            if name == "seconds":
+                for phase, sec in value.items():
+                    stats.seconds[phase] = stats.seconds.get(phase, 0.0) + sec
+            elif name == "rounds":
+                stats.rounds = max(stats.rounds, value)
+            else:
+                setattr(stats, name, getattr(stats, name) + value)
+        for r in gen.rules:
+            if max(d.rank for d in r.inputs.values()) >= min_rank:
+                rules.setdefault(canonical_text(r), r)
+        out.verdicts.update(gen.verdicts)
+        out.found_with.update(gen.found_with)
+        out.verified.update(gen.verified)
+    out.rules = sorted(rules.values(), key=lambda r: (kind(r), canonical_text(r)))
+    return out
+
+
+def _generator(config: Config) -> dict:
+    return {
+        "max_ops": config.max_ops,
+        "degree": config.degree,
+        "ops": list(config.ops),
+        "inputs": {s.name: repr(s.shape) for s in config.inputs},
+        "file_version": FILE_VERSION,
+    }
+
+
+def rule_file(gen: Generated, config: Config | Sequence[Config]) -> str:
+    """The shipped file: only proved rules, each with its kind, size, verdict and axioms.
+    With several configurations (a preset's families, :func:`merge`), the header lists each."""
     extra = {}
     for r in gen.rules:
         v = gen.verdicts[r.name]
@@ -403,20 +445,13 @@ def rule_file(gen: Generated, config: Config) -> str:
                 "axioms": list(v["axioms"]),
             },
         }
-    header = {
-        "generator": {
-            "max_ops": config.max_ops,
-            "degree": config.degree,
-            "ops": list(config.ops),
-            "inputs": {s.name: repr(s.shape) for s in config.inputs},
-            "file_version": FILE_VERSION,
-        }
-    }
+    if isinstance(config, Config):
+        generator: dict | list = _generator(config)
+    else:
+        generator = [_generator(c) for c in config]
     body = dump_rules(gen.rules, extra)
     # The generator settings go first, on one line, after the format marker.
-    return body.replace(
-        '"rules": [', f'"generated_by": {json.dumps(header["generator"])}, "rules": [', 1
-    )
+    return body.replace('"rules": [', f'"generated_by": {json.dumps(generator)}, "rules": [', 1)
 
 
 def stats_dict(stats: Stats) -> dict:

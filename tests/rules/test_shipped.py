@@ -3,20 +3,29 @@ inputs of the reference evaluator."""
 
 import pytest
 
-from pcgopt.rules import RULES_FILE, load, load_records
+from pcgopt.rules import RULES_FILE, SHIPPED, load, load_records
 from pcgopt.rules.candidates import kind
+from pcgopt.rules.families import MIN_RANK
 from pcgopt.verify.instances import compare, instances
 
-RECORDS = load_records() if RULES_FILE.exists() else []
+RECORDS = load_records() if all(p.exists() for p in SHIPPED.values()) else []
 
 
-def test_the_shipped_file_exists_and_loads():
-    assert RULES_FILE.exists(), "run python -m pcgopt.rules generate --out rules/rules.json"
+def test_the_shipped_files_exist_and_load():
+    for preset, path in SHIPPED.items():
+        assert path.exists(), f"run python -m pcgopt.rules generate --preset {preset} --out {path}"
     rules = load()
     assert len(rules) == len(RECORDS) > 100
+    assert len(load(RULES_FILE)) <= len(rules)
     kinds = {kind(r) for r in rules}
     assert kinds == {"algebraic", "parallel"}
     assert len({r.name for r in rules}) == len(rules)
+
+
+def test_each_preset_ships_the_ranks_it_is_for():
+    for preset, path in SHIPPED.items():
+        for rule in load(path):
+            assert max(d.rank for d in rule.inputs.values()) >= MIN_RANK[preset], rule.name
 
 
 def test_every_shipped_rule_was_proved_for_all_degrees():

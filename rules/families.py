@@ -1,0 +1,67 @@
+"""Named enumeration presets: which small graphs the rule-generation job enumerates.
+
+``matrix`` is the default set behind ``rules.json``: matrices ([2, 4] data, [4, 4] weights),
+the operators of FlexFlow's generated rules, up to 3 operators. Its rules are typed on rank-2
+tensors, so they never match a transformer's [batch, sequence, hidden] activations or its
+[batch, heads, sequence, head-dim] attention tensors.
+
+``transformer`` is a list of small *families*, each one operator group at the ranks a
+transformer uses, with the parallel operators that split, copy, gather and reduce. Enumerating
+them together would multiply every family's graphs by every other's; their rules meet only in
+the e-graph, so each family is enumerated on its own and the proved rules are merged.
+Only rules with a tensor of rank 3 or more are kept (the matrix set covers ranks 1 and 2).
+"""
+
+from __future__ import annotations
+
+from pcgopt.rules.enumerate import Config, InputSpec
+from pcgopt.shapes import ParallelTensorShape
+
+_SPLITS = ("partition", "combine", "replicate", "reduce")
+
+
+def _x(name: str, sizes: tuple[int, ...], cls: str = "data") -> InputSpec:
+    return InputSpec(name, cls, ParallelTensorShape.of(sizes))
+
+
+#: Dense layers on [B, S, H] activations: with a bias and an activation (fused, as models
+#: write them) and without (whose contraction may leave partial sums).
+LINEAR = Config(
+    max_ops=4,
+    max_rule_ops=6,
+    ops=("linear_bias", "linear_plain", *_SPLITS),
+    inputs=(_x("x1", (2, 4, 6)), _x("w1", (6, 6), "weight"), _x("b1", (6,), "bias")),
+)
+
+#: Residual adds, LayerNorm and GELU on [B, S, H].
+NORM = Config(
+    max_ops=4,
+    max_rule_ops=6,
+    ops=("add", "gelu", "layer_norm", *_SPLITS[:3]),
+    inputs=(
+        _x("x1", (2, 4, 6)),
+        _x("x2", (2, 4, 6)),
+        _x("g1", (6,), "weight"),
+        _x("g2", (6,), "weight"),
+    ),
+)
+
+#: Attention: heads split off the hidden dimension and moved before the sequence, batched
+#: matmuls, scaling and softmax over the keys.
+ATTENTION = Config(
+    max_ops=3,
+    ops=("reshape_heads", "transpose_heads", "batch_matmul", "scale", "softmax", *_SPLITS[:3]),
+    inputs=(
+        _x("x1", (2, 2, 4, 4)),
+        _x("x2", (2, 2, 4, 4)),
+        _x("h1", (2, 4, 8), "hidden"),
+    ),
+)
+
+PRESETS: dict[str, tuple[Config, ...]] = {
+    "matrix": (Config(),),
+    "transformer": (LINEAR, NORM, ATTENTION),
+}
+
+#: The lowest rank a preset's rules must touch to be kept (ranks below are another preset's).
+MIN_RANK = {"matrix": 0, "transformer": 3}

@@ -1,0 +1,84 @@
+"""Enumeration presets: the matrix set is enumerated as before, the transformer families reach
+rank-3 and rank-4 tensors, and their runs merge into one rule set."""
+
+import numpy as np
+import pytest
+
+from pcgopt.ops import get_op
+from pcgopt.rules.candidates import canonical_text
+from pcgopt.rules.enumerate import Config, InputSpec, fingerprint, input_values
+from pcgopt.rules.families import ATTENTION, LINEAR, MIN_RANK, PRESETS
+from pcgopt.rules.generate import generate, merge, rule_file
+from pcgopt.shapes import ParallelTensorShape
+from pcgopt.sharded import ShardedArray
+
+
+def test_the_matrix_preset_enumerates_matrices_as_flexflows_generator_does():
+    (config,) = PRESETS["matrix"]
+    names = [repr(v) for v in config.variants()]
+    assert "partition(dim=1, degree=2)" in names
+    assert not any("dim=2" in n or "inputs=3" in n for n in names)
+    assert MIN_RANK["matrix"] == 0
+
+
+def test_transformer_families_split_every_axis_of_their_tensors():
+    linear = [repr(v) for v in LINEAR.variants()]
+    assert "partition(dim=2, degree=2)" in linear
+    assert "linear(activation='gelu', inputs=3)" in linear  # with its bias
+    attention = [repr(v) for v in ATTENTION.variants()]
+    assert "partition(dim=3, degree=2)" in attention
+    assert "softmax(axis=3)" in attention
+    assert MIN_RANK["transformer"] == 3
+
+
+def test_non_integer_values_keep_their_differences_in_the_fingerprint():
+    softmax = get_op("softmax")
+    shape = ParallelTensorShape.of((2, 4))
+    a, b = (
+        ShardedArray.from_logical(np.array(v, dtype=np.int64), shape)
+        for v in ([[0, 1, 2, 3]] * 2, [[0, 2, 2, 3]] * 2)
+    )
+    params = softmax.make_params({"axis": 1}, (shape,))
+    (sa,) = softmax.evaluate(params, (a,), (shape,))
+    (sb,) = softmax.evaluate(params, (b,), (shape,))
+    # Truncated to integers both would be all zeros.
+    assert fingerprint(sa) != fingerprint(sb)
+    (again,) = softmax.evaluate(params, (a,), (shape,))
+    assert fingerprint(again) == fingerprint(sa)
+
+
+def test_integer_values_hash_as_integers():
+    (value, *_) = input_values(Config())
+    as_float = ShardedArray.from_logical(value.logical().astype(np.float32), value.shape)
+    assert fingerprint(as_float) == fingerprint(value)
+
+
+RANK3 = Config(
+    max_ops=2,
+    ops=("gelu", "partition", "combine", "replicate"),
+    inputs=(InputSpec("x1", "data", ParallelTensorShape.of((2, 4, 6))),),
+)
+
+
+@pytest.fixture(scope="module")
+def rank3_run(tmp_path_factory):
+    return generate(RANK3, workers=1, work_dir=tmp_path_factory.mktemp("work"), timeout=3)
+
+
+def test_a_rank_3_enumeration_finds_rules_on_the_third_axis(rank3_run):
+    split, gelu = "partition(v0, dim=2, degree=k)", "gelu(v0)"
+    pair = {f"gelu({split})", f"partition({gelu}, dim=2, degree=k)"}
+    found = [
+        r for r in rank3_run.rules if set(canonical_text(r).split(" | ")[0].split(" => ")) == pair
+    ]
+    assert len(found) == 1, sorted(canonical_text(r) for r in rank3_run.rules)
+    assert [d.rank for d in found[0].inputs.values()] == [3]
+
+
+def test_merging_keeps_each_rule_once_and_only_those_of_the_preset_ranks(rank3_run):
+    twice = merge([rank3_run, rank3_run])
+    assert len(twice.rules) == len(rank3_run.rules)
+    assert twice.stats.proved == 2 * rank3_run.stats.proved
+    assert merge([rank3_run], min_rank=4).rules == []
+    text = rule_file(merge([rank3_run], 3), (RANK3, RANK3))
+    assert text.count('"max_ops": 2') == 2  # one header per family
