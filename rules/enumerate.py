@@ -122,7 +122,8 @@ class Config:
         k = self.degree
         # Axes of the data tensors: (0, 1) for the default matrices, (0, 1, 2) for 3-D
         # activations (a transformer's [batch, sequence, hidden]).
-        axes = tuple(range(max(s.shape.rank for s in self.inputs if s.cls == "data")))
+        data_rank = max((s.shape.rank for s in self.inputs if s.cls == "data"), default=2)
+        axes = tuple(range(data_rank))
         last = axes[-1]
         table = {
             "relu": [Variant("relu")],

@@ -411,7 +411,7 @@ def merge(gens: Sequence[Generated], min_rank: int = 0) -> Generated:
             else:
                 setattr(stats, name, getattr(stats, name) + value)
         for r in gen.rules:
-            if max(d.rank for d in r.inputs.values()) >= min_rank:
+            if max((d.rank for d in r.inputs.values()), default=0) >= min_rank:
                 rules.setdefault(canonical_text(r), r)
         out.verdicts.update(gen.verdicts)
         out.found_with.update(gen.found_with)

@@ -82,3 +82,10 @@ def test_merging_keeps_each_rule_once_and_only_those_of_the_preset_ranks(rank3_r
     assert merge([rank3_run], min_rank=4).rules == []
     text = rule_file(merge([rank3_run], 3), (RANK3, RANK3))
     assert text.count('"max_ops": 2') == 2  # one header per family
+
+
+def test_a_configuration_without_data_tensors_enumerates_matrix_axes():
+    weights_only = Config(inputs=(InputSpec("w1", "weight", ParallelTensorShape.of((4, 4))),))
+    names = [repr(v) for v in weights_only.variants()]
+    assert "partition(dim=1, degree=2)" in names
+    assert not any("dim=2" in n for n in names)
