@@ -58,6 +58,8 @@ class Stats:
     pruned_renaming: int = 0
     pruned_implied: int = 0
     pruned_redundant: int = 0
+    #: Implication questions that ran out of their work bound (their candidate is kept for proof).
+    implication_exhausted: int = 0
     verified: int = 0
     proved: int = 0
     refuted: int = 0
@@ -172,6 +174,7 @@ class Pruner:
             if len(c.lhs) == 1:
                 index.add(c.text, c.lhs[0], c.rhs[0], alternatives[c.text][0].inputs)
         progress.close()
+        stats.implication_exhausted += search.exhausted
         return kept, used_by
 
     def minimize(self, proved: Sequence[tuple[Candidate, Rule]], stats: Stats) -> list[Candidate]:
@@ -196,6 +199,7 @@ class Pruner:
             else:
                 index.disabled.discard(c.text)
         progress.close()
+        stats.implication_exhausted += search.exhausted
         return [c for c, _ in proved if c.text not in dropped]
 
 

@@ -2,8 +2,10 @@
 
 A rule is *implied* by a set of rules when rewriting its left side with them (in either
 direction, at any position) reaches its right side. :class:`Implication` searches for such a
-chain breadth-first from both sides at once, within a bound on steps, term size and terms
-visited. Matching is syntactic (a rule's tensor variables match any subterm); a rewrite is kept
+chain breadth-first from both sides at once, within a bound on steps, term size, terms
+visited and rewrites tried (the last bounds each question's work whatever the rule set: a
+search that runs out answers "not shown implied", which only keeps a candidate for proof).
+Matching is syntactic (a rule's tensor variables match any subterm); a rewrite is kept
 only if the result is well-formed at the instance and has the same fingerprint as the term it
 came from, so an unproved rule can never make a chain that is wrong at the instance.
 
@@ -302,6 +304,10 @@ class Implication:
     max_steps: int = 2
     max_visited: int = 400
     size_slack: int = 1
+    #: Rewrites tried per question (each may evaluate a new term at the instance); None: no bound.
+    max_rewrites: int | None = 4000
+    #: Questions that ran out of ``max_rewrites`` before an answer.
+    exhausted: int = 0
 
     def neighbours(self, side: Side, limit: int) -> Iterator[tuple[Side, str]]:
         """Sides one rewrite away that keep the size limit. A rewrite replaces every occurrence
@@ -324,15 +330,18 @@ class Implication:
         limit = max(side_size(lhs), side_size(rhs)) + self.size_slack
         seen = [{lhs: frozenset()}, {rhs: frozenset()}]
         frontier = [[lhs], [rhs]]
+        tried = 0
         for _ in range(self.max_steps):
             for d in (0, 1):
                 nxt = []
                 for s in frontier[d]:
                     used = seen[d][s]
                     for t, name in self.neighbours(s, limit):
-                        if t in seen[d]:
-                            continue
-                        if self.evaluator.key(t) != key:
+                        tried += 1
+                        if self.max_rewrites is not None and tried > self.max_rewrites:
+                            self.exhausted += 1
+                            return False, set()
+                        if t in seen[d] or self.evaluator.key(t) != key:
                             continue
                         seen[d][t] = used | {name}
                         if t in seen[1 - d]:

@@ -57,9 +57,15 @@ def test_a_chain_of_rules_implies_a_rule():
     rhs = parse_expr("partition(partition(relu(a), dim=1, degree=2), dim=0, degree=2)")
     ok, used = search.implied(lhs, rhs)
     assert ok and used == {"relu_part0", "relu_part1", "part_part"}
+    assert search.exhausted == 0
     # a false "rule" is never implied: the fingerprints differ
     ok, _ = search.implied(lhs, parse_expr("relu(a)"))
     assert not ok
+
+    # The same question with too little work allowed: not shown implied, and counted as such.
+    starved = Implication(index, ev, max_rewrites=2)
+    assert starved.implied(lhs, rhs) == (False, set())
+    assert starved.exhausted == 1
 
 
 def test_declarations_limit_where_a_rule_applies():
