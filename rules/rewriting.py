@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pcgopt.errors import PCGError
@@ -227,10 +227,16 @@ class RuleIndex:
         out.disabled = set(self.disabled)
         return out
 
-    def rewrites_at(self, term: Term, sizes) -> Iterator[tuple[Expr, str]]:
+    def rewrites_at(
+        self, term: Term, sizes, tick: Callable[[], None] | None = None
+    ) -> Iterator[tuple[Expr, str]]:
+        """The results of rewriting ``term`` at its root; ``tick`` is called before each
+        pattern is tried (to bound the work)."""
         for rw in self.by_root.get((term.op, term.index), ()):
             if rw.name in self.disabled:
                 continue
+            if tick is not None:
+                tick()
             b = Binding({}, {}, sizes)
             if match(rw.pattern, term, b) and (rw.decls is None or fits(rw.decls, b)):
                 result = substitute(rw.result, b)
@@ -304,20 +310,26 @@ class Implication:
     max_steps: int = 2
     max_visited: int = 400
     size_slack: int = 1
-    #: Rewrites tried per question (each may evaluate a new term at the instance); None: no bound.
-    max_rewrites: int | None = 4000
+    #: Rule patterns tried per question (matched or not); None: no bound.
+    max_rewrites: int | None = 20_000
     #: Questions that ran out of ``max_rewrites`` before an answer.
     exhausted: int = 0
+    _tried: int = field(default=0, init=False, repr=False)
 
     def neighbours(self, side: Side, limit: int) -> Iterator[tuple[Side, str]]:
         """Sides one rewrite away that keep the size limit. A rewrite replaces every occurrence
         of a subterm at once: the side is a graph, where a shared tensor is one node (as in an
-        e-graph, where it is one e-class)."""
+        e-graph, where it is one e-class). Every pattern tried counts towards ``max_rewrites``."""
         for t in _subterms(side):
-            for new_t, name in self.index.rewrites_at(t, self.evaluator.size):
+            for new_t, name in self.index.rewrites_at(t, self.evaluator.size, self._tick):
                 new_side = _replace(side, t, new_t)
                 if side_size(new_side) <= limit:
                     yield new_side, name
+
+    def _tick(self) -> None:
+        self._tried += 1
+        if self.max_rewrites is not None and self._tried > self.max_rewrites:
+            raise _OutOfWork
 
     def implied(self, lhs: Side, rhs: Side) -> tuple[bool, set[str]]:
         """Whether a chain of at most ``2 * max_steps`` rewrites joins ``lhs`` and ``rhs``;
@@ -327,20 +339,23 @@ class Implication:
             return False, set()
         if lhs == rhs:
             return True, set()
-        limit = max(side_size(lhs), side_size(rhs)) + self.size_slack
+        self._tried = 0
+        try:
+            return self._search(lhs, rhs, key, max(side_size(lhs), side_size(rhs)))
+        except _OutOfWork:
+            self.exhausted += 1
+            return False, set()
+
+    def _search(self, lhs: Side, rhs: Side, key: bytes, size: int) -> tuple[bool, set[str]]:
+        limit = size + self.size_slack
         seen = [{lhs: frozenset()}, {rhs: frozenset()}]
         frontier = [[lhs], [rhs]]
-        tried = 0
         for _ in range(self.max_steps):
             for d in (0, 1):
                 nxt = []
                 for s in frontier[d]:
                     used = seen[d][s]
                     for t, name in self.neighbours(s, limit):
-                        tried += 1
-                        if self.max_rewrites is not None and tried > self.max_rewrites:
-                            self.exhausted += 1
-                            return False, set()
                         if t in seen[d] or self.evaluator.key(t) != key:
                             continue
                         seen[d][t] = used | {name}
@@ -351,6 +366,10 @@ class Implication:
                             break
                 frontier[d] = nxt
         return False, set()
+
+
+class _OutOfWork(Exception):
+    """An implication search used up its ``max_rewrites``."""
 
 
 def _subterms(side: Side) -> list[Term]:
