@@ -578,7 +578,7 @@ def _problems(pcg: PCG, segments: Sequence[Segment], seeds: Sequence[PCG]) -> li
             # The slice's nodes named as the segment's where they are the same node, by
             # position elsewhere (so equal layers stay equal).
             fresh = {n.name: names.get(n.name, f"s{k}.{i}") for i, n in enumerate(part.nodes)}
-            sliced[_renamed(part, fresh)] = None
+            sliced[part.renamed(fresh)] = None
             back.update(
                 (fresh[n.name], n.name) for n in part.nodes if _is_source(n) and n.name not in names
             )
@@ -588,21 +588,11 @@ def _problems(pcg: PCG, segments: Sequence[Segment], seeds: Sequence[PCG]) -> li
     return out
 
 
-def _renamed(pcg: PCG, names: Mapping[str, str]) -> PCG:
-    nodes = [
-        replace(
-            n, name=names[n.name], inputs=tuple(TensorRef(names[r.node], r.index) for r in n.inputs)
-        )
-        for n in pcg.nodes
-    ]
-    return PCG(nodes, [TensorRef(names[r.node], r.index) for r in pcg.outputs])
-
-
 def _canonical(pcg: PCG) -> tuple[PCG, dict[str, str]]:
     """``pcg`` with its nodes named by position (``v0``, ``v1``, ...) and the map back, so that
     segments equal up to names are equal."""
     names = {n.name: f"v{i}" for i, n in enumerate(pcg.nodes)}
-    return _renamed(pcg, names), {v: k for k, v in names.items()}
+    return pcg.renamed(names), {v: k for k, v in names.items()}
 
 
 def split_search(
@@ -622,12 +612,16 @@ def split_search(
     """Saturate and extract ``pcg`` segment by segment and stitch the best combination
     (module docstring). None if it does not split into at least two segments of ``min_ops``
     computing operators. ``seeds``: plans equivalent to ``pcg`` whose slices seed the
-    segments' e-graphs and whose layouts at the cuts are tried. ``saturate_s`` is shared by
-    the distinct segment e-graphs, ``extract_s`` (plus what saturation left) by their
+    segments' e-graphs and whose layouts at the cuts are tried. ``saturate_s`` (from the
+    call: cutting the graph and slicing the seeds count) is shared by the distinct segment
+    e-graphs, ``extract_s`` (plus what saturation left) by their
     extractions, each getting what is left divided by the number still to do.
     ``segment_budget``: each segment e-graph's saturation budget instead (benchmarks: the
     same exploration per segment as for a whole graph)."""
     say = progress or (lambda msg: None)
+    # The deadlines run from the call: cutting the graph and slicing the seeds is in the shares.
+    saturate_until = time.perf_counter() + saturate_s
+    extract_until = saturate_until + extract_s
     segments = split_segments(pcg, min_ops)
     if len(segments) < 2:
         return None
@@ -637,8 +631,6 @@ def split_search(
     distinct = {p.key: p for p in problems}
     say(f"graph splitting: {len(segments)} segments, {len(distinct)} distinct")
     runs = sum(max(1, len(distinct[k].handed)) for k in distinct)
-    saturate_until = time.perf_counter() + saturate_s
-    extract_until = saturate_until + extract_s
     solved: dict[tuple[PCG, tuple[PCG, ...]], list[_Solved | str]] = {}
     for k, (key, problem) in enumerate(distinct.items()):
         start = time.perf_counter()

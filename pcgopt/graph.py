@@ -218,6 +218,37 @@ class PCG:
         outs = ", ".join(map(str, self._outputs))
         return f"<PCG {len(self._nodes)} nodes -> {outs}>"
 
+    def renamed(self, names: Mapping[str, str]) -> PCG:
+        """The same graph with node ``n`` named ``names[n]`` (every node must be in ``names``,
+        the new names distinct). Shapes are carried over, not inferred again: renaming keeps a
+        valid graph valid.
+
+        >>> from pcgopt import PCGBuilder
+        >>> b = PCGBuilder()
+        >>> pcg = b.build(b.relu(b.input((2, 3), name="x"), name="y"))
+        >>> pcg.renamed({"x": "v0", "y": "v1"}).nodes[1]
+        v1 = relu(v0)
+        """
+        missing = [n.name for n in self._nodes if n.name not in names]
+        if missing:
+            raise SchemaError(f"renamed: no new name for node {missing[0]!r}")
+        new = [names[n.name] for n in self._nodes]
+        if len(set(new)) != len(new):
+            dup = next(x for x in new if new.count(x) > 1)
+            raise DuplicateNameError(f"renamed: two nodes would be named {dup!r}", node=dup)
+        nodes = tuple(
+            Node(
+                names[n.name],
+                n.op,
+                tuple(TensorRef(names[r.node], r.index) for r in n.inputs),
+                n.params,
+            )
+            for n in self._nodes
+        )
+        shapes = {names[k]: v for k, v in self._shapes.items()}
+        outputs = [TensorRef(names[r.node], r.index) for r in self._outputs]
+        return PCG._checked(nodes, shapes, outputs)
+
     # -- views and formats (implemented in their own modules) ----------------------------------
 
     def to_dict(self) -> dict[str, Any]:

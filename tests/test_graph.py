@@ -12,6 +12,7 @@ from pcgopt import (
     DuplicateNameError,
     Node,
     ParameterError,
+    PCGError,
     ShapeError,
     TensorRef,
     UnknownOperatorError,
@@ -153,3 +154,18 @@ def test_networkx_view_is_the_graph():
 def test_consumers():
     g = PCG([x(), Node("a", "relu", ("x",)), Node("b", "add", ("x", "a"))])
     assert g.consumers()[TensorRef("x")] == [("a", 0), ("b", 0)]
+
+
+def test_renaming_keeps_the_graph_and_its_shapes():
+    g = PCG([x(), w(), Node("y", "matmul", ("x", "w")), Node("z", "relu", ("y",))])
+    names = {"x": "a", "w": "b", "y": "c", "z": "d"}
+    r = g.renamed(names)
+    # The same as building the renamed nodes from scratch (which re-infers every shape).
+    rebuilt = PCG(
+        [x("a"), w("b"), Node("c", "matmul", ("a", "b")), Node("d", "relu", ("c",))], ["d"]
+    )
+    assert r == rebuilt and r.shape("c") == g.shape("y")
+    with pytest.raises(DuplicateNameError, match="'a'"):
+        g.renamed({**names, "w": "a"})
+    with pytest.raises(PCGError, match="no new name for node 'z'"):
+        g.renamed({"x": "a", "w": "b", "y": "c"})
