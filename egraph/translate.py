@@ -24,7 +24,7 @@ Each rule is used in both directions where the other side binds every tensor var
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,9 +183,12 @@ def _infer_compute(
     ins: list[SymShape],
     logical_in: tuple[ParallelTensorShape, ...],
     logical_out: tuple[ParallelTensorShape, ...],
-    out_sizes: list[list[str]],
+    size_of: Callable[[int, int], str],
     g: Guard,
 ) -> list[SymShape]:
+    """The outputs' symbolic shapes from the operator's signature. An output dimension that
+    belongs to an axis has the size of that axis's input dimension (whatever the ranks); only
+    dimensions outside every axis ask ``size_of(output, dim)``."""
     if spec.size_dependent_signature:
         raise Untranslatable(f"{spec.name}'s parallel structure depends on its sizes")
     sig = spec.signature(
@@ -239,10 +242,15 @@ def _infer_compute(
     outs = []
     for o, out in enumerate(logical_out):
         degs = ["1"] * out.rank
+        sizes: list[str | None] = [None] * out.rank
         for ax in sig.axes:
             if o < len(ax.outputs) and ax.outputs[o] is not None:
                 degs[ax.outputs[o]] = degrees[ax.name]
-        outs.append(SymShape(out_sizes[o], degs, copies or "1", out_sum, out.dtype.value))
+                i = next((i for i, dim in enumerate(ax.inputs) if dim is not None), None)
+                if i is not None:
+                    sizes[ax.outputs[o]] = ins[i].sizes[ax.inputs[i]]
+        filled = [size if size is not None else size_of(o, d) for d, size in enumerate(sizes)]
+        outs.append(SymShape(filled, degs, copies or "1", out_sum, out.dtype.value))
     return outs
 
 
@@ -512,17 +520,15 @@ class _Builder:
                 )
                 concrete = concrete_params(e, self.inst, logical_in)
                 logical_out = self.logical(e)
-                out_sizes = []
-                for o, lo in enumerate(logical_out):
-                    t = Term(e.op, e.args, e.params, o)
+
+                def size_of(o: int, d: int, e: Term = e) -> str:
                     try:
-                        out_sizes.append(
-                            [_egg_int(size_expr(t, d), self.sizes) for d in range(lo.rank)]
-                        )
+                        return _egg_int(size_expr(Term(e.op, e.args, e.params, o), d), self.sizes)
                     except RuleError as err:
                         raise Untranslatable(str(err)) from None
+
                 outs = _infer_compute(
-                    spec, concrete, ins, logical_in, logical_out, out_sizes, self.guard
+                    spec, concrete, ins, logical_in, logical_out, size_of, self.guard
                 )
             elif isinstance(spec, ParallelOp):
                 sym_params = Params(
