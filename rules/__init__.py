@@ -1,9 +1,10 @@
 """pcgopt.rules: the offline rule-generation job and the shipped, verified rule set.
 
 ``load()`` returns the shipped rules, every one proved by :func:`pcgopt.verify.verify_rule`
-for all parallel degrees: ``rules.json`` (matrices; ``python -m pcgopt.rules generate``). See
-:mod:`pcgopt.rules.generate` for how they are found and :mod:`pcgopt.rules.families` for what
-each preset enumerates (the ``transformer`` preset's file is not shipped yet).
+for all parallel degrees: ``rules.json`` (matrices; ``python -m pcgopt.rules generate``) and
+``rules_transformer.json`` (dense layers on [batch, sequence, hidden] tensors; ``python -m
+pcgopt.rules generate --preset transformer``). See :mod:`pcgopt.rules.generate` for how they are
+found and :mod:`pcgopt.rules.families` for what each preset enumerates.
 
 >>> rules = load()
 >>> all(meta["verdict"]["status"] == "proved" for _, meta in load_records())
@@ -20,8 +21,11 @@ from pcgopt.rewrite import Rule, load_rules
 #: The shipped rule file of the matrix preset.
 RULES_FILE = Path(__file__).with_name("rules.json")
 
+#: The shipped rule file of the transformer preset (rank-3 and rank-4 tensors).
+TRANSFORMER_RULES_FILE = Path(__file__).with_name("rules_transformer.json")
+
 #: Every shipped rule file, by the preset that writes it.
-SHIPPED = {"matrix": RULES_FILE}
+SHIPPED = {"matrix": RULES_FILE, "transformer": TRANSFORMER_RULES_FILE}
 
 
 def load_records(path: Path | None = None) -> list[tuple[Rule, dict[str, Any]]]:
@@ -43,4 +47,4 @@ def load(path: Path | None = None) -> list[Rule]:
     return [rule for rule, _ in load_records(path)]
 
 
-__all__ = ["RULES_FILE", "SHIPPED", "load", "load_records"]
+__all__ = ["RULES_FILE", "SHIPPED", "TRANSFORMER_RULES_FILE", "load", "load_records"]

@@ -21,7 +21,7 @@ import json
 import pickle
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pcgopt.progress import Progress
@@ -398,10 +398,12 @@ def generate(
     return Generated(rules, verdicts, stats, found_with, verified)
 
 
-def merge(gens: Sequence[Generated], min_rank: int = 0) -> Generated:
+def merge(gens: Sequence[Generated], min_rank: int = 0, prefix: str = "") -> Generated:
     """The proved rules of several runs (a preset's families) as one set: each rule once (by
     canonical text, the first run's), and only rules with a tensor of rank ``min_rank`` or
-    more. Statistics are summed."""
+    more, named ``prefix`` + their name. Statistics are summed. (A rule's name hashes its
+    untyped text, so the same text at another rank, in another preset's file, has the same
+    name: the prefix keeps the names of every shipped file distinct.)"""
     stats = Stats()
     rules: dict[str, Rule] = {}
     out = Generated([], {}, stats, {})
@@ -416,10 +418,13 @@ def merge(gens: Sequence[Generated], min_rank: int = 0) -> Generated:
                 setattr(stats, name, getattr(stats, name) + value)
         for r in gen.rules:
             if max((d.rank for d in r.inputs.values()), default=0) >= min_rank:
-                rules.setdefault(canonical_text(r), r)
-        out.verdicts.update(gen.verdicts)
-        out.found_with.update(gen.found_with)
-        out.verified.update(gen.verified)
+                rules.setdefault(canonical_text(r), replace(r, name=prefix + r.name))
+        for mine, theirs in (
+            (out.verdicts, gen.verdicts),
+            (out.found_with, gen.found_with),
+            (out.verified, gen.verified),
+        ):
+            mine.update((prefix + k, v) for k, v in theirs.items())
     out.rules = sorted(rules.values(), key=lambda r: (kind(r), canonical_text(r)))
     return out
 

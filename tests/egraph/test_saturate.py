@@ -316,3 +316,40 @@ def test_a_seed_must_be_a_pcg_with_the_inputs_outputs():
     )
     with pytest.raises(ShapeConflictError, match="seed 0"):
         saturate(model, machine, seeds=[split])  # its output is split, the input's is whole
+
+
+# -- transformers: rank-3 tensors ---------------------------------------------------------------
+
+BS, SEQ, HID = 4, 4, 8
+
+
+def dense_gelu(plan=None, d=2):
+    """A transformer's dense layer on [batch, sequence, hidden] with bias and GELU, as the model
+    (``plan=None``), data parallel (``"batch"``) or split by output columns (``"columns"``,
+    Megatron's first FFN layer)."""
+    b = PCGBuilder()
+    x = b.input((BS, SEQ, HID), name="x")
+    w, bias = b.weight((HID, HID), name="w"), b.weight((HID,), name="b")
+    if plan is None:
+        return b.build(b.linear(x, w, bias, activation="gelu"))
+    if plan == "batch":
+        args, out_dim = (b.partition(x, dim=0, degree=d), b.replicate(w, degree=d)), 0
+        args += (b.replicate(bias, degree=d),)
+    else:
+        args, out_dim = (b.replicate(x, degree=d), b.partition(w, dim=1, degree=d)), 2
+        args += (b.partition(bias, dim=0, degree=d),)
+    y = b.linear(*args, activation="gelu")
+    return b.build(b.combine(y, dim=out_dim, degree=d))
+
+
+@pytest.mark.parametrize("plan", ["batch", "columns"])
+def test_the_shipped_rules_parallelize_a_rank_3_dense_layer(plan):
+    from pcgopt.rules import RULES_FILE, load
+
+    model = dense_gelu()
+    sat = saturate(model, TWO_GPUS, budget=Budget(iterations=3))
+    assert sat.contains(dense_gelu(plan))
+    assert_equivalent(model, sat.egraph.to_pcg(sat.egraph.choice_for(dense_gelu(plan))))
+    # The matrix rules are typed on rank-2 tensors: without the transformer set it is missing.
+    matrix_only = saturate(model, TWO_GPUS, rules=load(RULES_FILE), budget=Budget(iterations=3))
+    assert not matrix_only.contains(dense_gelu(plan))

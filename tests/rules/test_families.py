@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from pcgopt.ops import get_op
+from pcgopt.rewrite import load_rules
 from pcgopt.rules.candidates import canonical_text
 from pcgopt.rules.enumerate import Config, InputSpec, fingerprint, input_values
 from pcgopt.rules.families import ATTENTION, LINEAR, MIN_RANK, PRESETS
@@ -82,6 +83,16 @@ def test_merging_keeps_each_rule_once_and_only_those_of_the_preset_ranks(rank3_r
     assert merge([rank3_run], min_rank=4).rules == []
     text = rule_file(merge([rank3_run], 3), (RANK3, RANK3))
     assert text.count('"max_ops": 2') == 2  # one header per family
+
+
+def test_a_preset_prefixes_its_rule_names(rank3_run):
+    # The same untyped text at rank 2 and rank 3 hashes to one name: the prefix keeps the
+    # shipped files' names apart, and the file's records follow the new names.
+    merged = merge([rank3_run], 3, prefix="tf_")
+    assert merged.rules and all(r.name.startswith("tf_r") for r in merged.rules)
+    assert {r.name for r in merged.rules} <= merged.verdicts.keys()
+    reloaded = load_rules(rule_file(merged, RANK3))
+    assert [r.name for r, _ in reloaded] == [r.name for r in merged.rules]
 
 
 def test_a_configuration_without_data_tensors_enumerates_matrix_axes():
