@@ -649,7 +649,10 @@ _SAME_SHAPE = {
 
 def size_expr(expr: Expr, dim: int) -> IntExpr:
     """The size of ``expr`` along ``dim`` in terms of its tensor variables' sizes, for the
-    operators rules are written with (elementwise, matrix products, layout, parallel)."""
+    operators rules are written with (elementwise, matrix products, layout, parallel).
+    ``matmul`` and ``linear`` are taken at rank 2 (the rank of a variable is not known here);
+    the e-graph derives compute operators' sizes from their signatures instead, and the one
+    other use, lifting split sizes, is checked by verifying the lifted rule."""
     if isinstance(expr, Var):
         return SizeOf(expr.name, dim)
     if expr.op in _SAME_SHAPE:

@@ -69,7 +69,7 @@ def coverage(peer: Sequence[Rule], generated: Sequence[Rule], *, seed: int = 0) 
         inst = insts[0]
         evaluator = Evaluator(inst, random_values(p, inst, _rng(seed)), fingerprint)
         search = Implication(
-            index, evaluator, max_steps=3, max_visited=2000, size_slack=2, max_rewrites=None
+            index, evaluator, max_steps=3, max_visited=2000, size_slack=2, max_pattern_tries=None
         )
         ok, used = search.implied(concrete(p.lhs, inst), concrete(p.rhs, inst))
         out.append(Covered(p.name, "implied" if ok else "not covered", tuple(sorted(used))))

@@ -3,8 +3,8 @@
 A rule is *implied* by a set of rules when rewriting its left side with them (in either
 direction, at any position) reaches its right side. :class:`Implication` searches for such a
 chain breadth-first from both sides at once, within a bound on steps, term size, terms
-visited and rewrites tried (the last bounds each question's work whatever the rule set: a
-search that runs out answers "not shown implied", which only keeps a candidate for proof).
+visited and rule patterns tried (the last bounds each question's work whatever the rule set:
+a search that runs out answers "not shown implied", which only keeps a candidate for proof).
 Matching is syntactic (a rule's tensor variables match any subterm); a rewrite is kept
 only if the result is well-formed at the instance and has the same fingerprint as the term it
 came from, so an unproved rule can never make a chain that is wrong at the instance.
@@ -311,15 +311,16 @@ class Implication:
     max_visited: int = 400
     size_slack: int = 1
     #: Rule patterns tried per question (matched or not); None: no bound.
-    max_rewrites: int | None = 20_000
-    #: Questions that ran out of ``max_rewrites`` before an answer.
+    max_pattern_tries: int | None = 20_000
+    #: Questions that ran out of ``max_pattern_tries`` before an answer.
     exhausted: int = 0
     _tried: int = field(default=0, init=False, repr=False)
 
     def neighbours(self, side: Side, limit: int) -> Iterator[tuple[Side, str]]:
         """Sides one rewrite away that keep the size limit. A rewrite replaces every occurrence
         of a subterm at once: the side is a graph, where a shared tensor is one node (as in an
-        e-graph, where it is one e-class). Every pattern tried counts towards ``max_rewrites``."""
+        e-graph, where it is one e-class). Every pattern tried counts towards
+        ``max_pattern_tries``."""
         for t in _subterms(side):
             for new_t, name in self.index.rewrites_at(t, self.evaluator.size, self._tick):
                 new_side = _replace(side, t, new_t)
@@ -328,7 +329,7 @@ class Implication:
 
     def _tick(self) -> None:
         self._tried += 1
-        if self.max_rewrites is not None and self._tried > self.max_rewrites:
+        if self.max_pattern_tries is not None and self._tried > self.max_pattern_tries:
             raise _OutOfWork
 
     def implied(self, lhs: Side, rhs: Side) -> tuple[bool, set[str]]:
@@ -369,7 +370,7 @@ class Implication:
 
 
 class _OutOfWork(Exception):
-    """An implication search used up its ``max_rewrites``."""
+    """An implication search used up its ``max_pattern_tries``."""
 
 
 def _subterms(side: Side) -> list[Term]:

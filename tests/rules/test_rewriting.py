@@ -63,7 +63,7 @@ def test_a_chain_of_rules_implies_a_rule():
     assert not ok
 
     # The same question with too little work allowed: not shown implied, and counted as such.
-    starved = Implication(index, ev, max_rewrites=2)
+    starved = Implication(index, ev, max_pattern_tries=2)
     assert starved.implied(lhs, rhs) == (False, set())
     assert starved.exhausted == 1
 
