@@ -430,8 +430,11 @@ def merge(gens: Sequence[Generated], min_rank: int = 0, prefix: str = "") -> Gen
 
 
 def _generator(config: Config) -> dict:
+    """The settings a file was generated with (``max_rule_ops`` only where it was set)."""
+    limit = {} if config.max_rule_ops is None else {"max_rule_ops": config.max_rule_ops}
     return {
         "max_ops": config.max_ops,
+        **limit,
         "degree": config.degree,
         "ops": list(config.ops),
         "inputs": {s.name: repr(s.shape) for s in config.inputs},

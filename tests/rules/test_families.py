@@ -83,6 +83,9 @@ def test_merging_keeps_each_rule_once_and_only_those_of_the_preset_ranks(rank3_r
     assert merge([rank3_run], min_rank=4).rules == []
     text = rule_file(merge([rank3_run], 3), (RANK3, RANK3))
     assert text.count('"max_ops": 2') == 2  # one header per family
+    # The candidate-size limit shapes the result: a header records it where it was set.
+    assert '"max_rule_ops": 6' in rule_file(rank3_run, LINEAR)
+    assert "max_rule_ops" not in text
 
 
 def test_a_preset_prefixes_its_rule_names(rank3_run):
