@@ -20,7 +20,9 @@ from pcgopt.egraph.saturate import (
     ShapeConflictError,
     StopReason,
     saturate,
+    saturate_together,
     warm_up,
+    warm_up_in_background,
 )
 
 __all__ = [
@@ -34,5 +36,7 @@ __all__ = [
     "ShapeConflictError",
     "StopReason",
     "saturate",
+    "saturate_together",
     "warm_up",
+    "warm_up_in_background",
 ]

@@ -78,6 +78,49 @@ class EGraphData:
         """The e-class of every e-node, as an array."""
         return np.fromiter((n.eclass for n in self.nodes), dtype=np.int64, count=len(self.nodes))
 
+    def reachable(self, roots: Sequence[int], *, source_prefix: str = "") -> EGraphData:
+        """The e-graph that outputs ``roots``: the e-classes they need, and every source whose
+        name starts with ``source_prefix`` (kept used or not, as :meth:`to_pcg` keeps every
+        source), with that prefix taken off the names; e-classes renumbered densely. For
+        e-graphs holding several PCGs (:func:`~pcgopt.egraph.saturate_together`)."""
+        new_class: dict[int, int] = {}
+        stack: list[int] = []
+
+        def visit(c: int) -> None:
+            if c not in new_class:
+                new_class[c] = len(new_class)
+                stack.append(c)
+
+        for c in roots:
+            visit(c)
+        for n in self.nodes:
+            if n.name is not None and n.name.startswith(source_prefix):
+                visit(n.eclass)
+        while stack:
+            for i in self.classes[stack.pop()]:
+                for child in self.nodes[i].children:
+                    visit(child)
+        nodes: list[ENode] = []
+        classes: list[list[int]] = [[] for _ in new_class]
+        for n in self.nodes:
+            c = new_class.get(n.eclass)
+            if c is None:
+                continue
+            name = n.name
+            if name is not None:
+                if not name.startswith(source_prefix):
+                    raise EGraphError(
+                        f"source {name!r} is in an e-class the outputs need but lacks the "
+                        f"prefix {source_prefix!r}: PCGs loaded together are connected"
+                    )
+                name = name[len(source_prefix) :]
+            classes[c].append(len(nodes))
+            nodes.append(ENode(n.op, n.params, tuple(new_class[k] for k in n.children), c, name))
+        shapes: list[ParallelTensorShape | None] = [None] * len(new_class)
+        for old, c in new_class.items():
+            shapes[c] = self.shapes[old]
+        return EGraphData(nodes, classes, shapes, tuple(new_class[c] for c in roots))
+
     # -- from a choice to a PCG ------------------------------------------------------------------
 
     def to_pcg(self, choose: Mapping[int, int] | Callable[[int], int]) -> PCG:

@@ -22,8 +22,10 @@ import enum
 import functools
 import multiprocessing
 import os
+import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import egglog.bindings as egg
@@ -171,10 +173,20 @@ class _Base:
 
 
 @functools.cache
-def _shipped_base() -> _Base:
+def _load_shipped_base() -> _Base:
     from pcgopt.rules import load
 
     return _Base(language(), load())
+
+
+# The shipped rules are loaded once per process, possibly from a background thread
+# (:func:`warm_up_in_background`) while the caller also needs them: one loads, the other waits.
+_shipped_lock = threading.Lock()
+
+
+def _shipped_base() -> _Base:
+    with _shipped_lock:
+        return _load_shipped_base()
 
 
 def warm_up(rules: Sequence[Rule] | None = None) -> float:
@@ -182,11 +194,32 @@ def warm_up(rules: Sequence[Rule] | None = None) -> float:
     yet (once per process; seconds, see the README), so that a caller's time budget for
     :func:`saturate` can leave that time out. Returns the seconds it took (0 when already done;
     custom rules are translated by each :func:`saturate` call)."""
-    if rules is not None or _shipped_base.cache_info().currsize:
+    if rules is not None or _load_shipped_base.cache_info().currsize:
         return 0.0
     start = time.perf_counter()
     _shipped_base()
     return time.perf_counter() - start
+
+
+def warm_up_in_background(rules: Sequence[Rule] | None = None) -> Future[float]:
+    """:func:`warm_up` in a daemon thread; the future gives its seconds, or raises what it
+    raised. egglog releases the interpreter lock while it compiles the rules (most of the
+    load; reading and translating them holds it), so on a machine with a core to spare the
+    load overlaps the caller's own work. Wait for the future before :func:`saturate` with
+    ``Budget(isolate=True)``, which forks."""
+    done: Future[float] = Future()
+    if rules is not None or _load_shipped_base.cache_info().currsize:
+        done.set_result(0.0)
+        return done
+
+    def load() -> None:
+        try:
+            done.set_result(warm_up())
+        except BaseException as e:  # handed to whoever waits on the future
+            done.set_exception(e)
+
+    threading.Thread(target=load, name="pcgopt-warm-up", daemon=True).start()
+    return done
 
 
 def _base(rules: Sequence[Rule] | None) -> _Base:
@@ -200,16 +233,27 @@ def _base(rules: Sequence[Rule] | None) -> _Base:
 # --------------------------------------------------------------------------------------------
 
 
-def pcg_program(lang: Language, pcg: PCG, *, prefix: str = "$n", seed_of: PCG | None = None) -> str:
+def pcg_program(
+    lang: Language,
+    pcg: PCG,
+    *,
+    prefix: str = "$n",
+    seed_of: PCG | None = None,
+    seed_of_prefix: str = "$n",
+    source_prefix: str = "",
+    first_root: int = 0,
+) -> str:
     """egglog commands that add ``pcg``'s nodes with the facts of every tensor, and record its
-    outputs as ``(root i)``; with ``seed_of``, the PCG already loaded (with the default
-    ``prefix``), ``pcg``'s outputs are instead unioned with that PCG's."""
+    outputs as ``(root i)`` from ``first_root`` on; with ``seed_of``, the PCG already loaded
+    (with ``seed_of_prefix``), ``pcg``'s outputs are instead unioned with that PCG's.
+    ``source_prefix`` goes before every input's and weight's name (PCGs loaded together keep
+    their sources apart)."""
     lines: list[str] = []
     ref: dict[tuple[str, int], str] = {}
     for k, node in enumerate(pcg.nodes):
         spec = node.spec
         args = [ref[r.node, r.index] for r in node.inputs]
-        source = node.name if spec.kind is OpKind.SOURCE else None
+        source = source_prefix + node.name if spec.kind is OpKind.SOURCE else None
         call = node_call(lang, node.op, args, node.params, source)
         var = f"{prefix}{k}"
         lines.append(f"(let {var} {call})")
@@ -222,7 +266,7 @@ def pcg_program(lang: Language, pcg: PCG, *, prefix: str = "$n", seed_of: PCG | 
                 lines.append(f"(set ({table} {target}) {value})")
     if seed_of is None:
         for i, r in enumerate(pcg.outputs):
-            lines.append(f"(set (root {i}) {ref[r.node, r.index]})")
+            lines.append(f"(set (root {first_root + i}) {ref[r.node, r.index]})")
         return "\n".join(lines)
     if len(seed_of.outputs) != len(pcg.outputs):
         raise EGraphError(
@@ -232,7 +276,7 @@ def pcg_program(lang: Language, pcg: PCG, *, prefix: str = "$n", seed_of: PCG | 
     index = {n.name: k for k, n in enumerate(seed_of.nodes)}
     for r, mine in zip(seed_of.outputs, pcg.outputs, strict=True):
         node = seed_of.node(r.node)
-        theirs = f"$n{index[r.node]}"
+        theirs = f"{seed_of_prefix}{index[r.node]}"
         if lang.constructor(node.op, len(node.inputs)).returns == "TT":
             theirs = f"(out {theirs} {r.index})"
         lines.append(f"(union {theirs} {ref[mine.node, mine.index]})")
@@ -274,13 +318,46 @@ def _iteration(eg: egg.EGraph) -> tuple[bool, int]:
     return (report.updated or not report.can_stop), matches
 
 
+#: One PCG to saturate and the seeds equivalent to it (see :func:`saturate`).
+_Problem = tuple[PCG, Sequence[PCG]]
+
+
+def _source_prefix(j: int, problems: Sequence[_Problem]) -> str:
+    """What goes before the source names of problem ``j``: nothing for a PCG alone."""
+    return "" if len(problems) == 1 else f"{j}:"
+
+
 def _start(
-    base: _Base, pcg: PCG, machine: Machine, budget: Budget, seeds: Sequence[PCG] = ()
+    base: _Base, problems: Sequence[_Problem], machine: Machine, budget: Budget
 ) -> egg.EGraph:
     eg = base.egraph
-    seed_programs = [
-        pcg_program(base.lang, seed, prefix=f"$s{k}_", seed_of=pcg) for k, seed in enumerate(seeds)
-    ]
+    programs: list[tuple[str, str, bool]] = []  # (what, program, whether a seed)
+    first_root = 0
+    for j, (pcg, seeds) in enumerate(problems):
+        mine = "$n" if len(problems) == 1 else f"$n{j}_"
+        sources = _source_prefix(j, problems)
+        programs.append(
+            (
+                "the PCG" if len(problems) == 1 else f"PCG {j}",
+                pcg_program(
+                    base.lang, pcg, prefix=mine, source_prefix=sources, first_root=first_root
+                ),
+                False,
+            )
+        )
+        first_root += len(pcg.outputs)
+        for k, seed in enumerate(seeds):
+            theirs = f"$s{k}_" if len(problems) == 1 else f"$s{j}_{k}_"
+            what = f"seed {k}" if len(problems) == 1 else f"PCG {j}'s seed {k}"
+            program = pcg_program(
+                base.lang,
+                seed,
+                prefix=theirs,
+                seed_of=pcg,
+                seed_of_prefix=mine,
+                source_prefix=sources,
+            )
+            programs.append((what, program, True))
     eg.parse_and_run_program("(push)")
     degrees = legal_degrees(machine.num_devices)
     setup = [
@@ -288,23 +365,18 @@ def _start(
         f"(device_budget {machine.num_devices})",
         f"(let-scheduler $bo (back-off :match-limit {budget.match_limit} "
         f":ban-length {budget.ban_length}))",
-        pcg_program(base.lang, pcg),
     ]
-    try:
-        eg.parse_and_run_program("\n".join(setup))
-    except egg.EggSmolError as e:
-        eg.parse_and_run_program("(pop)")
-        raise EGraphError(f"cannot load the PCG into the e-graph: {e}") from None
-    for k, program in enumerate(seed_programs):
+    eg.parse_and_run_program("\n".join(setup))
+    for what, program, is_seed in programs:
         try:
             eg.parse_and_run_program(program)
         except egg.EggSmolError as e:
             eg.parse_and_run_program("(pop)")
-            if "merge" in str(e).lower():
+            if is_seed and "merge" in str(e).lower():
                 raise ShapeConflictError(
-                    f"seed {k}: its outputs do not have the input's parallel shapes: {e}"
+                    f"{what}: its outputs do not have the input's parallel shapes: {e}"
                 ) from None
-            raise EGraphError(f"cannot load seed {k} into the e-graph: {e}") from None
+            raise EGraphError(f"cannot load {what} into the e-graph: {e}") from None
     return eg
 
 
@@ -387,23 +459,55 @@ def saturate(
     input's e-classes, so that rewrites apply to them too and extraction can mix their parts
     with the rest. They are trusted, not proved: give only plans built by sound lowerings, and
     check what is extracted (``saturate_and_extract`` checks its plan against the input)."""
-    seeds = tuple(seeds)
-    for k, seed in enumerate(seeds):
-        if not isinstance(seed, PCG):
-            raise TypeError(f"seeds[{k}] must be a PCG, got {type(seed).__name__}")
-    if not isinstance(pcg, PCG):
-        raise TypeError(f"saturate needs a PCG, got {type(pcg).__name__}")
+    (sat,) = saturate_together(
+        [pcg], machine, rules=rules, budget=budget, progress=progress, seeds=[seeds]
+    )
+    return sat
+
+
+def saturate_together(
+    pcgs: Sequence[PCG],
+    machine: Machine,
+    *,
+    rules: Sequence[Rule] | None = None,
+    budget: Budget | None = None,
+    progress: bool = False,
+    seeds: Sequence[Sequence[PCG]] | None = None,
+) -> list[Saturation]:
+    """:func:`saturate` for several PCGs at once (``seeds[j]``: those of ``pcgs[j]``), in one
+    e-graph under one ``budget``: egglog's fixed cost of a run (copying the e-graph of the
+    rules, and a first iteration that takes about half a second with the shipped rules
+    whatever the PCG's size) is paid once, not once per PCG. Their inputs and weights are kept
+    apart (sources of different PCGs are different tensors even where their names are equal),
+    so no rewrite connects them. Returns one :class:`Saturation` per PCG, whose e-graph is
+    the part reachable from that PCG's outputs; the stop reason, iterations, times and memory
+    are the shared run's. Graph splitting saturates its distinct segments this way."""
+    pcgs = tuple(pcgs)
+    seeds = tuple(tuple(s) for s in (seeds if seeds is not None else [()] * len(pcgs)))
+    if len(seeds) != len(pcgs):
+        raise ValueError(f"seeds must give one sequence per PCG ({len(pcgs)}), got {len(seeds)}")
+    if not pcgs:
+        raise ValueError("saturate_together needs at least one PCG")
+    for j, pcg in enumerate(pcgs):
+        if not isinstance(pcg, PCG):
+            what = "saturate needs a PCG" if len(pcgs) == 1 else f"pcgs[{j}] must be a PCG"
+            raise TypeError(f"{what}, got {type(pcg).__name__}")
+        for k, seed in enumerate(seeds[j]):
+            if not isinstance(seed, PCG):
+                where = f"seeds[{k}]" if len(pcgs) == 1 else f"seeds[{j}][{k}]"
+                raise TypeError(f"{where} must be a PCG, got {type(seed).__name__}")
     if not isinstance(machine, Machine):
         raise TypeError(f"saturate needs a pcgopt.Machine, got {type(machine).__name__}")
+    problems: list[_Problem] = list(zip(pcgs, seeds, strict=True))
     budget = budget or Budget()
     base = _base(rules)
     fit: int | None = None
     reason: StopReason | None = None
     if budget.isolate:
-        fit, reason = _probe_in_child(pcg, machine, budget, rules, seeds)
+        fit, reason = _probe_in_child(problems, machine, budget, rules)
     t0 = time.perf_counter()
     bar = Progress(budget.iterations, "saturate") if progress else None
-    eg = _start(base, pcg, machine, budget, seeds)
+    eg = _start(base, problems, machine, budget)
     try:
         if fit is None:
             reason, history, rewrites = _run(base, budget, progress=bar, started=t0)
@@ -412,7 +516,7 @@ def saturate(
                 # deterministic, so replaying gives the same e-graph).
                 fit = len(history)
                 eg.parse_and_run_program("(pop)")
-                eg = _start(base, pcg, machine, budget, seeds)
+                eg = _start(base, problems, machine, budget)
         if fit is not None:
             replay_reason, history, rewrites = _run(base, budget, max_iterations=fit)
             if reason is None or replay_reason is StopReason.SATURATED:
@@ -424,24 +528,34 @@ def saturate(
         root_rows = eg.freeze().functions["root"].rows
         roots = sorted((eg.value_to_i64(r.inputs[0]), r.output) for r in root_rows)
         data = export(eg, base.lang, [v for _, v in roots])
+        parts = [data]
+        if len(problems) > 1:
+            parts, first = [], 0
+            for j, pcg in enumerate(pcgs):
+                mine = data.roots[first : first + len(pcg.outputs)]
+                first += len(pcg.outputs)
+                parts.append(data.reachable(mine, source_prefix=_source_prefix(j, problems)))
         export_seconds = time.perf_counter() - t1
     finally:
         eg.parse_and_run_program("(pop)")
         if bar is not None:
             bar.close()
-    return Saturation(
-        stop_reason=reason,
-        iterations=len(history),
-        num_eclasses=data.num_eclasses,
-        num_enodes=data.num_enodes,
-        seconds=seconds,
-        export_seconds=export_seconds,
-        peak_rss_bytes=peak,
-        egraph=data,
-        history=tuple(history),
-        num_rewrites=rewrites,
-        untranslated=base.untranslated,
-    )
+    return [
+        Saturation(
+            stop_reason=reason,
+            iterations=len(history),
+            num_eclasses=part.num_eclasses,
+            num_enodes=part.num_enodes,
+            seconds=seconds,
+            export_seconds=export_seconds,
+            peak_rss_bytes=peak,
+            egraph=part,
+            history=tuple(history),
+            num_rewrites=rewrites,
+            untranslated=base.untranslated,
+        )
+        for part in parts
+    ]
 
 
 # --------------------------------------------------------------------------------------------
@@ -449,9 +563,11 @@ def saturate(
 # --------------------------------------------------------------------------------------------
 
 
-def _probe_worker(pcg: PCG, machine: Machine, budget: Budget, rules, seeds, conn) -> None:
+def _probe_worker(
+    problems: Sequence[_Problem], machine: Machine, budget: Budget, rules, conn
+) -> None:
     base = _base(rules)
-    _start(base, pcg, machine, budget, seeds)
+    _start(base, problems, machine, budget)
 
     def report(stats: IterationStats) -> None:
         conn.send(("iteration", stats.iteration, stats.enodes))
@@ -461,17 +577,16 @@ def _probe_worker(pcg: PCG, machine: Machine, budget: Budget, rules, seeds, conn
 
 
 def _probe_in_child(
-    pcg: PCG,
+    problems: Sequence[_Problem],
     machine: Machine,
     budget: Budget,
     rules: Sequence[Rule] | None,
-    seeds: Sequence[PCG] = (),
 ) -> tuple[int, StopReason | None]:
     """Runs the iterations in a child process under hard time and memory limits; returns how
     many iterations finished within them and, if a limit was hit, which."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_probe_worker, args=(pcg, machine, budget, rules, seeds, child))
+    proc = ctx.Process(target=_probe_worker, args=(problems, machine, budget, rules, child))
     proc.start()
     child.close()
     done = 0
@@ -521,4 +636,7 @@ __all__ = [
     "StopReason",
     "pcg_program",
     "saturate",
+    "saturate_together",
+    "warm_up",
+    "warm_up_in_background",
 ]

@@ -51,11 +51,12 @@ import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pcgopt.egraph import Budget, saturate, warm_up
+from pcgopt.egraph import Budget, saturate, warm_up_in_background
 from pcgopt.errors import PCGError
 from pcgopt.evaluate import equivalent
 from pcgopt.extract.baselines import BaselineError, data_parallel, megatron, sequential
@@ -169,7 +170,7 @@ class SearchStats:
     phase_seconds: Mapping[str, float]
     peak_rss_bytes: int
     #: Segments the graph was split into (1: saturated whole); e-node and e-class counts are
-    #: then the sums over the segments' distinct e-graphs, iterations their maximum.
+    #: then the sums over the distinct segments (saturated together: the iterations are theirs).
     segments: int = 1
 
     @property
@@ -526,6 +527,9 @@ def saturate_and_extract(
         raise PCGError(f"time_budget_s must be > 0 seconds, got {time_budget_s!r}")
     say = _reporter(progress)
     clock = _Clock.start(time_budget_s)
+    # The shipped rules load (once per process) on the second core while the layer-wise
+    # searches run; saturation waits for them, and its share pays for what is left.
+    rules_loaded = warm_up_in_background(rules)
     phases: dict[str, float] = {}
     input_cost = iteration_cost(pcg, machine, optimizer=optimizer)
 
@@ -583,6 +587,7 @@ def saturate_and_extract(
             say,
             seed_plans,
             rules,
+            rules_loaded,
             min_segment_ops,
             memory_budget,
             optimizer,
@@ -596,6 +601,7 @@ def saturate_and_extract(
             say,
             seed_plans,
             rules,
+            rules_loaded,
             memory_budget,
             optimizer,
             progress,
@@ -728,6 +734,7 @@ def _whole_phase(
     say: Callable[[str], None],
     seed_plans: Sequence[PCG],
     rules: list[Rule] | None,
+    rules_loaded: Future[float],
     memory_budget: int,
     optimizer: str,
     progress: bool | Callable[[str], None],
@@ -736,9 +743,8 @@ def _whole_phase(
     failed) and what to report."""
     start = time.perf_counter()
     say(f"saturating on {machine.name} ({machine.num_devices} devices)")
-    # Loading the shipped rules (once per process) comes out of saturation's share: the clock
-    # runs while they load.
-    warm_up(rules)
+    # What is left of loading the shipped rules comes out of saturation's share.
+    rules_loaded.result()
     sat = saturate(
         pcg,
         machine,
@@ -794,6 +800,7 @@ def _split_phase(
     say: Callable[[str], None],
     seed_plans: Sequence[PCG],
     rules: list[Rule] | None,
+    rules_loaded: Future[float],
     min_segment_ops: int,
     memory_budget: int,
     optimizer: str,
@@ -802,7 +809,7 @@ def _split_phase(
     shares: the stitched plan (None if it failed) and what to report. The data-parallel and
     Megatron plans join the seeds, for their layouts at the cuts."""
     start = time.perf_counter()
-    warm_up(rules)
+    rules_loaded.result()
     seeds = list(seed_plans)
     for make in (data_parallel, megatron):
         with contextlib.suppress(BaselineError, CostError):

@@ -3,8 +3,10 @@
 One e-graph for a whole deep model grows with the model, and so does the time its saturation
 needs to reach every layer; within a fixed budget the later layers are explored less. Splitting
 cuts the model into a sequence of segments at tensors every later operator reaches only
-through (*cuts*), explores each segment in an e-graph of its own, and stitches one extraction
-per segment back together:
+through (*cuts*), explores each segment on its own (the distinct segments are saturated
+side by side in one egglog e-graph, :func:`~pcgopt.egraph.saturate_together`, so that
+egglog's fixed cost per run is paid once, but nothing connects them), and stitches one
+extraction per segment back together:
 
 * **cuts** (:func:`cut_tensors`): a float tensor ``t`` such that, in the PCG's topological
   order, ``t`` is the only computed tensor made before it and read (or returned) after it.
@@ -23,7 +25,7 @@ per segment back together:
 * **seeds**: each seed plan is cut at the same tensors (:func:`seed_slice`), so a segment's
   e-graph holds what the seeds do within it (the rules do not parallelize every operator);
 * **a cache**: segments equal up to the names of their nodes (the layers of a transformer)
-  share one saturation and one set of extractions (Unity's cross-invocation cache);
+  are saturated and extracted once (Unity's cross-invocation cache);
 * **a DP over the cuts** (:func:`split_search`): a segment's extraction reads its entry
   tensor in any layout for free; changing the layout the previous segment handed on into the
   ones it reads costs the Combines (and ``discard_copies``) back to the unsplit tensor,
@@ -44,7 +46,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from pcgopt.egraph import Budget, saturate
+from pcgopt.egraph import Budget, saturate_together
 from pcgopt.errors import PCGError
 from pcgopt.extract.cost import Optimizer
 from pcgopt.extract.extraction import (
@@ -443,10 +445,11 @@ class _Problem:
 @dataclass
 class SplitSearch:
     """What :func:`split_search` did: the stitched ``pcg`` (None if it failed: ``failures``
-    says why), the segments, the layouts tried at each cut, and the work: distinct e-graphs
-    saturated (segments equal up to names share one), their e-classes and e-nodes in total,
-    saturation stop reasons, extractions run, seconds in saturation and in extraction, and
-    the plan's cost in the extraction's model (``predicted_s``)."""
+    says why), the segments, the layouts tried at each cut, and the work: distinct segments
+    saturated (segments equal up to names are one; all saturated together, so the
+    iterations and stop reason are the shared run's), their e-classes and e-nodes in total,
+    extractions run, seconds in saturation and in extraction, and the plan's cost in the
+    extraction's model (``predicted_s``)."""
 
     pcg: PCG | None
     segments: tuple[Segment, ...]
@@ -472,7 +475,7 @@ class SplitSearch:
 
     def __repr__(self) -> str:
         return (
-            f"SplitSearch({len(self.segments)} segments, {self.saturations} distinct e-graphs "
+            f"SplitSearch({len(self.segments)} segments, {self.saturations} distinct "
             f"({self.stop_reason}), {self.num_enodes:,} e-nodes, {self.extractions} "
             f"extractions, saturation {self.saturate_seconds:.1f} s, extraction "
             f"{self.extract_seconds:.1f} s"
@@ -613,11 +616,12 @@ def split_search(
     (module docstring). None if it does not split into at least two segments of ``min_ops``
     computing operators. ``seeds``: plans equivalent to ``pcg`` whose slices seed the
     segments' e-graphs and whose layouts at the cuts are tried. ``saturate_s`` (from the
-    call: cutting the graph and slicing the seeds count) is shared by the distinct segment
-    e-graphs, ``extract_s`` (plus what saturation left) by their
-    extractions, each getting what is left divided by the number still to do.
-    ``segment_budget``: each segment e-graph's saturation budget instead (benchmarks: the
-    same exploration per segment as for a whole graph)."""
+    call: cutting the graph and slicing the seeds count) is the time of the distinct
+    segments' saturation together, ``extract_s`` (plus what saturation left) is shared by
+    their extractions, each getting what is left divided by the number still to do.
+    ``segment_budget``: the saturation's budget instead (benchmarks: an iteration budget
+    gives every segment that many iterations); either way the back-off's match limit is
+    multiplied by the number of distinct segments, since it counts matches in all of them."""
     say = progress or (lambda msg: None)
     # The deadlines run from the call: cutting the graph and slicing the seeds is in the shares.
     saturate_until = time.perf_counter() + saturate_s
@@ -632,27 +636,36 @@ def split_search(
     say(f"graph splitting: {len(segments)} segments, {len(distinct)} distinct")
     runs = sum(max(1, len(distinct[k].handed)) for k in distinct)
     solved: dict[tuple[PCG, tuple[PCG, ...]], list[_Solved | str]] = {}
-    for k, (key, problem) in enumerate(distinct.items()):
-        start = time.perf_counter()
-        sat = saturate(
-            problem.pcg,
-            machine,
-            rules=rules,
-            budget=segment_budget
-            or Budget(
-                seconds=max(0.5, (saturate_until - start) / (len(distinct) - k)),
-                memory_bytes=memory_budget,
-            ),
-            seeds=list(problem.seeds),
-        )
-        result.saturate_seconds += time.perf_counter() - start
-        result.saturations += 1
+    # One e-graph for all distinct segments: egglog's fixed cost of a run (about a second
+    # with the shipped rules, whatever the graph's size) is paid once. The back-off's match
+    # limit counts a rule's matches over all of them, so it grows with their number.
+    budget = segment_budget or Budget(
+        seconds=max(0.5, saturate_until - time.perf_counter()), memory_bytes=memory_budget
+    )
+    budget = replace(budget, match_limit=budget.match_limit * len(distinct))
+    start = time.perf_counter()
+    sats = saturate_together(
+        [p.pcg for p in distinct.values()],
+        machine,
+        rules=rules,
+        budget=budget,
+        seeds=[p.seeds for p in distinct.values()],
+    )
+    result.saturate_seconds = time.perf_counter() - start
+    result.saturations = len(sats)
+    result.iterations = sats[0].iterations
+    result.stop_reasons = {str(sats[0].stop_reason.value): len(sats)}
+    result.peak_rss_bytes = sats[0].peak_rss_bytes
+    first = sats[0]
+    say(
+        f"{len(sats)} segments saturated together: {first.stop_reason.value} after "
+        f"{first.iterations} iteration(s), {sum(t.num_enodes for t in sats):,} e-nodes, "
+        f"{first.seconds:.2f} s saturation + {first.export_seconds:.2f} s export, peak RSS "
+        f"{first.peak_rss_bytes / 2**20:.0f} MiB"
+    )
+    for k, ((key, problem), sat) in enumerate(zip(distinct.items(), sats, strict=True)):
         result.num_eclasses += sat.num_eclasses
         result.num_enodes += sat.num_enodes
-        result.iterations = max(result.iterations, sat.iterations)
-        reason = str(sat.stop_reason.value)
-        result.stop_reasons[reason] = result.stop_reasons.get(reason, 0) + 1
-        result.peak_rss_bytes = max(result.peak_rss_bytes, sat.peak_rss_bytes)
         start = time.perf_counter()
         costs = enode_costs(
             sat.egraph,
@@ -671,7 +684,10 @@ def split_search(
             result.extractions += 1
         solved[key] = answers
         result.extract_seconds += time.perf_counter() - start
-        say(f"segment e-graph {k + 1}/{len(distinct)}: {sat.summary()}")
+        say(
+            f"segment {k + 1}/{len(distinct)}: {sat.num_eclasses:,} e-classes, "
+            f"{sat.num_enodes:,} e-nodes, {len(wanted)} extraction(s)"
+        )
 
     # The DP over the layouts handed on, first segment to last: best[k][j] is the cheapest
     # way through segment k handing on layout j, and the layout segment k-1 handed on.

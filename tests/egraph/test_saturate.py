@@ -1,8 +1,11 @@
 """Saturation: Unity's Figure 2 plans are found, every extraction is equivalent to the input,
 rules apply only where their other side is well-formed, and budgets are honoured."""
 
+import functools
+import importlib
 import random
 import re
+import threading
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -16,6 +19,8 @@ from pcgopt.egraph import (
     ShapeConflictError,
     StopReason,
     saturate,
+    saturate_together,
+    warm_up_in_background,
 )
 from pcgopt.egraph.language import language
 from pcgopt.egraph.translate import translate_rule
@@ -228,6 +233,78 @@ def test_a_wrong_rule_that_changes_a_shape_is_caught_not_merged():
     wrong = Rule.parse("wrong", "relu(x)", "relu(partition(x, dim=0, degree=k))", {"x": "[m, n]"})
     with pytest.raises(ShapeConflictError, match="different facts"):
         saturate(relu_model(4), TWO_GPUS, rules=[wrong], budget=Budget(iterations=2))
+
+
+# --- several PCGs in one e-graph ----------------------------------------------------------
+
+
+def test_pcgs_saturated_together_are_each_what_saturating_it_alone_gives():
+    # Same source names, different shapes: together they must stay apart (no shape
+    # conflict), and each part must be exactly its own saturation (a match limit no rule
+    # reaches, so the back-off bans nothing in either run).
+    small = mnist_mlp(batch=B, in_features=CI, hidden=H, out_features=CO)
+    wide = mnist_mlp(batch=2 * B, in_features=CI, hidden=2 * H, out_features=CO)
+    budget = Budget(iterations=2, match_limit=10**6)
+    together = saturate_together([small, wide], TWO_GPUS, budget=budget)
+    for pcg, part in zip([small, wide], together, strict=True):
+        # Alone, the export also holds e-classes no output needs (rules build terms that
+        # end up unreachable); together, a part is what its outputs need.
+        alone = saturate(pcg, TWO_GPUS, budget=budget).egraph
+        alone = alone.reachable(alone.roots)
+        assert (part.num_eclasses, part.num_enodes) == (alone.num_eclasses, alone.num_enodes)
+        assert sorted(map(repr, part.egraph.nodes)) == sorted(map(repr, alone.nodes))
+        assert part.contains(pcg)
+        assert_equivalent(pcg, part.egraph.to_pcg(part.egraph.choice_for(pcg)))
+    assert together[0].iterations == together[1].iterations == 2
+
+
+def test_saturate_together_checks_its_arguments():
+    with pytest.raises(ValueError, match="one sequence per PCG"):
+        saturate_together([relu_model(4)], TWO_GPUS, seeds=[(), ()])
+    with pytest.raises(TypeError, match=r"pcgs\[1\] must be a PCG"):
+        saturate_together([relu_model(4), "relu"], TWO_GPUS)
+    with pytest.raises(ValueError, match="at least one"):
+        saturate_together([], TWO_GPUS)
+
+
+# --- loading the shipped rules ----------------------------------------------------------
+
+saturate_module = importlib.import_module("pcgopt.egraph.saturate")
+
+
+def test_rules_loaded_in_a_background_thread_serve_saturation_in_this_one(monkeypatch):
+    # A stand-in for the shipped rules (loading the real ones takes seconds), built in the
+    # loader thread: the e-graph it creates must work from the caller's thread.
+    threads = []
+
+    def load():
+        threads.append(threading.current_thread())
+        return saturate_module._Base(
+            language(), [relu_partition_rule(), introduce_partition_rule()]
+        )
+
+    monkeypatch.setattr(saturate_module, "_load_shipped_base", functools.cache(load))
+    loading = warm_up_in_background()
+    assert loading.result(timeout=60) >= 0
+    assert threads and threads[0] is not threading.current_thread()
+    sat = saturate(relu_model(4), TWO_GPUS, budget=Budget(iterations=3))
+    assert any(n.op == "partition" for n in sat.egraph.nodes)
+    assert len(threads) == 1  # loaded once, by the thread
+    assert warm_up_in_background().result(timeout=0) == 0.0  # already loaded: nothing to do
+
+
+def test_a_failed_background_load_raises_where_it_is_awaited(monkeypatch):
+    def load():
+        raise OSError("rules.json: unreadable")
+
+    monkeypatch.setattr(saturate_module, "_load_shipped_base", functools.cache(load))
+    with pytest.raises(OSError, match="unreadable"):
+        warm_up_in_background().result(timeout=60)
+
+
+def test_custom_rules_need_no_background_load():
+    loading = warm_up_in_background([relu_partition_rule()])
+    assert loading.done() and loading.result() == 0.0
 
 
 # --- budgets -----------------------------------------------------------------------------
