@@ -148,6 +148,32 @@ def test_random_extractions_are_equivalent_to_the_input(pcg, seed):
     assert checked
 
 
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    pcgs=st.lists(
+        small_pcgs(max_ops=3, ops=("relu", "matmul", "add", "partition", "replicate")),
+        min_size=2,
+        max_size=3,
+    ),
+    seed=st.integers(0, 2**16),
+)
+def test_random_extractions_from_pcgs_saturated_together_are_each_equivalent_to_its_input(
+    pcgs, seed
+):
+    # Random small PCGs reuse source names with other shapes: each part must still compute
+    # exactly its own PCG.
+    parts = saturate_together(pcgs, TWO_GPUS, budget=Budget(iterations=2, enodes=10_000))
+    rng = random.Random(seed)
+    for pcg, part in zip(pcgs, parts, strict=True):
+        checked = 0
+        for _ in range(5):
+            choice = random_acyclic_choice(part.egraph, rng)
+            if choice is not None:
+                assert equivalent(pcg, part.egraph.to_pcg(choice), trials=1)
+                checked += 1
+        assert checked
+
+
 # --- guards ------------------------------------------------------------------------------
 
 
