@@ -468,7 +468,7 @@ class SplitSearch:
 
     @property
     def stop_reason(self) -> str:
-        """The stop reasons of the segment e-graphs, with counts where they differ."""
+        """Why the segments' saturation stopped (one run for all of them)."""
         if len(self.stop_reasons) == 1:
             return next(iter(self.stop_reasons))
         return ", ".join(f"{k} x{v}" for k, v in sorted(self.stop_reasons.items()))
@@ -620,8 +620,9 @@ def split_search(
     segments' saturation together, ``extract_s`` (plus what saturation left) is shared by
     their extractions, each getting what is left divided by the number still to do.
     ``segment_budget``: the saturation's budget instead (benchmarks: an iteration budget
-    gives every segment that many iterations); either way the back-off's match limit is
-    multiplied by the number of distinct segments, since it counts matches in all of them."""
+    gives every segment that many iterations); either way its back-off match limit and
+    e-node budget are per segment (multiplied by the number of distinct segments, since the
+    run counts matches and e-nodes in all of them)."""
     say = progress or (lambda msg: None)
     # The deadlines run from the call: cutting the graph and slicing the seeds is in the shares.
     saturate_until = time.perf_counter() + saturate_s
@@ -638,11 +639,15 @@ def split_search(
     solved: dict[tuple[PCG, tuple[PCG, ...]], list[_Solved | str]] = {}
     # One e-graph for all distinct segments: egglog's fixed cost of a run (about a second
     # with the shipped rules, whatever the graph's size) is paid once. The back-off's match
-    # limit counts a rule's matches over all of them, so it grows with their number.
+    # limit and the e-node budget count over all of them, so they grow with their number.
     budget = segment_budget or Budget(
         seconds=max(0.5, saturate_until - time.perf_counter()), memory_bytes=memory_budget
     )
-    budget = replace(budget, match_limit=budget.match_limit * len(distinct))
+    budget = replace(
+        budget,
+        match_limit=budget.match_limit * len(distinct),
+        enodes=budget.enodes * len(distinct),
+    )
     start = time.perf_counter()
     sats = saturate_together(
         [p.pcg for p in distinct.values()],
@@ -652,11 +657,11 @@ def split_search(
         seeds=[p.seeds for p in distinct.values()],
     )
     result.saturate_seconds = time.perf_counter() - start
+    first = sats[0]  # the shared run's figures are in each
     result.saturations = len(sats)
-    result.iterations = sats[0].iterations
-    result.stop_reasons = {str(sats[0].stop_reason.value): len(sats)}
-    result.peak_rss_bytes = sats[0].peak_rss_bytes
-    first = sats[0]
+    result.iterations = first.iterations
+    result.stop_reasons = {str(first.stop_reason.value): len(sats)}
+    result.peak_rss_bytes = first.peak_rss_bytes
     say(
         f"{len(sats)} segments saturated together: {first.stop_reason.value} after "
         f"{first.iterations} iteration(s), {sum(t.num_enodes for t in sats):,} e-nodes, "
