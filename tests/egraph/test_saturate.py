@@ -138,12 +138,17 @@ def random_acyclic_choice(graph, rng):
 )
 def test_random_extractions_are_equivalent_to_the_input(pcg, seed):
     sat = saturate(pcg, TWO_GPUS, budget=Budget(iterations=2, enodes=5_000))
-    rng = random.Random(seed)
+    assert_random_extractions_equivalent(pcg, sat.egraph, random.Random(seed), tries=10)
+
+
+def assert_random_extractions_equivalent(pcg, egraph, rng, *, tries):
+    """Up to ``tries`` random acyclic choices of ``egraph``, each equivalent to ``pcg``, and
+    at least one of them."""
     checked = 0
-    for _ in range(10):
-        choice = random_acyclic_choice(sat.egraph, rng)
+    for _ in range(tries):
+        choice = random_acyclic_choice(egraph, rng)
         if choice is not None:
-            assert equivalent(pcg, sat.egraph.to_pcg(choice), trials=1)
+            assert equivalent(pcg, egraph.to_pcg(choice), trials=1)
             checked += 1
     assert checked
 
@@ -165,13 +170,7 @@ def test_random_extractions_from_pcgs_saturated_together_are_each_equivalent_to_
     parts = saturate_together(pcgs, TWO_GPUS, budget=Budget(iterations=2, enodes=10_000))
     rng = random.Random(seed)
     for pcg, part in zip(pcgs, parts, strict=True):
-        checked = 0
-        for _ in range(5):
-            choice = random_acyclic_choice(part.egraph, rng)
-            if choice is not None:
-                assert equivalent(pcg, part.egraph.to_pcg(choice), trials=1)
-                checked += 1
-        assert checked
+        assert_random_extractions_equivalent(pcg, part.egraph, rng, tries=5)
 
 
 # --- guards ------------------------------------------------------------------------------
