@@ -67,7 +67,9 @@ class ShapeConflictError(PCGError):
 class Budget:
     """Limits of one saturation. In process, ``seconds`` is checked between iterations, and
     saturation also stops before an iteration predicted (from the last one and the e-graph's
-    growth) to end past it; a misprediction can still overrun by one iteration. ``isolate``:
+    growth) to end, with the export of the e-graph it would leave
+    (:data:`EXPORT_SECONDS_PER_ENODE`), past it; a misprediction can still overrun by one
+    iteration. ``isolate``:
     enforce time and memory strictly by running the iterations in a child process first (costs
     a second run of the iterations that fit)."""
 
@@ -86,6 +88,19 @@ class Budget:
                 raise ValueError(f"Budget.{name} must be a positive int, got {v!r}")
         if not self.seconds > 0:
             raise ValueError(f"Budget.seconds must be positive, got {self.seconds!r}")
+
+
+#: An iteration after the first takes about this long per e-node it leaves, on the development
+#: machine with the shipped rules (BERT-Large's four distinct segments on 48 GPUs: 2.8 s for
+#: 16,398 -> 89,672 e-nodes). Only the prediction of the second iteration uses it; later ones
+#: are predicted from the last.
+ITERATION_SECONDS_PER_ENODE = 30e-6
+
+#: Exporting the e-graph (and, for several PCGs, cutting out each one's part) takes about
+#: this long per e-node on the development machine: 12-22 us in bench/RESULTS.md's saturation
+#: runs of one PCG, 29 us for four segments saturated together. Saturation stops before an
+#: iteration whose e-graph would not leave the time to export it.
+EXPORT_SECONDS_PER_ENODE = 30e-6
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,6 +419,9 @@ def _run(
     reason = StopReason.ITERATIONS
     rewrites = 0
     quiet = 0
+    # The loaded PCGs' size: the first iteration's growth (5.5x for BERT-Large's segments on
+    # 48 GPUs) predicts the second's.
+    initial = _enodes(eg, lang) if max_iterations is None else 0
     for it in range(1, limit + 1):
         changed, matches = _iteration(eg)
         nodes = _enodes(eg, lang)
@@ -429,9 +447,16 @@ def _run(
             continue
         # egglog cannot interrupt an iteration, so stop before one that would overrun: predict
         # it as the last one times the e-graph's last growth, at least doubled (on MNIST, 2
-        # GPUs: 4.4x more e-nodes, the next iteration took 4x longer).
-        before = history[-2].enodes if len(history) > 1 else nodes
-        predicted_s = last_s * max(2.0, nodes / max(before, 1))
+        # GPUs: 4.4x more e-nodes, the next iteration took 4x longer); the first iteration's
+        # growth is over the loaded PCGs.
+        first = len(history) == 1
+        growth = max(2.0, nodes / max(history[-2].enodes if not first else initial, 1))
+        predicted_nodes = nodes * growth
+        # egglog's first iteration has a fixed cost (about half a second with the shipped
+        # rules, whatever the e-graph's size): the second is predicted from its e-nodes.
+        iteration_s = ITERATION_SECONDS_PER_ENODE * predicted_nodes if first else last_s * growth
+        # The export after the last iteration is in the budget too.
+        predicted_s = iteration_s + EXPORT_SECONDS_PER_ENODE * predicted_nodes
         if elapsed + predicted_s >= budget.seconds:
             reason = StopReason.TIME
             break

@@ -232,9 +232,10 @@ def branch_parallel(
     time_limit_s: float | None = None,
 ) -> BranchParallel | None:
     """The branch-parallel plan of ``pcg`` on ``machine`` (module docstring), or None when
-    the DP narrows no branch (the plan would be data parallelism). ``time_limit_s`` bounds the
-    coordinate descent of step 4 (checked before every evaluation; the DP itself is not
-    bounded). Raises
+    the DP narrows no branch (the plan would be data parallelism). ``time_limit_s`` bounds step 1
+    (the widest degrees first; after half the limit no further degree is costed, and views
+    narrower than every costed degree are not used) and the coordinate descent of step 4
+    (checked before every evaluation); the DP itself is not bounded. Raises
     :class:`~pcgopt.extract.baselines.BaselineError` when ``pcg`` has no batch to split or is
     already parallel."""
     _check_sequential(pcg)
@@ -245,11 +246,19 @@ def branch_parallel(
         for j in range(len(machine.counts))
         for a in range(1, machine.counts[j] + 1)
     }
+    started = time.perf_counter()
     legal = sorted({_largest_divisor(batch, w) for w in sizes})
     sequential_cost = iteration_cost(pcg, machine, optimizer=optimizer)
     units, unit_of = _units(pcg, sequential_cost, {})
     table = np.full((len(units), len(legal)), math.inf)
-    for k, degree in enumerate(legal):
+    # Costing a degree is a lowering and a costing of the whole plan (about half a second for
+    # BERT-Large on 48 GPUs): within a time limit, the widest degrees first, in at most half
+    # of it (the widest always), so that the descent keeps the rest.
+    for k in sorted(range(len(legal)), key=lambda k: -legal[k]):
+        degree = legal[k]
+        late = time_limit_s is not None and time.perf_counter() - started > time_limit_s / 2
+        if late and k != len(legal) - 1:
+            break
         try:
             plan = data_parallel(pcg, machine, degree=degree)
             cost = iteration_cost(plan, machine, optimizer=optimizer)
@@ -262,17 +271,19 @@ def branch_parallel(
     usable = [k for k in range(len(legal)) if np.isfinite(table[0, k])]
     if not usable:
         return None
-    # The degree a view of w devices gets: the largest usable one up to w.
-    by_width = {w: max((k for k in usable if legal[k] <= w), default=usable[0]) for w in sizes}
+    # The degree a view of w devices gets: the largest usable one up to w (none, if the time
+    # limit left out every degree that small: such a view is never chosen).
+    by_width = {w: max((k for k in usable if legal[k] <= w), default=-1) for w in sizes}
 
     def unit_s(u: int, width: int) -> float:
-        return float(table[u, by_width[width]])
+        k = by_width[width]
+        return math.inf if k < 0 else float(table[u, k])
 
     cache = MappingCache(machine)
     tree = _decompose(units, tuple(range(len(units))))
     _annotate(tree, units, cache)
     solver = _Solver(
-        machine, 1, cache, unit_s=unit_s, receivers=lambda width: legal[by_width[width]]
+        machine, 1, cache, unit_s=unit_s, receivers=lambda width: legal[max(0, by_width[width])]
     )
     root = solver.normalize(0, machine.counts[0])
     estimate = solver.solve(tree, root)
@@ -290,8 +301,9 @@ def branch_parallel(
     if not narrowed:
         return None
     uniform = float(table[:, by_width[machine.num_devices]].sum())
+    left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
     strategies, plan, mapped_s, evaluations = _descend(
-        pcg, machine, degrees, views, optimizer=optimizer, time_limit_s=time_limit_s
+        pcg, machine, degrees, views, optimizer=optimizer, time_limit_s=left
     )
     return BranchParallel(
         pcg=plan,

@@ -496,11 +496,12 @@ def saturate_and_extract(
     plan found that fits in device memory, with its predicted cost.
 
     ``time_budget_s``: the search's wall-time target, shared by the phases as
-    :data:`PHASE_SHARES` says (the layer-wise searches 18%, saturation 42%, extraction 24% of
-    which costing the e-graph is not bounded, the branch-parallel descent 8%, placement and
-    mapping 8%); time a phase leaves unused goes to the next one, time it overruns comes out
-    of its own successors' (limits are checked between steps, so a step in progress can
-    overrun them);
+    :data:`PHASE_SHARES` says (the layer-wise searches 18%, saturation 42% with building the
+    baselines and the rest of loading the rules before it and exporting the e-graph after it,
+    extraction 24% of which costing the e-graph is not bounded, the branch-parallel plan 8%,
+    placement and mapping 8%); time a phase leaves unused goes to the next one, time it
+    overruns comes out of its own successors' (limits are checked between steps, so a step in
+    progress can overrun them);
     ``memory_budget``: the search's own memory limit in bytes (saturation stops before it);
     ``rules``: the rewrite rules (default: the shipped, proved ones); ``check``: verify the
     plan against the input with the reference evaluator (module docstring); ``baselines``:
@@ -575,6 +576,25 @@ def saturate_and_extract(
         v[0] for v in (*layerwise.values(), *extra.values()) if v is not None and v[0] != pcg
     ]
 
+    # The baselines are built before saturation, so that their time comes out of its share
+    # (the phases after it have shares of their own); graph splitting seeds with them.
+    start = time.perf_counter()
+    fixed: dict[str, tuple[PCG, CostBreakdown] | None] = {}
+    for name, make in (
+        ("data parallel", data_parallel),
+        ("megatron", megatron),
+        ("sequential", sequential),
+    ):
+        if not baselines:
+            break
+        try:
+            plan = make(pcg, machine)
+            fixed[name] = (plan, iteration_cost(plan, machine, optimizer=optimizer))
+        except (BaselineError, CostError) as e:
+            say(f"baseline {name} does not apply: {e}")
+            fixed[name] = None
+    phases["baselines"] = time.perf_counter() - start
+
     segments = split_segments(pcg, min_segment_ops) if split is not False else ()
     if split and len(segments) < 2:
         say(f"graph splitting: no cut leaves two segments of {min_segment_ops} operators")
@@ -586,6 +606,7 @@ def saturate_and_extract(
             phases,
             say,
             seed_plans,
+            [v[0] for k, v in fixed.items() if k != "sequential" and v is not None],
             rules,
             rules_loaded,
             min_segment_ops,
@@ -614,18 +635,8 @@ def saturate_and_extract(
         else (extracted, iteration_cost(extracted, machine, optimizer=optimizer)),
         "input": (pcg, input_cost),
     }
+    candidates.update(fixed)
     if baselines:
-        for name, make in (
-            ("data parallel", data_parallel),
-            ("megatron", megatron),
-            ("sequential", sequential),
-        ):
-            try:
-                plan = make(pcg, machine)
-                candidates[name] = (plan, iteration_cost(plan, machine, optimizer=optimizer))
-            except (BaselineError, CostError) as e:
-                say(f"baseline {name} does not apply: {e}")
-                candidates[name] = None
         # Data parallelism narrowed where branches run at once: only cheaper once mapped, so
         # extraction (which costs plans in sequence) would not propose it.
         try:
@@ -644,7 +655,7 @@ def saturate_and_extract(
         except (BaselineError, CostError) as e:
             say(f"branch parallel does not apply: {e}")
             candidates["branch parallel"] = None
-    phases["baselines"] = time.perf_counter() - start
+        phases["branch parallel"] = time.perf_counter() - start
     candidates.update(layerwise)
     candidates.update(extra)
 
@@ -799,6 +810,7 @@ def _split_phase(
     phases: dict[str, float],
     say: Callable[[str], None],
     seed_plans: Sequence[PCG],
+    baseline_plans: Sequence[PCG],
     rules: list[Rule] | None,
     rules_loaded: Future[float],
     min_segment_ops: int,
@@ -807,13 +819,17 @@ def _split_phase(
 ) -> tuple[PCG | None, _Explored]:
     """Graph splitting (:mod:`pcgopt.extract.splitting`) in saturation's and extraction's
     shares: the stitched plan (None if it failed) and what to report. The data-parallel and
-    Megatron plans join the seeds, for their layouts at the cuts."""
+    Megatron plans join the seeds, for their layouts at the cuts (``baseline_plans`` if the
+    caller built them, else built here)."""
     start = time.perf_counter()
     rules_loaded.result()
     seeds = list(seed_plans)
-    for make in (data_parallel, megatron):
-        with contextlib.suppress(BaselineError, CostError):
-            seeds.append(make(pcg, machine))
+    if baseline_plans:
+        seeds += baseline_plans
+    else:
+        for make in (data_parallel, megatron):
+            with contextlib.suppress(BaselineError, CostError):
+                seeds.append(make(pcg, machine))
     extract_s = (PHASE_SHARES["extract greedy"] + PHASE_SHARES["extract exact"]) * clock.budget_s
     search = split_search(
         pcg,

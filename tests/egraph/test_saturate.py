@@ -357,8 +357,18 @@ def test_the_time_budget_stops_a_run_that_would_blow_up():
     assert sat.iterations < 30
 
 
+def test_the_time_budget_leaves_room_to_export_the_egraph(monkeypatch):
+    # With an export predicted at a second per e-node, no e-graph past the first iteration
+    # could be exported within 60 s: saturation stops there, on time.
+    monkeypatch.setattr(saturate_module, "EXPORT_SECONDS_PER_ENODE", 1.0)
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(seconds=60.0, enodes=10**7))
+    assert (sat.stop_reason, sat.iterations) == (StopReason.TIME, 1)
+
+
 def test_an_isolated_run_is_killed_at_its_time_limit_and_keeps_what_finished():
-    budget = Budget(seconds=3.0, enodes=10**7, isolate=True)
+    # Long enough for the forked child's first iteration on a busy machine (once, in a
+    # suite run, 3 s was not).
+    budget = Budget(seconds=6.0, enodes=10**7, isolate=True)
     sat = saturate(blowing_up_model(), TWO_GPUS, budget=budget)
     assert sat.stop_reason is StopReason.TIME
     assert sat.iterations >= 1

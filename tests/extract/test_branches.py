@@ -113,6 +113,14 @@ def test_the_estimate_is_what_the_exact_cost_and_mapping_find():
     assert final.feasible
 
 
+def test_a_time_limit_costs_the_widest_degree_first_and_narrows_nothing_it_did_not_cost():
+    # The towers narrow with time to cost the narrower degrees (above); with none, only the
+    # widest is costed, and no view narrower than it is used.
+    pcg = fork(4)
+    machine = Machine.preset("dgx-a100", devices_per_node=4)
+    assert branch_parallel(pcg, machine, time_limit_s=1e-9) is None
+
+
 def test_nothing_to_narrow_in_a_chain():
     assert branch_parallel(build("mnist_mlp"), FOUR) is None
 
