@@ -48,6 +48,9 @@ from pcgopt.rewrite import Rule
 
 
 class StopReason(enum.Enum):
+    """Why saturation stopped. TIME and MEMORY: the budget was reached, or the next iteration
+    (with the export of its e-graph) was predicted to pass it (:class:`Budget`)."""
+
     SATURATED = "saturated"
     ITERATIONS = "iteration budget"
     NODES = "e-node budget"
@@ -68,8 +71,8 @@ class Budget:
     """Limits of one saturation. In process, ``seconds`` is checked between iterations, and
     saturation also stops before an iteration predicted (from the last one and the e-graph's
     growth) to end, with the export of the e-graph it would leave
-    (:data:`EXPORT_SECONDS_PER_ENODE`), past it; a misprediction can still overrun by one
-    iteration. ``isolate``:
+    (:data:`EXPORT_SECONDS_PER_ENODE`), past it, or to need more than ``memory_bytes``; a
+    misprediction can still overrun by one iteration. ``isolate``:
     enforce time and memory strictly by running the iterations in a child process first (costs
     a second run of the iterations that fit)."""
 
@@ -90,17 +93,22 @@ class Budget:
             raise ValueError(f"Budget.seconds must be positive, got {self.seconds!r}")
 
 
-#: An iteration after the first takes about this long per e-node it leaves, on the development
-#: machine with the shipped rules (BERT-Large's four distinct segments on 48 GPUs: 2.8 s for
-#: 16,398 -> 89,672 e-nodes). Only the prediction of the second iteration uses it; later ones
-#: are predicted from the last.
-ITERATION_SECONDS_PER_ENODE = 30e-6
+#: How the second iteration is predicted: egglog's first has a fixed cost (about half a second
+#: with the shipped rules, whatever the size) and grows the loaded PCGs 58-77x, so neither its
+#: time nor its growth says much about the second. Measured on the development machine with
+#: the shipped rules (BERT-Large's segments on 48 and 64 GPUs, DLRM's on 48): the
+#: second iteration grew the e-graph 2.6-6.9x and took 31-42 us per e-node it left. Later
+#: iterations are predicted from the last one.
+SECOND_ITERATION_GROWTH = 6.0
+ITERATION_SECONDS_PER_ENODE = 40e-6
 
 #: Exporting the e-graph (and, for several PCGs, cutting out each one's part) takes about
 #: this long per e-node on the development machine: 12-22 us in bench/RESULTS.md's saturation
-#: runs of one PCG, 29 us for four segments saturated together. Saturation stops before an
-#: iteration whose e-graph would not leave the time to export it.
+#: runs of one PCG, 17-29 us for BERT-Large's segments saturated together, and it adds about
+#: this much memory per e-node (113 MiB for 246,225 e-nodes). Saturation stops before an
+#: iteration whose e-graph would not leave the time or the memory to export it.
 EXPORT_SECONDS_PER_ENODE = 30e-6
+EXPORT_BYTES_PER_ENODE = 600
 
 
 @dataclass(frozen=True, slots=True)
@@ -419,9 +427,10 @@ def _run(
     reason = StopReason.ITERATIONS
     rewrites = 0
     quiet = 0
-    # The loaded PCGs' size: the first iteration's growth (5.5x for BERT-Large's segments on
-    # 48 GPUs) predicts the second's.
+    # The loaded PCGs' size and the memory before the first iteration: how much memory an
+    # e-node takes (the first iteration's growth says little about the second's).
     initial = _enodes(eg, lang) if max_iterations is None else 0
+    initial_rss = _rss()
     for it in range(1, limit + 1):
         changed, matches = _iteration(eg)
         nodes = _enodes(eg, lang)
@@ -447,20 +456,29 @@ def _run(
             continue
         # egglog cannot interrupt an iteration, so stop before one that would overrun: predict
         # it as the last one times the e-graph's last growth, at least doubled (on MNIST, 2
-        # GPUs: 4.4x more e-nodes, the next iteration took 4x longer); the first iteration's
-        # growth is over the loaded PCGs.
+        # GPUs: 4.4x more e-nodes, the next iteration took 4x longer); the second from the
+        # constants above.
         first = len(history) == 1
-        growth = max(2.0, nodes / max(history[-2].enodes if not first else initial, 1))
+        if first:
+            growth = SECOND_ITERATION_GROWTH
+            iteration_s = ITERATION_SECONDS_PER_ENODE * nodes * growth
+            before_nodes, before_rss = initial, initial_rss
+        else:
+            growth = max(2.0, nodes / max(history[-2].enodes, 1))
+            iteration_s = last_s * growth
+            before_nodes, before_rss = history[-2].enodes, history[-2].rss_bytes
         predicted_nodes = nodes * growth
-        # egglog's first iteration has a fixed cost (about half a second with the shipped
-        # rules, whatever the e-graph's size): the second is predicted from its e-nodes.
-        iteration_s = ITERATION_SECONDS_PER_ENODE * predicted_nodes if first else last_s * growth
         # The export after the last iteration is in the budget too.
         predicted_s = iteration_s + EXPORT_SECONDS_PER_ENODE * predicted_nodes
         if elapsed + predicted_s >= budget.seconds:
             reason = StopReason.TIME
             break
-        if rss >= budget.memory_bytes:
+        # Memory grows with the e-nodes as in the last iteration.
+        per_enode = max(0, rss - before_rss) / max(1, nodes - before_nodes)
+        predicted_rss = (
+            rss + per_enode * (predicted_nodes - nodes) + EXPORT_BYTES_PER_ENODE * predicted_nodes
+        )
+        if rss >= budget.memory_bytes or predicted_rss >= budget.memory_bytes:
             reason = StopReason.MEMORY
             break
     return reason, history, rewrites

@@ -365,6 +365,14 @@ def test_the_time_budget_leaves_room_to_export_the_egraph(monkeypatch):
     assert (sat.stop_reason, sat.iterations) == (StopReason.TIME, 1)
 
 
+def test_the_memory_budget_leaves_room_to_export_the_egraph(monkeypatch):
+    # A gigabyte per exported e-node: the e-graph past the first iteration would not fit.
+    monkeypatch.setattr(saturate_module, "EXPORT_BYTES_PER_ENODE", 2**30)
+    budget = Budget(seconds=60.0, enodes=10**7, memory_bytes=2**40)
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=budget)
+    assert (sat.stop_reason, sat.iterations) == (StopReason.MEMORY, 1)
+
+
 def test_an_isolated_run_is_killed_at_its_time_limit_and_keeps_what_finished():
     # Long enough for the forked child's first iteration on a busy machine (once, in a
     # suite run, 3 s was not).
