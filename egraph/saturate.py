@@ -104,8 +104,8 @@ ITERATION_SECONDS_PER_ENODE = 40e-6
 
 #: Exporting the e-graph (and, for several PCGs, cutting out each one's part) takes about
 #: this long per e-node on the development machine: 12-22 us in bench/RESULTS.md's saturation
-#: runs of one PCG, 17-29 us for BERT-Large's segments saturated together, and it adds about
-#: this much memory per e-node (113 MiB for 246,225 e-nodes). Saturation stops before an
+#: runs of one PCG (at b45aa80), 17-29 us for BERT-Large's segments saturated together; it adds
+#: about this much memory per e-node (113 MiB for 246,225 e-nodes). Saturation stops before an
 #: iteration whose e-graph would not leave the time or the memory to export it.
 EXPORT_SECONDS_PER_ENODE = 30e-6
 EXPORT_BYTES_PER_ENODE = 600

@@ -580,13 +580,8 @@ def saturate_and_extract(
     # (the phases after it have shares of their own); graph splitting seeds with them.
     start = time.perf_counter()
     fixed: dict[str, tuple[PCG, CostBreakdown] | None] = {}
-    for name, make in (
-        ("data parallel", data_parallel),
-        ("megatron", megatron),
-        ("sequential", sequential),
-    ):
-        if not baselines:
-            break
+    makers = (("data parallel", data_parallel), ("megatron", megatron), ("sequential", sequential))
+    for name, make in makers if baselines else ():
         try:
             plan = make(pcg, machine)
             fixed[name] = (plan, iteration_cost(plan, machine, optimizer=optimizer))
