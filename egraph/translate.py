@@ -369,7 +369,7 @@ class _Builder:
         # Example sizes fix ranks and each compute operator's signature structure, which for
         # operators whose signature does not depend on sizes holds at every size.
         letters = rule.letter_sizes()
-        symbols = {s: 2 for s in rule.symbols}
+        symbols = rule.example_symbols()
         shapes = {
             x: ParallelTensorShape.of(d.sizes(letters), d.dtype) for x, d in rule.inputs.items()
         }

@@ -498,6 +498,13 @@ class Rule:
         sizes.update(self.example or {})
         return sizes
 
+    def example_symbols(self) -> dict[str, int | float]:
+        """A value for each symbol at which the rule's operators accept their parameters: 2
+        for an integer (a degree), 0.5 for a real number (a scale factor; a dropout rate must
+        lie in [0, 1))."""
+        reals = real_symbols((*self.lhs, *self.rhs))
+        return {s: 0.5 if s in reals else 2 for s in sorted(self.symbols)}
+
     def example_sizes(self, letters: Mapping[str, int] | None = None) -> dict[str, tuple[int, ...]]:
         letters = self.letter_sizes() if letters is None else letters
         return {k: d.sizes(letters) for k, d in self.inputs.items()}
@@ -631,6 +638,7 @@ _SAME_SHAPE = {
     "dropout",
     "scale",
     "softmax",
+    "layer_norm",
     "add",
     "mul",
     "partition",

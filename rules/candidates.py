@@ -23,6 +23,7 @@ import numpy as np
 
 from pcgopt.ops import OPERATORS, ParallelOp
 from pcgopt.ops.parallel import StackPartial
+from pcgopt.ops.params import ParamType
 from pcgopt.rewrite import (
     Expr,
     Instance,
@@ -158,6 +159,7 @@ def lift(
     }
     example = {letters[v, d]: n for v in used for d, n in enumerate(shapes[v].sizes)}
     memo: dict[Expr, Expr] = {}
+    floats: dict[str, dict[float, Sym]] = {}
 
     def go(e: Expr) -> Expr:
         if isinstance(e, Var):
@@ -170,6 +172,13 @@ def lift(
             params["degree"] = Sym("k")
         if e.op == "split":
             params["sizes"] = _split_sizes(e, args)
+        for p in OPERATORS[e.op].params:
+            if p.type is ParamType.FLOAT and p.lifted and isinstance(params.get(p.name), float):
+                # A scale factor or a dropout rate is the enumeration's choice, not the
+                # rule's: one symbol per parameter name and value.
+                reals = floats.setdefault(p.name, {})
+                suffix = str(len(reals)) if reals and params[p.name] not in reals else ""
+                params[p.name] = reals.setdefault(params[p.name], Sym(p.name + suffix))
         memo[e] = Term(e.op, args, params, e.index)
         return memo[e]
 
@@ -265,9 +274,7 @@ def generalizes(rule: Rule) -> bool:
     primes = [3, 5, 7, 11, 13, 17, 19, 23]
     letters = {k: primes[i % len(primes)] for i, k in enumerate(rule.letter_sizes())}
     try:
-        logical_ranks(
-            (*rule.lhs, *rule.rhs), rule.example_sizes(letters), {s: 2 for s in rule.symbols}
-        )
+        logical_ranks((*rule.lhs, *rule.rhs), rule.example_sizes(letters), rule.example_symbols())
     except (PCGError, RuleError):
         return False
     return True

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from pcgopt.errors import PCGError
-from pcgopt.ops import get_op
+from pcgopt.ops import ParallelOp, StackPartial, get_op
 from pcgopt.rewrite import Expr, Instance, Term, Var, rename_vars, walk
 from pcgopt.shapes import ParallelTensorShape
 from pcgopt.sharded import ShardedArray
@@ -116,6 +116,14 @@ class Config:
     #: for one side of a rule (``linear(partition(x), replicate(w), replicate(b))``); their
     #: 4-against-4 candidates are many and rarely new.
     max_rule_ops: int | None = None
+    #: Enumerate only one-operator graphs ``P(op(P1(x1), ..., Pn(xn)))``: one computing
+    #: operator, at most one parallel operator on each of its inputs and at most one on its
+    #: output (``max_ops`` is not used). These are the graphs whose pairs are the operator's
+    #: parallelization rules (``layer_norm(partition(x, dim=0), replicate(g), replicate(b)) =
+    #: partition(layer_norm(x, g, b), dim=0)``); the full enumeration of three-input operators
+    #: at four operators does not finish on a laptop, and its other graphs give nothing new
+    #: for such an operator.
+    one_op: bool = False
 
     def variants(self) -> list[Variant]:
         """The operator variants, in a fixed order."""
@@ -150,6 +158,9 @@ class Config:
             ],
             "softmax": [Variant("softmax", (("axis", last),))],
             "layer_norm": [Variant("layer_norm", inputs=3)],
+            # Rate one half: the kept integers double and stay integers.
+            "dropout": [Variant("dropout", (("rate", 0.5),))],
+            "embedding": [Variant("embedding")],
             "concat": [Variant("concat", (("axis", a),)) for a in axes],
             "split": [Variant("split", (("axis", a), ("sizes", "concat"))) for a in axes],
             "partition": [Variant("partition", (("dim", d), ("degree", k))) for d in axes],
@@ -186,12 +197,20 @@ def fingerprint(value: ShardedArray) -> bytes:
     return h.digest()
 
 
+#: Integer inputs (indices) take values below this: every table of a family has more rows.
+INDEX_LIMIT = 4
+
+
 def input_values(config: Config) -> list[ShardedArray]:
     """Deterministic integer values for the inputs (partial sums split at random)."""
     out = []
     for i, spec in enumerate(config.inputs):
         rng = np.random.default_rng([config.seed, i])
-        value = rng.integers(-3, 4, size=spec.shape.sizes).astype(np.int64)
+        if spec.shape.dtype.is_integer:
+            # Indices (an embedding's): valid rows of the smallest table the inputs have.
+            value = rng.integers(0, INDEX_LIMIT, size=spec.shape.sizes).astype(np.int64)
+        else:
+            value = rng.integers(-3, 4, size=spec.shape.sizes).astype(np.int64)
         out.append(ShardedArray.from_logical(value, spec.shape, rng))
     return out
 
@@ -240,6 +259,9 @@ class Enumerator:
     def __init__(self, config: Config) -> None:
         self.config = config
         self.variants = config.variants()
+        self._computes = [
+            not isinstance(get_op(v.op), ParallelOp | StackPartial) for v in self.variants
+        ]
         self.values = input_values(config)
         #: Shapes of the tensors made so far (a term always has the same shape).
         self._shapes: dict[Expr, ParallelTensorShape] = {
@@ -247,11 +269,19 @@ class Enumerator:
         }
 
     def shards(self) -> int:
-        """Shards are the first operator's variant."""
+        """Shards are the first operator's variant (the computing operator's, ``one_op``)."""
+        if self.config.one_op:
+            return sum(self._computes)
         return len(self.variants)
 
     def run(self, shard: int) -> ShardResult:
         result = ShardResult()
+        if self.config.one_op:
+            self._one_op(shard, result)
+            identities, renamed = self._renamings(result.graphs)
+            result.identities += identities
+            result.graphs += renamed
+            return result
         nodes: list[_Node] = []
         used_inputs = [False] * len(self.config.inputs)
         for spec, value in zip(self.config.inputs, self.values, strict=True):
@@ -401,6 +431,52 @@ class Enumerator:
                 del nodes[len(nodes) - len(made) :]
                 for a in args:
                     nodes[a].readers -= 1
+
+    def _one_op(self, shard: int, result: ShardResult) -> None:
+        """The graphs ``P(op(P1(x1), ..., Pn(xn)))`` of the ``shard``-th computing variant (see
+        ``Config.one_op``); each ``P`` is absent or one parallel variant."""
+        vi = [i for i, c in enumerate(self._computes) if c][shard]
+        variant = self.variants[vi]
+        parallel = [v for v, c in zip(self.variants, self._computes, strict=True) if not c]
+        inputs = [
+            _Node(Var(s.name), v, fingerprint(v))
+            for s, v in zip(self.config.inputs, self.values, strict=True)
+        ]
+        wrapped: dict[tuple[int, int], _Node | None] = {}
+
+        def wrap(a: int, w: int) -> _Node | None:
+            if (a, w) not in wrapped:
+                made = self._apply(parallel[w], [inputs[a]])
+                wrapped[a, w] = made[0] if made else None
+            return wrapped[a, w]
+
+        n_in = len(inputs)
+        for args in self._candidate_args(
+            variant, self._available(inputs, [False] * n_in, variant.arity)
+        ):
+            if not self._in_order([i in args for i in range(n_in)]):
+                continue
+            for wraps in itertools.product(range(-1, len(parallel)), repeat=len(args)):
+                read = [
+                    inputs[a] if w < 0 else wrap(a, w) for a, w in zip(args, wraps, strict=True)
+                ]
+                if any(r is None for r in read):
+                    continue
+                made = self._apply(variant, read)  # type: ignore[arg-type]
+                if made is None or len(made) != 1:
+                    continue
+                n_ops = 1 + sum(w >= 0 for w in wraps)
+                result.visited += 1
+                self._record_one(made[0], n_ops, result)
+                for p in parallel:
+                    out = self._apply(p, made)
+                    if out is not None:
+                        result.visited += 1
+                        self._record_one(out[0], n_ops + 1, result)
+
+    @staticmethod
+    def _record_one(node: _Node, n_ops: int, result: ShardResult) -> None:
+        result.graphs.append(GraphRecord(node.fp, (node.term,), n_ops))
 
     def _apply(self, variant: Variant, args: list[_Node]) -> list[_Node] | None:
         spec = get_op(variant.op)

@@ -11,13 +11,18 @@ them together would multiply every family's graphs by every other's; their rules
 the e-graph, so each family is enumerated on its own and the proved rules are merged.
 Only rules with a tensor of rank 3 or more are kept (the matrix set covers ranks 1 and 2).
 
-The shipped ``rules_transformer.json`` holds the dense-layer family only. The norm family's
-enumeration does not finish in reasonable time on a laptop (four inputs, three operators and
-three split kinds on three axes: after 36 minutes on 2 cores one of its ten shards had written
-308 MB of graphs and another was still running); the attention family's algebraic candidates
-need rank-4 transpose and batched-matmul axioms that :mod:`pcgopt.verify` does not have yet.
-Both are defined here so they can be run (``generate(NORM)``) and will join the preset when they
-are trimmed to fit.
+The shipped ``rules_transformer.json`` holds the dense-layer family (enumerated in full) and
+one-operator families (``Config.one_op``): each computing operator of a transformer layer with at
+most one parallel operator on each input and on its output, which is where its parallelization
+rules come from (``layer_norm(partition(x, dim=0), replicate(g), replicate(b)) =
+partition(layer_norm(x, g, b), dim=0)``). The full enumeration of the norm family does not
+finish on a laptop (four inputs, three operators and three split kinds on three axes: after 36
+minutes on 2 cores one of its ten shards had written 308 MB of graphs); its one-operator form
+takes seconds. Not covered yet: ``embedding`` (the verifier draws every tensor as floats, and
+indices must be integers) and ``reshape`` (its parallel structure depends on the sizes, which the
+e-graph translation cannot guard), so a transformer's e-graph reaches the data-parallel and
+Megatron plans only up to its embedding and head reshapes. ``NORM`` and ``ATTENTION`` are the
+full enumerations, kept so they can be run (``generate(NORM)``).
 """
 
 from __future__ import annotations
@@ -66,9 +71,38 @@ ATTENTION = Config(
     ),
 )
 
+#: One-operator families (``Config.one_op``): LayerNorm with distinct gamma and beta.
+LAYER_NORM_ONE = Config(
+    one_op=True,
+    ops=("layer_norm", *_SPLITS),
+    inputs=(_x("x1", (2, 4, 6)), _x("g1", (6,), "weight"), _x("g2", (6,), "weight")),
+)
+
+#: Elementwise operators on [B, S, H], with the [S, H] add of a position embedding.
+ELEMENTWISE_ONE = Config(
+    one_op=True,
+    ops=("add", "dropout", "gelu", "scale", *_SPLITS),
+    inputs=(_x("x1", (2, 4, 6)), _x("x2", (2, 4, 6)), _x("p1", (4, 6), "weight")),
+)
+
+#: Attention on [B, heads, S, head-dim]: head transposes, batched matmuls, scaling, softmax
+#: over the keys, dropout.
+ATTENTION_ONE = Config(
+    one_op=True,
+    ops=("transpose_heads", "batch_matmul", "scale", "softmax", "dropout", *_SPLITS),
+    inputs=(_x("x1", (2, 2, 4, 4)), _x("x2", (2, 2, 4, 4))),
+)
+
+#: [B, S, H] times a matrix without a bias (tied output logits).
+MATMUL_ONE = Config(
+    one_op=True,
+    ops=("matmul", *_SPLITS),
+    inputs=(_x("x1", (2, 4, 6)), _x("w1", (6, 6), "weight")),
+)
+
 PRESETS: dict[str, tuple[Config, ...]] = {
     "matrix": (Config(),),
-    "transformer": (LINEAR,),
+    "transformer": (LINEAR, LAYER_NORM_ONE, ELEMENTWISE_ONE, ATTENTION_ONE, MATMUL_ONE),
 }
 
 #: What a preset's rule names start with (:func:`pcgopt.rules.generate.merge`).

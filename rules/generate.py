@@ -406,6 +406,7 @@ def merge(gens: Sequence[Generated], min_rank: int = 0, prefix: str = "") -> Gen
     name: the prefix keeps the names of every shipped file distinct.)"""
     stats = Stats()
     rules: dict[str, Rule] = {}
+    taken: set[str] = set()
     out = Generated([], {}, stats, {})
     for gen in gens:
         for name, value in asdict(gen.stats).items():
@@ -416,24 +417,41 @@ def merge(gens: Sequence[Generated], min_rank: int = 0, prefix: str = "") -> Gen
                 stats.rounds = max(stats.rounds, value)
             else:
                 setattr(stats, name, getattr(stats, name) + value)
+        # The same untyped text at another rank (scale on [B, S, H] in one family, on
+        # [B, h, S, d] in another) has the same name: the later one gets a suffix.
+        renamed: dict[str, str] = {}
         for r in gen.rules:
             if max((d.rank for d in r.inputs.values()), default=0) >= min_rank:
-                rules.setdefault(canonical_text(r), replace(r, name=prefix + r.name))
+                text = canonical_text(r)
+                if text in rules:
+                    continue
+                name = prefix + r.name
+                n = 2
+                while name in taken:
+                    name, n = f"{prefix}{r.name}_{n}", n + 1
+                taken.add(name)
+                renamed[r.name] = name
+                rules[text] = replace(r, name=name)
         for mine, theirs in (
             (out.verdicts, gen.verdicts),
             (out.found_with, gen.found_with),
             (out.verified, gen.verified),
         ):
-            mine.update((prefix + k, v) for k, v in theirs.items())
+            for k, v in theirs.items():
+                key = renamed.get(k, prefix + k)
+                if k in renamed or key not in mine:  # never another family's record
+                    mine[key] = v
     out.rules = sorted(rules.values(), key=lambda r: (kind(r), canonical_text(r)))
     return out
 
 
 def _generator(config: Config) -> dict:
-    """The settings a file was generated with (``max_rule_ops`` only where it was set)."""
+    """The settings a file was generated with (``max_rule_ops`` only where it was set; a
+    one-operator family says so instead of giving ``max_ops``, which it does not use)."""
     limit = {} if config.max_rule_ops is None else {"max_rule_ops": config.max_rule_ops}
+    size = {"one_op": True} if config.one_op else {"max_ops": config.max_ops}
     return {
-        "max_ops": config.max_ops,
+        **size,
         **limit,
         "degree": config.degree,
         "ops": list(config.ops),

@@ -247,7 +247,7 @@ def _well_formed(rule: Rule) -> bool:
     from pcgopt.verify.logic import logical_ranks
 
     try:
-        logical_ranks((*rule.lhs, *rule.rhs), rule.example_sizes(), {s: 2 for s in rule.symbols})
+        logical_ranks((*rule.lhs, *rule.rhs), rule.example_sizes(), rule.example_symbols())
     except (PCGError, RuleError):
         return False
     return True

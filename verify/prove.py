@@ -139,7 +139,7 @@ class Prover:
         symbols = self._symbols(rule)
         try:
             ranks = logical_ranks(
-                (*rule.lhs, *rule.rhs), rule.example_sizes(), {s: 2 for s in rule.symbols}
+                (*rule.lhs, *rule.rhs), rule.example_sizes(), rule.example_symbols()
             )
         except (PCGError, KeyError, TypeError, ValueError):
             return None, ()
@@ -185,7 +185,7 @@ def _axiom_ranks(a: Axiom | SizeAxiom) -> dict:
     sizes = rule.example_sizes()
     for assignment in structural_assignments(rule, sizes, a.parsed_conditions, limit=1):
         return logical_ranks(
-            (*rule.lhs, *rule.rhs), sizes, {**{s: 2 for s in rule.symbols}, **assignment}
+            (*rule.lhs, *rule.rhs), sizes, {**rule.example_symbols(), **assignment}
         )
     raise ValueError(f"axiom {a.name}: no instance of its declarations is well-formed")
 
@@ -259,7 +259,7 @@ def _shape_obligation(rule: Rule, bounded: bool) -> tuple[z3.Solver, object, tup
     # The structure is read at the sizes the concrete instances use, so that both halves speak
     # about the same rule.
     sizes = rule.example_sizes({k: v * SCALE for k, v in rule.letter_sizes().items()})
-    example = {s: 2 for s in rule.symbols}
+    example = rule.example_symbols()
     m = new_model(sizes, sorted(rule.symbols), {k: d.dtype for k, d in rule.inputs.items()})
     l_out, l_valid = side(m, rule.lhs, example)
     r_out, r_valid = side(m, rule.rhs, example)
@@ -349,7 +349,7 @@ def _never_both_well_formed(rule: Rule) -> str | None:
         return None
     sizes = rule.example_sizes({k: v * SCALE for k, v in rule.letter_sizes().items()})
     m2 = new_model(sizes, sorted(rule.symbols), {k: d.dtype for k, d in rule.inputs.items()})
-    _, l_valid = side(m2, rule.lhs, {k: 2 for k in rule.symbols})
+    _, l_valid = side(m2, rule.lhs, rule.example_symbols())
     s2 = z3.Solver()
     s2.add(m2.positive + l_valid)
     s2.set("timeout", 5000)

@@ -25,6 +25,7 @@ import z3
 
 from pcgopt.ops import OPERATORS, AxisKind, ComputeOp, ParallelOp, get_op
 from pcgopt.ops.parallel import StackPartial
+from pcgopt.ops.params import ParamType
 from pcgopt.rewrite import (
     Expr,
     Instance,
@@ -199,8 +200,11 @@ def _compute(
 ) -> tuple[SymShape, ...]:
     if spec.size_dependent_signature:
         raise Unsupported(f"{e.op}'s parallel structure depends on sizes")
+    structural = {p.name for p in spec.params if p.type is not ParamType.FLOAT}
     for k, v in e.params.items():
-        if isinstance(v, Sym | Prod):
+        # A number (a scale factor, a dropout rate) never changes the parallel structure; the
+        # example's value stands for all.
+        if k in structural and isinstance(v, Sym | Prod):
             raise Unsupported(f"{e.op}.{k} is symbolic; the shape model needs it concrete")
     in_shapes = tuple(ParallelTensorShape.of(a.sizes, a.dtype) for a in args)
     params = _concrete_params(e, example, in_shapes)

@@ -24,7 +24,7 @@ class BatchNorm(ComputeOp):
 
     name = "batch_norm"
     input_names = ("x", "scale", "bias", "mean", "var")
-    params = (Param("eps", ParamType.FLOAT, 1e-5),)
+    params = (Param("eps", ParamType.FLOAT, 1e-5, lifted=False),)
 
     def infer_logical(self, params, inputs):
         x = inputs[0]
@@ -69,7 +69,7 @@ class LayerNorm(ComputeOp):
     input_names = ("x", "gamma", "beta")
     params = (
         Param("normalized_dims", ParamType.POS_INT, 1),
-        Param("eps", ParamType.FLOAT, 1e-5),
+        Param("eps", ParamType.FLOAT, 1e-5, lifted=False),
     )
 
     def infer_logical(self, params, inputs):

@@ -45,6 +45,11 @@ class Param:
     default: Any = _REQUIRED
     choices: tuple[Any, ...] | None = None
     doc: str = ""
+    #: A number the generated rules are lifted over (a symbol: the rule enumerated with a scale
+    #: factor of 0.5 holds for every factor). False for numerical constants such as an epsilon,
+    #: which the verifier cannot draw at random (a negative one makes a square root NaN):
+    #: their rules keep the enumerated value, the operator's default.
+    lifted: bool = True
 
     @property
     def required(self) -> bool:

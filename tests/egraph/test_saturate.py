@@ -473,3 +473,52 @@ def test_the_shipped_rules_parallelize_a_rank_3_dense_layer(plan):
     # The matrix rules are typed on rank-2 tensors: without the transformer set it is missing.
     matrix_only = saturate(model, TWO_GPUS, rules=load(RULES_FILE), budget=Budget(iterations=3))
     assert not matrix_only.contains(dense_gelu(plan))
+
+
+HEADS, HEAD_DIM = 2, 4
+
+
+def attention_core(plan=None, d=2):
+    """Scaled dot-product attention on [batch, heads, sequence, head-dim] (softmax over the keys,
+    dropout on the probabilities), as the model (``plan=None``), split by batch (``"batch"``) or
+    by heads (``"heads"``, Megatron's attention)."""
+    b = PCGBuilder()
+    q = b.input((BS, HEADS, SEQ, HEAD_DIM), name="q")
+    k = b.input((BS, HEADS, HEAD_DIM, SEQ), name="k")
+    v = b.input((BS, HEADS, SEQ, HEAD_DIM), name="v")
+    dim = {"batch": 0, "heads": 1}.get(plan)
+    if dim is not None:
+        q, k, v = (b.partition(t, dim=dim, degree=d) for t in (q, k, v))
+    s = b.scale(b.batch_matmul(q, k), factor=0.35)
+    p = b.dropout(b.softmax(s, axis=-1), rate=0.1)
+    out = b.batch_matmul(p, v)
+    return b.build(out if dim is None else b.combine(out, dim=dim, degree=d))
+
+
+def add_norm(plan=None, d=2):
+    """A position embedding's broadcast add and LayerNorm on [batch, sequence, hidden], as the
+    model or data parallel (``"batch"``: the [sequence, hidden] table and LayerNorm's weights
+    replicated)."""
+    b = PCGBuilder()
+    x = b.input((BS, SEQ, HID), name="x")
+    pos = b.weight((SEQ, HID), name="pos")
+    gamma, beta = b.weight((HID,), name="gamma"), b.weight((HID,), name="beta")
+    if plan == "batch":
+        x = b.partition(x, dim=0, degree=d)
+        pos, gamma, beta = (b.replicate(t, degree=d) for t in (pos, gamma, beta))
+    y = b.layer_norm(b.add(x, pos), gamma, beta)
+    return b.build(y if plan is None else b.combine(y, dim=0, degree=d))
+
+
+@pytest.mark.parametrize(
+    ("model", "plan"),
+    [(attention_core, "batch"), (attention_core, "heads"), (add_norm, "batch")],
+)
+def test_the_shipped_one_operator_families_parallelize_attention_and_layer_norm(model, plan):
+    from pcgopt.rules import RULES_FILE, load
+
+    sat = saturate(model(), TWO_GPUS, budget=Budget(iterations=3))
+    assert sat.contains(model(plan))
+    assert_equivalent(model(), sat.egraph.to_pcg(sat.egraph.choice_for(model(plan))))
+    matrix_only = saturate(model(), TWO_GPUS, rules=load(RULES_FILE), budget=Budget(iterations=3))
+    assert not matrix_only.contains(model(plan))

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 
 from pcgopt.ops import get_op
-from pcgopt.rewrite import load_rules
+from pcgopt.rewrite import Var, format_exprs, load_rules
 from pcgopt.rules.candidates import canonical_text
-from pcgopt.rules.enumerate import Config, InputSpec, fingerprint, input_values
+from pcgopt.rules.enumerate import Config, Enumerator, InputSpec, fingerprint, input_values
 from pcgopt.rules.families import ATTENTION, LINEAR, MIN_RANK, PRESETS
 from pcgopt.rules.generate import generate, merge, rule_file
 from pcgopt.shapes import ParallelTensorShape
@@ -103,3 +103,87 @@ def test_a_configuration_without_data_tensors_enumerates_matrix_axes():
     names = [repr(v) for v in weights_only.variants()]
     assert "partition(dim=1, degree=2)" in names
     assert not any("dim=2" in n for n in names)
+
+
+# -- one-operator families ----------------------------------------------------------------------
+
+LAYER_NORM_SMALL = Config(
+    one_op=True,
+    ops=("layer_norm", "partition", "combine", "replicate"),
+    inputs=(
+        InputSpec("x1", "data", ParallelTensorShape.of((2, 4, 6))),
+        InputSpec("g1", "weight", ParallelTensorShape.of((6,))),
+        InputSpec("g2", "weight", ParallelTensorShape.of((6,))),
+    ),
+)
+
+
+def test_a_one_operator_family_builds_only_the_operator_with_one_parallel_operator_per_tensor():
+    e = Enumerator(LAYER_NORM_SMALL)
+    assert e.shards() == 1  # one computing variant
+    graphs = e.run(0).graphs
+    assert graphs
+    for g in graphs:
+        (term,) = g.outputs
+        inner = term.args[0] if term.op != "layer_norm" else term
+        assert inner.op == "layer_norm", term
+        for a in inner.args:  # each input bare or under one parallel operator
+            assert isinstance(a, Var) or all(isinstance(b, Var) for b in a.args), term
+
+
+@pytest.fixture(scope="module")
+def layer_norm_run(tmp_path_factory):
+    return generate(LAYER_NORM_SMALL, workers=1, work_dir=None, timeout=3)
+
+
+def test_the_layer_norm_family_proves_its_data_parallel_rule_with_distinct_gamma_and_beta(
+    layer_norm_run,
+):
+    texts = {f"{format_exprs(r.lhs)} => {format_exprs(r.rhs)}": r for r in layer_norm_run.rules}
+    dp = (
+        "layer_norm(partition(x1, dim=0, degree=k), replicate(x2, degree=k), "
+        "replicate(x3, degree=k), normalized_dims=1, eps=1e-05) => "
+        "partition(layer_norm(x1, x2, x3, normalized_dims=1, eps=1e-05), dim=0, degree=k)"
+    )
+    assert dp in texts, sorted(texts)
+    assert [d.rank for d in texts[dp].inputs.values()] == [3, 1, 1]
+    # Splitting the normalized axis is not a rule: each shard would normalize its own part.
+    assert not any("partition(x1, dim=2" in t.split(" => ")[0] for t in texts)
+    assert layer_norm_run.stats.refuted == 0
+
+
+def test_a_scale_factor_and_a_dropout_rate_are_lifted_to_symbols(tmp_path):
+    config = Config(
+        one_op=True,
+        ops=("scale", "dropout", "partition", "combine", "replicate"),
+        inputs=(InputSpec("x1", "data", ParallelTensorShape.of((2, 4, 6))),),
+    )
+    gen = generate(config, workers=1, work_dir=None, timeout=3)
+    texts = [f"{format_exprs(r.lhs)} => {format_exprs(r.rhs)}" for r in gen.rules]
+    assert "scale(partition(x1, dim=0, degree=k), factor=factor) => " in "\n".join(texts)
+    assert any("dropout(" in t and "rate=rate" in t for t in texts), texts
+    assert gen.stats.refuted == 0 and gen.stats.unknown == 0
+    # A rule holds for every factor: the shipped-file header says it was one-operator.
+    assert '"one_op": true' in rule_file(gen, config)
+
+
+def test_merging_keeps_the_same_rule_text_at_two_ranks_under_two_names(rank3_run):
+    rank4 = generate(
+        Config(
+            one_op=True,
+            ops=("gelu", "partition", "combine", "replicate"),
+            inputs=(InputSpec("x1", "data", ParallelTensorShape.of((2, 2, 4, 4))),),
+        ),
+        workers=1,
+        work_dir=None,
+        timeout=3,
+    )
+    merged = merge([rank3_run, rank4], 3, prefix="tf_")
+    names = [r.name for r in merged.rules]
+    assert len(names) == len(set(names))
+    ranks = {}
+    for r in merged.rules:
+        ranks.setdefault(r.name.split("_")[1], set()).add(r.inputs["x1"].rank)
+    assert any(found == {3, 4} for found in ranks.values()), ranks
+    # Every kept rule has its own verdict: the file can be written and read back.
+    assert len(load_rules(rule_file(merged, RANK3))) == len(merged.rules)
