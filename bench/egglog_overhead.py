@@ -37,14 +37,14 @@ def main() -> None:
     machine = Machine.preset("summit", nodes=NODES)
     per_gpu = inspect.signature(models.ZOO[MODEL].builder).parameters["batch"].default
     pcg = models.build(MODEL, batch=per_gpu * machine.num_devices)
-    load_s = warm_up()
+    load_s = warm_up(pcgs=[pcg])
     # Segments named by position, so that segments equal up to names are equal (as
     # split_search does).
     segments = [segment_pcg(pcg, s) for s in split_segments(pcg)]
     distinct = list(
         dict.fromkeys(p.renamed({n.name: f"v{i}" for i, n in enumerate(p.nodes)}) for p in segments)
     )
-    base = saturation._shipped_base()
+    base = saturation._shipped_base(saturation.shipped_presets([pcg]))
     eg = base.egraph
 
     def timed(program: str) -> float:

@@ -21,6 +21,7 @@ from pcgopt.egraph.saturate import (
     StopReason,
     saturate,
     saturate_together,
+    shipped_presets,
     warm_up,
     warm_up_in_background,
 )
@@ -37,6 +38,7 @@ __all__ = [
     "StopReason",
     "saturate",
     "saturate_together",
+    "shipped_presets",
     "warm_up",
     "warm_up_in_background",
 ]

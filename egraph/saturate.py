@@ -19,7 +19,6 @@ The result says why saturation stopped (:class:`StopReason`) and carries the exp
 from __future__ import annotations
 
 import enum
-import functools
 import multiprocessing
 import os
 import threading
@@ -195,49 +194,81 @@ class _Base:
         self.egraph.parse_and_run_program("\n".join(r.text for r in ok))
 
 
-@functools.cache
-def _load_shipped_base() -> _Base:
-    from pcgopt.rules import load
+def shipped_presets(pcgs: Sequence[PCG] = ()) -> tuple[str, ...]:
+    """The shipped rule files (by preset, :data:`pcgopt.rules.SHIPPED`) that can rewrite
+    ``pcgs``; all of them when no PCG is given. The matrix rules always can. Every rule of
+    another preset has a tensor of its minimum rank (:data:`pcgopt.rules.families.MIN_RANK`)
+    on each side, and no rule of a lower preset builds such a tensor, so that preset's rules
+    can match only where a PCG already has one: a rank-2 model (an MLP, DLRM) saturates
+    without the transformer rules, which would cost it seconds of loading and matching."""
+    from pcgopt.rules import SHIPPED
+    from pcgopt.rules.families import MIN_RANK
 
-    return _Base(language(), load())
+    if not pcgs:
+        return tuple(SHIPPED)
+    rank = max(s.rank for pcg in pcgs for n in pcg.nodes for s in pcg.output_shapes(n.name))
+    return tuple(p for p in SHIPPED if MIN_RANK[p] <= rank)
 
 
-# The shipped rules are loaded once per process, possibly from a background thread
-# (:func:`warm_up_in_background`) while the caller also needs them: one loads, the other waits.
+def _load_shipped_base(presets: tuple[str, ...]) -> _Base:
+    from pcgopt.rules import SHIPPED, load
+
+    return _Base(language(), [r for p in presets for r in load(SHIPPED[p])])
+
+
+# The shipped rules are loaded once per process and set of files, possibly from a background
+# thread (:func:`warm_up_in_background`) while the caller also needs them: one loads, the
+# other waits.
 _shipped_lock = threading.Lock()
+_shipped: dict[tuple[str, ...], _Base] = {}
 
 
-def _shipped_base() -> _Base:
+def _loaded_superset(presets: tuple[str, ...]) -> _Base | None:
+    """The smallest loaded base holding at least ``presets``' rules (more rules only cost time:
+    a base loaded for the whole model serves its segments)."""
+    fits = [k for k in _shipped if set(presets) <= set(k)]
+    return _shipped[min(fits, key=len)] if fits else None
+
+
+def _shipped_base(presets: tuple[str, ...]) -> _Base:
     with _shipped_lock:
-        return _load_shipped_base()
+        base = _loaded_superset(presets)
+        if base is None:
+            base = _shipped[presets] = _load_shipped_base(presets)
+        return base
 
 
-def warm_up(rules: Sequence[Rule] | None = None) -> float:
+def warm_up(rules: Sequence[Rule] | None = None, pcgs: Sequence[PCG] = ()) -> float:
     """Translates and loads the shipped rules now, if ``rules`` is None and they are not loaded
     yet (once per process; seconds, see the README), so that a caller's time budget for
-    :func:`saturate` can leave that time out. Returns the seconds it took (0 when already done;
-    custom rules are translated by each :func:`saturate` call)."""
-    if rules is not None or _load_shipped_base.cache_info().currsize:
+    :func:`saturate` can leave that time out. ``pcgs``: the PCGs to be saturated, when known:
+    only the rule files that can rewrite them are loaded (:func:`shipped_presets`). Returns
+    the seconds it took (0 when already done; custom rules are translated by each
+    :func:`saturate` call)."""
+    presets = shipped_presets(pcgs)
+    if rules is not None or _loaded_superset(presets) is not None:
         return 0.0
     start = time.perf_counter()
-    _shipped_base()
+    _shipped_base(presets)
     return time.perf_counter() - start
 
 
-def warm_up_in_background(rules: Sequence[Rule] | None = None) -> Future[float]:
+def warm_up_in_background(
+    rules: Sequence[Rule] | None = None, pcgs: Sequence[PCG] = ()
+) -> Future[float]:
     """:func:`warm_up` in a daemon thread; the future gives its seconds, or raises what it
     raised. egglog releases the interpreter lock while it compiles the rules (most of the
     load; reading and translating them holds it), so on a machine with a core to spare the
     load overlaps the caller's own work. Wait for the future before :func:`saturate` with
     ``Budget(isolate=True)``, which forks."""
     done: Future[float] = Future()
-    if rules is not None or _load_shipped_base.cache_info().currsize:
+    if rules is not None or _loaded_superset(shipped_presets(pcgs)) is not None:
         done.set_result(0.0)
         return done
 
     def load() -> None:
         try:
-            done.set_result(warm_up())
+            done.set_result(warm_up(pcgs=pcgs))
         except BaseException as e:  # handed to whoever waits on the future
             done.set_exception(e)
 
@@ -245,9 +276,9 @@ def warm_up_in_background(rules: Sequence[Rule] | None = None) -> Future[float]:
     return done
 
 
-def _base(rules: Sequence[Rule] | None) -> _Base:
+def _base(rules: Sequence[Rule] | None, pcgs: Sequence[PCG]) -> _Base:
     if rules is None:
-        return _shipped_base()
+        return _shipped_base(shipped_presets(pcgs))
     return _Base(language(), rules)
 
 
@@ -343,6 +374,10 @@ def _iteration(eg: egg.EGraph) -> tuple[bool, int]:
 
 #: One PCG to saturate and the seeds equivalent to it (see :func:`saturate`).
 _Problem = tuple[PCG, Sequence[PCG]]
+
+
+def _every_pcg(problems: Sequence[_Problem]) -> list[PCG]:
+    return [p for pcg, seeds in problems for p in (pcg, *seeds)]
 
 
 def _source_prefix(j: int, problems: Sequence[_Problem]) -> str:
@@ -543,7 +578,7 @@ def saturate_together(
         raise TypeError(f"saturate needs a pcgopt.Machine, got {type(machine).__name__}")
     problems: list[_Problem] = list(zip(pcgs, seeds, strict=True))
     budget = budget or Budget()
-    base = _base(rules)
+    base = _base(rules, _every_pcg(problems))
     fit: int | None = None
     reason: StopReason | None = None
     if budget.isolate:
@@ -609,7 +644,7 @@ def saturate_together(
 def _probe_worker(
     problems: Sequence[_Problem], machine: Machine, budget: Budget, rules, conn
 ) -> None:
-    base = _base(rules)
+    base = _base(rules, _every_pcg(problems))
     _start(base, problems, machine, budget)
 
     def report(stats: IterationStats) -> None:

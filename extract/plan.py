@@ -530,7 +530,7 @@ def saturate_and_extract(
     clock = _Clock.start(time_budget_s)
     # The shipped rules load (once per process) on the second core while the layer-wise
     # searches run; saturation waits for them, and its share pays for what is left.
-    rules_loaded = warm_up_in_background(rules)
+    rules_loaded = warm_up_in_background(rules, [pcg])
     phases: dict[str, float] = {}
     input_cost = iteration_cost(pcg, machine, optimizer=optimizer)
 

@@ -509,6 +509,10 @@ class Rule:
         letters = self.letter_sizes() if letters is None else letters
         return {k: d.sizes(letters) for k, d in self.inputs.items()}
 
+    def input_dtypes(self) -> dict[str, DType]:
+        """The element type of each tensor variable (an embedding's indices are integers)."""
+        return {k: d.dtype for k, d in self.inputs.items()}
+
     def __repr__(self) -> str:
         inputs = {k: repr(v) for k, v in self.inputs.items()}
         return (

@@ -2,8 +2,9 @@
 
 ``load()`` returns the shipped rules, every one proved by :func:`pcgopt.verify.verify_rule`
 for all parallel degrees: ``rules.json`` (matrices; ``python -m pcgopt.rules generate``) and
-``rules_transformer.json`` (dense layers, LayerNorm, elementwise operators and attention on
-rank-3 and rank-4 tensors; ``python -m pcgopt.rules generate --preset transformer``). See
+``rules_transformer.json`` (dense layers, LayerNorm, elementwise operators, embedding lookups,
+collectives and attention on rank-3 and rank-4 tensors; ``python -m pcgopt.rules generate
+--preset transformer``). See
 :mod:`pcgopt.rules.generate` for how they are found and :mod:`pcgopt.rules.families` for what
 each preset enumerates.
 

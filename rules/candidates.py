@@ -274,7 +274,12 @@ def generalizes(rule: Rule) -> bool:
     primes = [3, 5, 7, 11, 13, 17, 19, 23]
     letters = {k: primes[i % len(primes)] for i, k in enumerate(rule.letter_sizes())}
     try:
-        logical_ranks((*rule.lhs, *rule.rhs), rule.example_sizes(letters), rule.example_symbols())
+        logical_ranks(
+            (*rule.lhs, *rule.rhs),
+            rule.example_sizes(letters),
+            rule.example_symbols(),
+            rule.input_dtypes(),
+        )
     except (PCGError, RuleError):
         return False
     return True

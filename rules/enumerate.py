@@ -124,6 +124,10 @@ class Config:
     #: at four operators does not finish on a laptop, and its other graphs give nothing new
     #: for such an operator.
     one_op: bool = False
+    #: The parallel operators split, gather and scatter the axes of tensors of this rank
+    #: (None: the highest rank of the data inputs, else 2). An embedding's ids are [B, S] and
+    #: its output [B, S, H]: 3 lets its hidden dimension be split.
+    split_rank: int | None = None
 
     def variants(self) -> list[Variant]:
         """The operator variants, in a fixed order."""
@@ -131,7 +135,7 @@ class Config:
         # Axes of the data tensors: (0, 1) for the default matrices, (0, 1, 2) for 3-D
         # activations (a transformer's [batch, sequence, hidden]).
         data_rank = max((s.shape.rank for s in self.inputs if s.cls == "data"), default=2)
-        axes = tuple(range(data_rank))
+        axes = tuple(range(self.split_rank or data_rank))
         last = axes[-1]
         table = {
             "relu": [Variant("relu")],
@@ -197,17 +201,19 @@ def fingerprint(value: ShardedArray) -> bytes:
     return h.digest()
 
 
-#: Integer inputs (indices) take values below this: every table of a family has more rows.
+#: Integer inputs (ids) take values below this, so a family's tables need at least this many
+#: rows (an out-of-range id is an evaluation error, and the graph is skipped).
 INDEX_LIMIT = 4
 
 
 def input_values(config: Config) -> list[ShardedArray]:
-    """Deterministic integer values for the inputs (partial sums split at random)."""
+    """Deterministic integer values for the inputs (partial sums split at random); integer
+    inputs (ids) are drawn from ``[0, INDEX_LIMIT)``."""
     out = []
     for i, spec in enumerate(config.inputs):
         rng = np.random.default_rng([config.seed, i])
         if spec.shape.dtype.is_integer:
-            # Indices (an embedding's): valid rows of the smallest table the inputs have.
+            # An embedding's ids: rows that every table of a family has.
             value = rng.integers(0, INDEX_LIMIT, size=spec.shape.sizes).astype(np.int64)
         else:
             value = rng.integers(-3, 4, size=spec.shape.sizes).astype(np.int64)

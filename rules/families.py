@@ -18,10 +18,11 @@ rules come from (``layer_norm(partition(x, dim=0), replicate(g), replicate(b)) =
 partition(layer_norm(x, g, b), dim=0)``). The full enumeration of the norm family does not
 finish on a laptop (four inputs, three operators and three split kinds on three axes: after 36
 minutes on 2 cores one of its ten shards had written 308 MB of graphs); its one-operator form
-takes seconds. Not covered yet: ``embedding`` (the verifier draws every tensor as floats, and
-indices must be integers) and ``reshape`` (its parallel structure depends on the sizes, which the
-e-graph translation cannot guard), so a transformer's e-graph reaches the data-parallel and
-Megatron plans only up to its embedding and head reshapes. ``NORM`` and ``ATTENTION`` are the
+takes seconds. The token and position lookups (``embedding`` of integer ids) are a one-operator
+family too, and ``COLLECTIVES`` are the parallel operators alone on [B, S, H] (how one layout
+becomes another). Not covered yet: ``reshape`` (its parallel structure depends on the sizes,
+which the e-graph translation cannot guard), so a transformer's e-graph reaches the
+data-parallel and Megatron plans only up to its head reshapes. ``NORM`` and ``ATTENTION`` are the
 full enumerations, kept so they can be run (``generate(NORM)``).
 """
 
@@ -100,9 +101,46 @@ MATMUL_ONE = Config(
     inputs=(_x("x1", (2, 4, 6)), _x("w1", (6, 6), "weight")),
 )
 
+#: Token and position lookups: integer ids [B, S] into a [vocabulary, H] table (split by the
+#: batch, the sequence, the hidden dimension, or the vocabulary with partial sums).
+EMBEDDING_ONE = Config(
+    one_op=True,
+    ops=("embedding", *_SPLITS),
+    inputs=(
+        InputSpec("i1", "ids", ParallelTensorShape.of((2, 4), "i64")),
+        _x("t1", (4, 6), "weight"),
+    ),
+    split_rank=3,
+)
+
+#: The parallel operators alone on [B, S, H], collectives included: how a layout becomes
+#: another (``all_gather(partition(x, dim=2)) = replicate(x)`` after Megatron's column split).
+COLLECTIVES = Config(
+    max_ops=2,
+    ops=(
+        *_SPLITS,
+        "all_reduce",
+        "all_gather",
+        "reduce_scatter",
+        "discard_copies",
+    ),
+    inputs=(
+        _x("x1", (2, 4, 6)),
+        InputSpec("p1", "partial", ParallelTensorShape.of((2, 4, 6), sum_degree=2)),
+    ),
+)
+
 PRESETS: dict[str, tuple[Config, ...]] = {
     "matrix": (Config(),),
-    "transformer": (LINEAR, LAYER_NORM_ONE, ELEMENTWISE_ONE, ATTENTION_ONE, MATMUL_ONE),
+    "transformer": (
+        LINEAR,
+        LAYER_NORM_ONE,
+        ELEMENTWISE_ONE,
+        ATTENTION_ONE,
+        MATMUL_ONE,
+        EMBEDDING_ONE,
+        COLLECTIVES,
+    ),
 }
 
 #: What a preset's rule names start with (:func:`pcgopt.rules.generate.merge`).

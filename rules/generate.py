@@ -398,12 +398,24 @@ def generate(
     return Generated(rules, verdicts, stats, found_with, verified)
 
 
+def rule_rank(rule: Rule) -> int:
+    """The highest rank of a tensor of ``rule``: its inputs' and what its operators compute
+    (an embedding of [B, S] indices computes [B, S, H])."""
+    from pcgopt.verify.logic import logical_ranks
+
+    ranks = logical_ranks(
+        (*rule.lhs, *rule.rhs), rule.example_sizes(), rule.example_symbols(), rule.input_dtypes()
+    )
+    return max((*ranks.values(), *(d.rank for d in rule.inputs.values())), default=0)
+
+
 def merge(gens: Sequence[Generated], min_rank: int = 0, prefix: str = "") -> Generated:
     """The proved rules of several runs (a preset's families) as one set: each rule once (by
-    canonical text, the first run's), and only rules with a tensor of rank ``min_rank`` or
-    more, named ``prefix`` + their name. Statistics are summed. (A rule's name hashes its
-    untyped text, so the same text at another rank, in another preset's file, has the same
-    name: the prefix keeps the names of every shipped file distinct.)"""
+    canonical text, the first run's), and only rules with a tensor (input or computed, see
+    :func:`rule_rank`) of rank ``min_rank`` or more, named ``prefix`` + their name. Statistics
+    are summed. (A rule's name hashes its untyped text, so the same text at another rank, in
+    another preset's file, has the same name: the prefix keeps the names of every shipped file
+    distinct.)"""
     stats = Stats()
     rules: dict[str, Rule] = {}
     taken: set[str] = set()
@@ -421,7 +433,7 @@ def merge(gens: Sequence[Generated], min_rank: int = 0, prefix: str = "") -> Gen
         # [B, h, S, d] in another) has the same name: the later one gets a suffix.
         renamed: dict[str, str] = {}
         for r in gen.rules:
-            if max((d.rank for d in r.inputs.values()), default=0) >= min_rank:
+            if rule_rank(r) >= min_rank:
                 text = canonical_text(r)
                 if text in rules:
                     continue

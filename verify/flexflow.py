@@ -247,7 +247,12 @@ def _well_formed(rule: Rule) -> bool:
     from pcgopt.verify.logic import logical_ranks
 
     try:
-        logical_ranks((*rule.lhs, *rule.rhs), rule.example_sizes(), rule.example_symbols())
+        logical_ranks(
+            (*rule.lhs, *rule.rhs),
+            rule.example_sizes(),
+            rule.example_symbols(),
+            rule.input_dtypes(),
+        )
     except (PCGError, RuleError):
         return False
     return True

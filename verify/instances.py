@@ -176,7 +176,10 @@ def _logically_valid(rule: Rule, sizes: Mapping[str, tuple[int, ...]], symbols: 
     """Whether both sides are well-formed on these sizes once parallel operators are ignored."""
     from pcgopt.verify.logic import erased_name
 
-    inst = Instance({k: ParallelTensorShape.of(v) for k, v in sizes.items()}, dict(symbols))
+    dtypes = rule.input_dtypes()
+    inst = Instance(
+        {k: ParallelTensorShape.of(v, dtypes[k]) for k, v in sizes.items()}, dict(symbols)
+    )
     for exprs in (rule.lhs, rule.rhs):
         try:
             infer_side(_erase(exprs, erased_name), inst)
@@ -238,7 +241,7 @@ def instances(
 def _z3_instances(rule, lhs, rhs, sizes, fixed, degree_syms, count, seed) -> list[Instance]:
     example = {s: 2 for s in degree_syms} | {k: v for k, v in fixed.items()}
     try:
-        m = new_model(sizes, degree_syms, {k: d.dtype for k, d in rule.inputs.items()})
+        m = new_model(sizes, degree_syms, rule.input_dtypes())
         _, l_valid = side(m, lhs, example, sizes=True)
         _, r_valid = side(m, rhs, example, sizes=True)
     except Unsupported:

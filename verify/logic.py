@@ -147,11 +147,17 @@ def logical_ranks(
     exprs: Sequence[Expr],
     sizes: Mapping[str, tuple[int, ...]],
     symbols: Mapping[str, int | float],
+    dtypes: Mapping[str, DType] | None = None,
 ) -> dict[Expr, int]:
     """The rank of every sub-expression, from the specs' own logical shape inference at the
-    given sizes and symbol values (parallel operators keep the shape). Raises PCGError or
-    RuleError where the terms are not well-formed there."""
-    inst = Instance({k: ParallelTensorShape.of(v) for k, v in sizes.items()}, dict(symbols))
+    given sizes, element types (default f32; :meth:`Rule.input_dtypes`) and symbol values
+    (parallel operators keep the shape). Raises PCGError or RuleError where the terms are not
+    well-formed there."""
+    dtypes = dtypes or {}
+    inst = Instance(
+        {k: ParallelTensorShape.of(v, dtypes.get(k, DType.F32)) for k, v in sizes.items()},
+        dict(symbols),
+    )
     shapes: dict[Expr, tuple[ParallelTensorShape, ...]] = {}
     ranks: dict[Expr, int] = {}
 

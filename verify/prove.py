@@ -139,7 +139,10 @@ class Prover:
         symbols = self._symbols(rule)
         try:
             ranks = logical_ranks(
-                (*rule.lhs, *rule.rhs), rule.example_sizes(), rule.example_symbols()
+                (*rule.lhs, *rule.rhs),
+                rule.example_sizes(),
+                rule.example_symbols(),
+                rule.input_dtypes(),
             )
         except (PCGError, KeyError, TypeError, ValueError):
             return None, ()
@@ -185,7 +188,10 @@ def _axiom_ranks(a: Axiom | SizeAxiom) -> dict:
     sizes = rule.example_sizes()
     for assignment in structural_assignments(rule, sizes, a.parsed_conditions, limit=1):
         return logical_ranks(
-            (*rule.lhs, *rule.rhs), sizes, {**rule.example_symbols(), **assignment}
+            (*rule.lhs, *rule.rhs),
+            sizes,
+            {**rule.example_symbols(), **assignment},
+            rule.input_dtypes(),
         )
     raise ValueError(f"axiom {a.name}: no instance of its declarations is well-formed")
 
@@ -260,7 +266,7 @@ def _shape_obligation(rule: Rule, bounded: bool) -> tuple[z3.Solver, object, tup
     # about the same rule.
     sizes = rule.example_sizes({k: v * SCALE for k, v in rule.letter_sizes().items()})
     example = rule.example_symbols()
-    m = new_model(sizes, sorted(rule.symbols), {k: d.dtype for k, d in rule.inputs.items()})
+    m = new_model(sizes, sorted(rule.symbols), rule.input_dtypes())
     l_out, l_valid = side(m, rule.lhs, example)
     r_out, r_valid = side(m, rule.rhs, example)
     s = z3.Solver()
@@ -348,7 +354,7 @@ def _never_both_well_formed(rule: Rule) -> str | None:
     if s.check() != z3.unsat:
         return None
     sizes = rule.example_sizes({k: v * SCALE for k, v in rule.letter_sizes().items()})
-    m2 = new_model(sizes, sorted(rule.symbols), {k: d.dtype for k, d in rule.inputs.items()})
+    m2 = new_model(sizes, sorted(rule.symbols), rule.input_dtypes())
     _, l_valid = side(m2, rule.lhs, rule.example_symbols())
     s2 = z3.Solver()
     s2.add(m2.positive + l_valid)

@@ -1,7 +1,6 @@
 """Saturation: Unity's Figure 2 plans are found, every extraction is equivalent to the input,
 rules apply only where their other side is well-formed, and budgets are honoured."""
 
-import functools
 import importlib
 import random
 import re
@@ -20,6 +19,7 @@ from pcgopt.egraph import (
     StopReason,
     saturate,
     saturate_together,
+    shipped_presets,
     warm_up_in_background,
 )
 from pcgopt.egraph.language import language
@@ -302,13 +302,14 @@ def test_rules_loaded_in_a_background_thread_serve_saturation_in_this_one(monkey
     # loader thread: the e-graph it creates must work from the caller's thread.
     threads = []
 
-    def load():
+    def load(presets):
         threads.append(threading.current_thread())
         return saturate_module._Base(
             language(), [relu_partition_rule(), introduce_partition_rule()]
         )
 
-    monkeypatch.setattr(saturate_module, "_load_shipped_base", functools.cache(load))
+    monkeypatch.setattr(saturate_module, "_load_shipped_base", load)
+    monkeypatch.setattr(saturate_module, "_shipped", {})
     loading = warm_up_in_background()
     assert loading.result(timeout=60) >= 0
     assert threads and threads[0] is not threading.current_thread()
@@ -319,12 +320,35 @@ def test_rules_loaded_in_a_background_thread_serve_saturation_in_this_one(monkey
 
 
 def test_a_failed_background_load_raises_where_it_is_awaited(monkeypatch):
-    def load():
+    def load(presets):
         raise OSError("rules.json: unreadable")
 
-    monkeypatch.setattr(saturate_module, "_load_shipped_base", functools.cache(load))
+    monkeypatch.setattr(saturate_module, "_load_shipped_base", load)
+    monkeypatch.setattr(saturate_module, "_shipped", {})
     with pytest.raises(OSError, match="unreadable"):
         warm_up_in_background().result(timeout=60)
+
+
+def test_a_rank_2_model_loads_only_the_matrix_rules_and_a_loaded_superset_serves_it(
+    monkeypatch,
+):
+    assert shipped_presets([relu_model(4)]) == ("matrix",)
+    assert shipped_presets([dense_gelu()]) == ("matrix", "transformer")
+    assert shipped_presets() == ("matrix", "transformer")
+    loads = []
+
+    def load(presets):
+        loads.append(presets)
+        return saturate_module._Base(language(), [relu_partition_rule()])
+
+    monkeypatch.setattr(saturate_module, "_load_shipped_base", load)
+    monkeypatch.setattr(saturate_module, "_shipped", {})
+    saturate(dense_gelu(), TWO_GPUS, budget=Budget(iterations=1))
+    saturate(relu_model(4), TWO_GPUS, budget=Budget(iterations=1))
+    assert loads == [("matrix", "transformer")]  # the rank-2 model reuses the larger set
+    monkeypatch.setattr(saturate_module, "_shipped", {})
+    assert warm_up_in_background(pcgs=[relu_model(4)]).result(timeout=60) >= 0
+    assert loads[-1] == ("matrix",)
 
 
 def test_custom_rules_need_no_background_load():
@@ -522,3 +546,56 @@ def test_the_shipped_one_operator_families_parallelize_attention_and_layer_norm(
     assert_equivalent(model(), sat.egraph.to_pcg(sat.egraph.choice_for(model(plan))))
     matrix_only = saturate(model(), TWO_GPUS, rules=load(RULES_FILE), budget=Budget(iterations=3))
     assert not matrix_only.contains(model(plan))
+
+
+VOCAB = 8
+
+
+def token_embedding(plan=None, d=2):
+    """A token lookup, integer ids [batch, sequence] into a [vocabulary, hidden] table, as the
+    model or split: by the batch (``"batch"``, data parallel), the table's rows with partial
+    sums (``"vocabulary"``, Megatron's vocabulary-parallel embedding) or its columns
+    (``"hidden"``)."""
+    b = PCGBuilder()
+    ids = b.input((BS, SEQ), "i64", name="ids", max_value=VOCAB)
+    table = b.weight((VOCAB, HID), name="table")
+    if plan is None:
+        return b.build(b.embedding(ids, table))
+    if plan == "batch":
+        y = b.embedding(b.partition(ids, dim=0, degree=d), b.replicate(table, degree=d))
+        return b.build(b.combine(y, dim=0, degree=d))
+    split = b.partition(table, dim={"vocabulary": 0, "hidden": 1}[plan], degree=d)
+    y = b.embedding(b.replicate(ids, degree=d), split)
+    return b.build(b.reduce(y, degree=d) if plan == "vocabulary" else b.combine(y, dim=2, degree=d))
+
+
+def gathered_dense(d=2):
+    """Megatron's column-parallel dense layer whose output is gathered on every device
+    (``all_gather`` along the hidden dimension), its copies then dropped to give the model's
+    one output."""
+    b = PCGBuilder()
+    x = b.input((BS, SEQ, HID), name="x")
+    w, bias = b.weight((HID, HID), name="w"), b.weight((HID,), name="b")
+    args = (b.replicate(x, degree=d), b.partition(w, dim=1, degree=d))
+    y = b.linear(*args, b.partition(bias, dim=0, degree=d), activation="gelu")
+    return b.build(b.discard_copies(b.all_gather(y, dim=2, degree=d), degree=d))
+
+
+@pytest.mark.parametrize(
+    ("model", "plan"),
+    [
+        (token_embedding, "batch"),
+        (token_embedding, "vocabulary"),
+        (token_embedding, "hidden"),
+        (dense_gelu, "gathered"),
+    ],
+)
+def test_the_shipped_rules_split_an_embedding_and_gather_a_column_split(model, plan):
+    from pcgopt.rules import RULES_FILE, load
+
+    target = gathered_dense() if plan == "gathered" else model(plan)
+    sat = saturate(model(), TWO_GPUS, budget=Budget(iterations=4))
+    assert sat.contains(target)
+    assert_equivalent(model(), sat.egraph.to_pcg(sat.egraph.choice_for(target)))
+    matrix_only = saturate(model(), TWO_GPUS, rules=load(RULES_FILE), budget=Budget(iterations=4))
+    assert not matrix_only.contains(target)

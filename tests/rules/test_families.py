@@ -8,8 +8,15 @@ from pcgopt.ops import get_op
 from pcgopt.rewrite import Var, format_exprs, load_rules
 from pcgopt.rules.candidates import canonical_text
 from pcgopt.rules.enumerate import Config, Enumerator, InputSpec, fingerprint, input_values
-from pcgopt.rules.families import ATTENTION, LINEAR, MIN_RANK, PRESETS
-from pcgopt.rules.generate import generate, merge, rule_file
+from pcgopt.rules.families import (
+    ATTENTION,
+    COLLECTIVES,
+    EMBEDDING_ONE,
+    LINEAR,
+    MIN_RANK,
+    PRESETS,
+)
+from pcgopt.rules.generate import generate, merge, rule_file, rule_rank
 from pcgopt.shapes import ParallelTensorShape
 from pcgopt.sharded import ShardedArray
 
@@ -187,3 +194,48 @@ def test_merging_keeps_the_same_rule_text_at_two_ranks_under_two_names(rank3_run
     assert any(found == {3, 4} for found in ranks.values()), ranks
     # Every kept rule has its own verdict: the file can be written and read back.
     assert len(load_rules(rule_file(merged, RANK3))) == len(merged.rules)
+
+
+@pytest.fixture(scope="module")
+def embedding_run():
+    return generate(EMBEDDING_ONE, workers=1, work_dir=None, timeout=3)
+
+
+def test_the_embedding_family_splits_ids_by_batch_and_the_table_by_vocabulary_or_hidden(
+    embedding_run,
+):
+    texts = {f"{format_exprs(r.lhs)} => {format_exprs(r.rhs)}" for r in embedding_run.rules}
+    batch = (
+        "embedding(partition(x1, dim=0, degree=k), replicate(x2, degree=k)) => "
+        "partition(embedding(x1, x2), dim=0, degree=k)"
+    )
+    hidden = (
+        "embedding(replicate(x1, degree=k), partition(x2, dim=1, degree=k)) => "
+        "partition(embedding(x1, x2), dim=2, degree=k)"
+    )
+    # Each shard of the vocabulary looks up the rows it holds: partial sums.
+    vocabulary = (
+        "reduce(embedding(replicate(x1, degree=k), partition(x2, dim=0, degree=k)), "
+        "degree=k) => embedding(x1, x2)"
+    )
+    assert {batch, hidden, vocabulary} <= texts, sorted(texts)
+    assert embedding_run.stats.refuted == 0 and embedding_run.stats.unknown == 0
+    assert all(repr(r.inputs["x1"]).startswith("i64[") for r in embedding_run.rules)
+
+
+def test_a_rule_counts_the_rank_of_what_it_computes(embedding_run):
+    # The ids and the table are matrices, the lookup is [B, S, H]: the transformer preset keeps
+    # the embedding's rules although no input has rank 3.
+    assert all(max(d.rank for d in r.inputs.values()) == 2 for r in embedding_run.rules)
+    assert all(rule_rank(r) == 3 for r in embedding_run.rules)
+    assert len(merge([embedding_run], MIN_RANK["transformer"]).rules) == len(embedding_run.rules)
+
+
+def test_the_collectives_family_gathers_a_column_split_activation():
+    gen = generate(COLLECTIVES, workers=1, work_dir=None, timeout=3)
+    texts = {f"{format_exprs(r.lhs)} => {format_exprs(r.rhs)}" for r in gen.rules}
+    assert (
+        "all_gather(partition(x1, dim=2, degree=k), dim=2, degree=k) => replicate(x1, degree=k)"
+        in texts
+    ), sorted(texts)
+    assert gen.stats.refuted == 0

@@ -6,6 +6,7 @@ import pytest
 from pcgopt.rules import RULES_FILE, SHIPPED, load, load_records
 from pcgopt.rules.candidates import kind
 from pcgopt.rules.families import MIN_RANK
+from pcgopt.rules.generate import rule_rank
 from pcgopt.verify.instances import compare, instances
 
 RECORDS = load_records() if all(p.exists() for p in SHIPPED.values()) else []
@@ -23,15 +24,28 @@ def test_the_shipped_files_exist_and_load():
 
 
 def test_each_preset_ships_the_ranks_it_is_for():
-    def rank(rule):
-        return max(d.rank for d in rule.inputs.values())
-
-    # The matrix set is typed on ranks 1 and 2; the other presets keep only higher ranks, so no
-    # rule is shipped twice.
-    assert max(rank(r) for r in load(RULES_FILE)) == 2
+    # The matrix set's tensors have ranks 1 and 2; the other presets keep only rules with a
+    # tensor of higher rank (an embedding's output counts), so no rule is shipped twice.
+    assert max(rule_rank(r) for r in load(RULES_FILE)) == 2
     for preset, path in SHIPPED.items():
         if path != RULES_FILE:
-            assert all(rank(r) >= MIN_RANK[preset] > 2 for r in load(path)), preset
+            assert all(rule_rank(r) >= MIN_RANK[preset] > 2 for r in load(path)), preset
+
+
+def test_every_rule_of_a_higher_preset_needs_a_tensor_of_its_rank_on_each_side():
+    # What lets a model without such a tensor saturate without that file (egraph's
+    # shipped_presets): neither direction of the rule can match there.
+    from pcgopt.verify.logic import logical_ranks
+
+    for preset, path in SHIPPED.items():
+        if MIN_RANK[preset] <= 2:
+            continue
+        for rule in load(path):
+            for side in (rule.lhs, rule.rhs):
+                ranks = logical_ranks(
+                    side, rule.example_sizes(), rule.example_symbols(), rule.input_dtypes()
+                )
+                assert max(ranks.values()) >= MIN_RANK[preset], (preset, rule.name, side)
 
 
 def test_every_shipped_rule_was_proved_for_all_degrees():
