@@ -206,7 +206,8 @@ def shipped_presets(pcgs: Sequence[PCG] = ()) -> tuple[str, ...]:
 
     if not pcgs:
         return tuple(SHIPPED)
-    rank = max(s.rank for pcg in pcgs for n in pcg.nodes for s in pcg.output_shapes(n.name))
+    ranks = (s.rank for pcg in pcgs for n in pcg.nodes for s in pcg.output_shapes(n.name))
+    rank = max(ranks, default=0)
     return tuple(p for p in SHIPPED if MIN_RANK[p] <= rank)
 
 
