@@ -269,17 +269,12 @@ def generalizes(rule: Rule) -> bool:
     different prime): a candidate that is well-formed only because 2 + 2 = 4 there does not
     generalize, and is not worth verifying."""
     from pcgopt.errors import PCGError
-    from pcgopt.verify.logic import logical_ranks
+    from pcgopt.verify.logic import rule_ranks
 
     primes = [3, 5, 7, 11, 13, 17, 19, 23]
     letters = {k: primes[i % len(primes)] for i, k in enumerate(rule.letter_sizes())}
     try:
-        logical_ranks(
-            (*rule.lhs, *rule.rhs),
-            rule.example_sizes(letters),
-            rule.example_symbols(),
-            rule.input_dtypes(),
-        )
+        rule_ranks(rule, sizes=rule.example_sizes(letters))
     except (PCGError, RuleError):
         return False
     return True

@@ -401,12 +401,9 @@ def generate(
 def rule_rank(rule: Rule) -> int:
     """The highest rank of a tensor of ``rule``: its inputs' and what its operators compute
     (an embedding of [B, S] indices computes [B, S, H])."""
-    from pcgopt.verify.logic import logical_ranks
+    from pcgopt.verify.logic import rule_ranks
 
-    ranks = logical_ranks(
-        (*rule.lhs, *rule.rhs), rule.example_sizes(), rule.example_symbols(), rule.input_dtypes()
-    )
-    return max((*ranks.values(), *(d.rank for d in rule.inputs.values())), default=0)
+    return max(rule_ranks(rule).values(), default=0)  # the input variables included
 
 
 def merge(gens: Sequence[Generated], min_rank: int = 0, prefix: str = "") -> Generated:

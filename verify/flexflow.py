@@ -244,15 +244,10 @@ def translate_rule(record: Mapping[str, Any]) -> Rule:
 def _well_formed(rule: Rule) -> bool:
     """Whether both sides are logically well-formed at the rule's example sizes."""
     from pcgopt.errors import PCGError
-    from pcgopt.verify.logic import logical_ranks
+    from pcgopt.verify.logic import rule_ranks
 
     try:
-        logical_ranks(
-            (*rule.lhs, *rule.rhs),
-            rule.example_sizes(),
-            rule.example_symbols(),
-            rule.input_dtypes(),
-        )
+        rule_ranks(rule)
     except (PCGError, RuleError):
         return False
     return True

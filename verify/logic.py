@@ -25,6 +25,7 @@ from pcgopt.rewrite import (
     Expr,
     Instance,
     Prod,
+    Rule,
     SizeOf,
     Sum,
     Sym,
@@ -181,3 +182,21 @@ def logical_ranks(
     for e in exprs:
         go(e)
     return ranks
+
+
+def rule_ranks(
+    rule: Rule,
+    exprs: Sequence[Expr] | None = None,
+    *,
+    sizes: Mapping[str, tuple[int, ...]] | None = None,
+    symbols: Mapping[str, int | float] | None = None,
+) -> dict[Expr, int]:
+    """:func:`logical_ranks` of ``exprs`` (default: both sides of ``rule``) at the rule's example
+    sizes (or ``sizes``), its example symbol values (:meth:`Rule.example_symbols`, updated with
+    ``symbols``) and its inputs' element types."""
+    return logical_ranks(
+        (*rule.lhs, *rule.rhs) if exprs is None else exprs,
+        rule.example_sizes() if sizes is None else sizes,
+        {**rule.example_symbols(), **(symbols or {})},
+        rule.input_dtypes(),
+    )

@@ -37,7 +37,7 @@ from pcgopt.rewrite import Instance, Rule, Term, infer_side, int_symbols, real_s
 from pcgopt.shapes import ParallelTensorShape
 from pcgopt.verify.axioms import AXIOMS, Axiom, SizeAxiom
 from pcgopt.verify.instances import SCALE, compare, instances, structural_assignments
-from pcgopt.verify.logic import SIZE, TENSOR, Encoder, logical_ranks
+from pcgopt.verify.logic import SIZE, TENSOR, Encoder, rule_ranks
 from pcgopt.verify.shapes import Unsupported, new_model, side
 
 Status = Literal["proved", "refuted", "unknown"]
@@ -138,12 +138,7 @@ class Prover:
         tensors = {v: z3.Const(v, TENSOR) for v in rule.inputs}
         symbols = self._symbols(rule)
         try:
-            ranks = logical_ranks(
-                (*rule.lhs, *rule.rhs),
-                rule.example_sizes(),
-                rule.example_symbols(),
-                rule.input_dtypes(),
-            )
+            ranks = rule_ranks(rule)
         except (PCGError, KeyError, TypeError, ValueError):
             return None, ()
         self.encoder.erased.clear()
@@ -187,12 +182,7 @@ def _axiom_ranks(a: Axiom | SizeAxiom) -> dict:
     rule = a.rule
     sizes = rule.example_sizes()
     for assignment in structural_assignments(rule, sizes, a.parsed_conditions, limit=1):
-        return logical_ranks(
-            (*rule.lhs, *rule.rhs),
-            sizes,
-            {**rule.example_symbols(), **assignment},
-            rule.input_dtypes(),
-        )
+        return rule_ranks(rule, sizes=sizes, symbols=assignment)
     raise ValueError(f"axiom {a.name}: no instance of its declarations is well-formed")
 
 

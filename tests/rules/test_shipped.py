@@ -35,16 +35,14 @@ def test_each_preset_ships_the_ranks_it_is_for():
 def test_every_rule_of_a_higher_preset_needs_a_tensor_of_its_rank_on_each_side():
     # What lets a model without such a tensor saturate without that file (egraph's
     # shipped_presets): neither direction of the rule can match there.
-    from pcgopt.verify.logic import logical_ranks
+    from pcgopt.verify.logic import rule_ranks
 
     for preset, path in SHIPPED.items():
         if MIN_RANK[preset] <= 2:
             continue
         for rule in load(path):
             for side in (rule.lhs, rule.rhs):
-                ranks = logical_ranks(
-                    side, rule.example_sizes(), rule.example_symbols(), rule.input_dtypes()
-                )
+                ranks = rule_ranks(rule, side)
                 assert max(ranks.values()) >= MIN_RANK[preset], (preset, rule.name, side)
 
 
