@@ -33,11 +33,13 @@ from pcgopt.errors import PCGError
 from pcgopt.ops import OpKind, Params, get_op
 from pcgopt.ops.parallel import ParallelOp, StackPartial
 from pcgopt.ops.params import ParamType
-from pcgopt.ops.spec import AxisKind, ComputeOp
+from pcgopt.ops.spec import AxisKind, ComputeOp, SizeRelation
 from pcgopt.rewrite import (
+    SYMBOLIC,
     Expr,
     Instance,
     Prod,
+    Quot,
     Rule,
     RuleError,
     SizeOf,
@@ -117,6 +119,13 @@ class Guard:
             raise NeverApplies(f"{a} != {b}")
         self.add(f"(= {a} {b})")
 
+    def not_equal(self, a: str, b: str) -> None:
+        ca, cb = _const(a), _const(b)
+        if a == b or (ca is not None and ca == cb):
+            raise NeverApplies(f"{a} == {b}")
+        if ca is None or cb is None:
+            self.add(f"(!= {a} {b})")
+
     def divides(self, d: str, n: str) -> None:
         """``d`` divides ``n``."""
         cd, cn = _const(d), _const(n)
@@ -189,15 +198,16 @@ def _infer_compute(
     """The outputs' symbolic shapes from the operator's signature. An output dimension that
     belongs to an axis has the size of that axis's input dimension (whatever the ranks); only
     dimensions outside every axis ask ``size_of(output, dim)``."""
-    if spec.size_dependent_signature:
+    in_sizes = tuple(s.sizes for s in logical_in)
+    out_sizes = tuple(s.sizes for s in logical_out)
+    conditions = spec.signature_conditions(params, in_sizes, out_sizes)
+    if conditions is None:
         raise Untranslatable(f"{spec.name}'s parallel structure depends on its sizes")
-    sig = spec.signature(
-        params, tuple(s.sizes for s in logical_in), tuple(s.sizes for s in logical_out)
-    )
+    sig = spec.signature(params, in_sizes, out_sizes)
     degrees: dict[str, str] = {}
     covered: list[set[int]] = [set() for _ in ins]
     for ax in sig.axes:
-        if ax.size is not None:
+        if ax.size is not None and not conditions:
             raise Untranslatable(f"{spec.name}'s {ax.name!r} axis has a size of its own")
         degree: str | None = None
         for i, dim in enumerate(ax.inputs):
@@ -247,10 +257,16 @@ def _infer_compute(
             if o < len(ax.outputs) and ax.outputs[o] is not None:
                 degs[ax.outputs[o]] = degrees[ax.name]
                 i = next((i for i, dim in enumerate(ax.inputs) if dim is not None), None)
-                if i is not None:
+                if i is not None and ax.size is None:
                     sizes[ax.outputs[o]] = ins[i].sizes[ax.inputs[i]]
         filled = [size if size is not None else size_of(o, d) for d, size in enumerate(sizes)]
+        for ax in sig.axes:
+            # An axis with a size of its own (a reshape's run: heads of a hidden dimension)
+            # has the gcd of its dimensions' sizes: its degree divides the output's as well.
+            if ax.size is not None and o < len(ax.outputs) and ax.outputs[o] is not None:
+                g.divides(degrees[ax.name], filled[ax.outputs[o]])
         outs.append(SymShape(filled, degs, copies or "1", out_sum, out.dtype.value))
+    size_conditions(conditions, [s.sizes for s in ins], [s.sizes for s in outs], g)
     return outs
 
 
@@ -318,13 +334,40 @@ def _egg_int(v: Any, sizes: Mapping[str, str]) -> str:
         for p in parts[1:]:
             out = f"(+ {out} {p})"
         return out
+    if isinstance(v, Quot):
+        # Exact wherever the term is well-formed; a new side's guards check that it is.
+        return div(_egg_int(v.num, sizes), _egg_int(v.den, sizes))
     raise Untranslatable(f"unsupported parameter value {v!r}")
 
 
 def _is_symbolic(v: Any) -> bool:
     if isinstance(v, tuple):
         return any(_is_symbolic(x) for x in v)
-    return isinstance(v, Sym | SizeOf | Prod | Sum)
+    return isinstance(v, SYMBOLIC)
+
+
+def size_conditions(
+    conditions: Sequence[SizeRelation],
+    in_sizes: Sequence[Sequence[str]],
+    out_sizes: Sequence[Sequence[str]],
+    g: Guard,
+) -> None:
+    """Guards that an operator's sizes satisfy ``conditions`` (see
+    :meth:`~pcgopt.ops.spec.ComputeOp.signature_conditions`), sizes as egglog expressions."""
+
+    def prod(refs) -> str:
+        return product([(in_sizes if s == "in" else out_sizes)[t][d] for s, t, d in refs])
+
+    for c in conditions:
+        a = prod(c.left)
+        if c.kind == "ge2":
+            g.at_least(a, 2)
+        elif c.kind == "is1":
+            g.equal(a, "1")
+        elif c.kind == "eq":
+            g.equal(a, prod(c.right))
+        else:
+            g.not_equal(a, prod(c.right))
 
 
 def _full_params(term: Term) -> dict[str, Any]:
@@ -366,6 +409,8 @@ class _Builder:
         self.sizes = {x: f"s_{x}" for x in self.pattern_vars}
         self.fresh = 0
         self.matched_symbols: set[str] = set()
+        #: Pattern parameter entries to check equal to their expressions: (entry, value).
+        self.checks: list[tuple[str, Any]] = []
         # Example sizes fix ranks and each compute operator's signature structure, which for
         # operators whose signature does not depend on sizes holds at every size.
         letters = rule.letter_sizes()
@@ -408,9 +453,17 @@ class _Builder:
                 bound = self.var()
                 self.query.append(f"(= {bound} {encode_param(ptype, value, where)})")
                 return bound
+            # Symbols are bound from the vector's entries (a reshape's ``parts``); the other
+            # entries are checked once everything they mention is bound.
             bound = self.var()
-            items = " ".join(_egg_int(v, self.sizes) for v in value)
-            self.query.append(f"(= {bound} (vec-of {items}))")
+            self.query.append(f"(= {len(value)} (vec-length {bound}))")
+            for i, v in enumerate(value):
+                item = f"(vec-get {bound} {i})"
+                if isinstance(v, Sym) and v.name not in self.matched_symbols:
+                    self.matched_symbols.add(v.name)
+                    self.query.append(f"(= k_{v.name} {item})")
+                else:
+                    self.checks.append((item, v))
             return bound
         if isinstance(value, Sym):
             if value.name not in self.matched_symbols:
@@ -440,6 +493,39 @@ class _Builder:
         parts += [self.param_pattern(e, p.type, params[p.name]) for p in spec.params]
         call = "(" + " ".join(parts) + ")"
         return f"(out {call} {e.index})" if c.returns == "TT" else call
+
+    def pattern_structure(self) -> None:
+        """Guards that the matched side's operators whose parallel structure depends on sizes
+        have the structure they have at the example (the new side's are guarded as derived)."""
+        for e in {t for p in self.pattern for t in walk(p) if isinstance(t, Term)}:
+            spec = get_op(e.op)
+            if not (isinstance(spec, ComputeOp) and spec.size_dependent_signature):
+                continue
+            logical_in = tuple(
+                self.logical(a)[a.index if isinstance(a, Term) else 0] for a in e.args
+            )
+            params = concrete_params(e, self.inst, logical_in)
+            out_logical = self.logical(e)
+            conditions = spec.signature_conditions(
+                params, tuple(s.sizes for s in logical_in), tuple(s.sizes for s in out_logical)
+            )
+            if conditions is None:
+                raise Untranslatable(f"{e.op}'s parallel structure depends on its sizes")
+            try:
+                ins = [
+                    [_egg_int(size_expr(a, d), self.sizes) for d in range(s.rank)]
+                    for a, s in zip(e.args, logical_in, strict=True)
+                ]
+                outs = [
+                    [
+                        _egg_int(size_expr(Term(e.op, e.args, e.params, o), d), self.sizes)
+                        for d in range(s.rank)
+                    ]
+                    for o, s in enumerate(out_logical)
+                ]
+            except (RuleError, KeyError) as err:
+                raise Untranslatable(f"no symbolic sizes around {e.op}: {err}") from None
+            size_conditions(conditions, ins, outs, self.guard)
 
     # -- new side ----------------------------------------------------------------------------------
 
@@ -483,6 +569,9 @@ class _Builder:
                 else:
                     letters[dim] = size
                     self.guard.at_least(size, 2)
+        for item, v in self.checks:
+            self.guard.equal(item, _egg_int(v, self.sizes))
+        self.pattern_structure()
         bound_symbols = symbols_of(self.pattern)
         for s in sorted(symbols_of(self.result) - bound_symbols):
             self.query.append(f"(legal k_{s})")

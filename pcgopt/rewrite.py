@@ -95,7 +95,22 @@ class Sum:
         return " + ".join(f"({t!r})" if isinstance(t, Sum) else repr(t) for t in self.terms)
 
 
-IntExpr = int | Sym | SizeOf | Prod | Sum
+@dataclass(frozen=True, slots=True)
+class Quot:
+    """An exact quotient ``n/d``: a reshape that splits a dimension into ``parts`` pieces keeps
+    ``size(x, 2)/parts`` in each. Where ``d`` does not divide ``n`` the term is ill-formed."""
+
+    num: IntExpr
+    den: IntExpr
+
+    def __repr__(self) -> str:
+        # Parenthesized, so that it reads back as one factor inside a product.
+        return f"({self.num!r}/{self.den!r})"
+
+
+IntExpr = int | Sym | SizeOf | Prod | Sum | Quot
+#: The integer expression types that are not plain integers.
+SYMBOLIC = (Sym, SizeOf, Prod, Sum, Quot)
 
 
 def int_symbols(value: Any) -> Iterator[str]:
@@ -107,6 +122,9 @@ def int_symbols(value: Any) -> Iterator[str]:
     elif isinstance(value, Prod | Sum):
         for f in value.factors if isinstance(value, Prod) else value.terms:
             yield from int_symbols(f)
+    elif isinstance(value, Quot):
+        yield from int_symbols(value.num)
+        yield from int_symbols(value.den)
     elif isinstance(value, tuple):
         for v in value:
             yield from int_symbols(v)
@@ -128,6 +146,11 @@ def resolve(value: Any, symbols: Mapping[str, int], sizes: Mapping[str, tuple[in
         return math.prod(resolve(f, symbols, sizes) for f in value.factors)
     if isinstance(value, Sum):
         return sum(resolve(t, symbols, sizes) for t in value.terms)
+    if isinstance(value, Quot):
+        num, den = resolve(value.num, symbols, sizes), resolve(value.den, symbols, sizes)
+        if den <= 0 or num % den:
+            raise RuleError(f"{value!r} is not a whole number ({num}/{den})")
+        return num // den
     if isinstance(value, tuple):
         return tuple(resolve(v, symbols, sizes) for v in value)
     return value
@@ -340,6 +363,8 @@ def _value(node: ast.AST, text: str) -> Any:
         for f in (left, right):
             factors.extend(f.factors if isinstance(f, Prod) else (f,))
         return Prod(tuple(factors))
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        return Quot(_value(node.left, text), _value(node.right, text))
     if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
         left, right = _value(node.left, text), _value(node.right, text)
         terms = []
@@ -555,9 +580,7 @@ def _check_term(term: Term, rule: str) -> None:
         raise RuleError(f"rule {rule!r}: {term.op} has no parameter(s) {unknown}")
     for p in spec.params:
         v = term.params.get(p.name)
-        if p.type in (ParamType.BOOL, ParamType.STR, ParamType.DTYPE) and isinstance(
-            v, Sym | SizeOf | Prod | Sum
-        ):
+        if p.type in (ParamType.BOOL, ParamType.STR, ParamType.DTYPE) and isinstance(v, SYMBOLIC):
             raise RuleError(f"rule {rule!r}: {term.op}.{p.name} must be a constant, got {v!r}")
 
 
@@ -683,6 +706,8 @@ def size_expr(expr: Expr, dim: int) -> IntExpr:
         if dim == expr.params["axis"]:
             return expr.params["sizes"][expr.index]
         return size_expr(expr.args[0], dim)
+    if expr.op == "reshape":
+        return expr.params["shape"][dim]
     raise RuleError(f"no symbolic size for {expr.op}")
 
 

@@ -15,25 +15,33 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from pcgopt.ops import OPERATORS, ParallelOp
+from pcgopt.ops.layout import reshape_groups
 from pcgopt.ops.parallel import StackPartial
 from pcgopt.ops.params import ParamType
 from pcgopt.rewrite import (
     Expr,
     Instance,
+    IntExpr,
+    Prod,
+    Quot,
     Rule,
     RuleError,
+    Sum,
     Sym,
     TensorDecl,
     Term,
     Var,
     format_exprs,
+    infer_side,
+    int_symbols,
     rename_vars,
     size_expr,
     tensor_vars,
@@ -160,6 +168,10 @@ def lift(
     example = {letters[v, d]: n for v in used for d, n in enumerate(shapes[v].sizes)}
     memo: dict[Expr, Expr] = {}
     floats: dict[str, dict[float, Sym]] = {}
+    inst, _ = instance_of(config)
+
+    def logical_sizes(e: Expr) -> tuple[int, ...]:
+        return infer_side((e,), inst)[0].sizes
 
     def go(e: Expr) -> Expr:
         if isinstance(e, Var):
@@ -172,6 +184,8 @@ def lift(
             params["degree"] = Sym("k")
         if e.op == "split":
             params["sizes"] = _split_sizes(e, args)
+        if e.op == "reshape":
+            params["shape"] = _reshape_shape(e, args[0], logical_sizes(e.args[0]))
         for p in OPERATORS[e.op].params:
             if p.type is ParamType.FLOAT and p.lifted and isinstance(params.get(p.name), float):
                 # A scale factor or a dropout rate is the enumeration's choice, not the
@@ -264,6 +278,35 @@ def _split_sizes(e: Term, lifted_args: tuple[Expr, ...]):
     return e.params["sizes"]
 
 
+def _reshape_shape(e: Term, lifted_arg: Expr, in_sizes: tuple[int, ...]) -> tuple:
+    """A reshape's target shape in terms of its input's sizes, run by run (see
+    :func:`~pcgopt.ops.layout.reshape_groups`): a dimension kept is its size, dimensions merged
+    are the product of theirs, and a dimension split into several is cut by symbols, ``parts``
+    (the number of heads, say) and the rest, ``size(x, 2)/parts``. Entries no such rule
+    explains stay concrete."""
+    shape = tuple(e.params["shape"])
+    out: list = list(shape)
+    counter = itertools.count(1)
+    try:
+        for ga, gb in reshape_groups(in_sizes, shape):
+            if not ga or not gb:
+                continue
+            sizes = [size_expr(lifted_arg, d) for d in ga]
+            if len(gb) == 1:
+                out[gb[0]] = sizes[0] if len(sizes) == 1 else Prod(tuple(sizes))
+            elif len(ga) == 1:
+                syms = [
+                    Sym("parts" + (str(i) if i > 1 else ""))
+                    for i in itertools.islice(counter, len(gb) - 1)
+                ]
+                for j, sym in zip(gb[:-1], syms, strict=True):
+                    out[j] = sym
+                out[gb[-1]] = Quot(sizes[0], syms[0] if len(syms) == 1 else Prod(tuple(syms)))
+    except RuleError:
+        return shape
+    return tuple(out)
+
+
 def generalizes(rule: Rule) -> bool:
     """Whether both sides are well-formed at sizes unrelated to the enumeration's (each letter a
     different prime): a candidate that is well-formed only because 2 + 2 = 4 there does not
@@ -272,12 +315,36 @@ def generalizes(rule: Rule) -> bool:
     from pcgopt.verify.logic import rule_ranks
 
     primes = [3, 5, 7, 11, 13, 17, 19, 23]
-    letters = {k: primes[i % len(primes)] for i, k in enumerate(rule.letter_sizes())}
+    # Sizes a symbol divides (a reshape's ``size(x, 2)/parts``) are multiples of its value.
+    divisors = rule.example_symbols()
+    scale = math.prod(divisors[s] for s in _divisor_symbols((*rule.lhs, *rule.rhs)))
+    letters = {k: scale * primes[i % len(primes)] for i, k in enumerate(rule.letter_sizes())}
     try:
         rule_ranks(rule, sizes=rule.example_sizes(letters))
     except (PCGError, RuleError):
         return False
     return True
+
+
+def _divisor_symbols(exprs: Iterable[Expr]) -> set[str]:
+    def dens(v) -> Iterator[IntExpr]:
+        if isinstance(v, Quot):
+            yield v.den
+            yield from dens(v.num)
+        elif isinstance(v, tuple):
+            for x in v:
+                yield from dens(x)
+        elif isinstance(v, Prod | Sum):
+            for x in v.factors if isinstance(v, Prod) else v.terms:
+                yield from dens(x)
+
+    return {
+        name
+        for t in _terms(exprs)
+        for v in t.params.values()
+        for d in dens(v)
+        for name in int_symbols(d)
+    }
 
 
 def kind(rule: Rule) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from pcgopt.rewrite import Expr, Instance, Rule, RuleError, SizeOf, Sum, Term, resolve
+from pcgopt.rewrite import SYMBOLIC, Expr, Instance, Rule, RuleError, Term, resolve
 from pcgopt.rules.candidates import canonical_text
 from pcgopt.rules.enumerate import fingerprint
 from pcgopt.rules.rewriting import Evaluator, Implication, RuleIndex
@@ -32,7 +32,7 @@ def concrete(exprs: tuple[Expr, ...], inst: Instance) -> tuple[Expr, ...]:
     def value(v):
         if isinstance(v, tuple):
             return tuple(value(x) for x in v)
-        if isinstance(v, SizeOf | Sum) or type(v).__name__ in ("Sym", "Prod"):
+        if isinstance(v, SYMBOLIC):
             return resolve(v, inst.symbols, inst.sizes())
         return v
 

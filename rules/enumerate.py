@@ -150,6 +150,8 @@ class Config:
                 Variant("reshape", (("shape", "heads"),)),
                 Variant("reshape", (("shape", "merge"),)),
             ],
+            "reshape_split": [Variant("reshape", (("shape", "heads"),))],
+            "reshape_merge": [Variant("reshape", (("shape", "merge"),))],
             "scale": [Variant("scale", (("factor", 0.5),))],
             "add": [Variant("add")],
             "mul": [Variant("mul")],

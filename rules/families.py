@@ -20,9 +20,11 @@ finish on a laptop (four inputs, three operators and three split kinds on three 
 minutes on 2 cores one of its ten shards had written 308 MB of graphs); its one-operator form
 takes seconds. The token and position lookups (``embedding`` of integer ids) are a one-operator
 family too, and ``COLLECTIVES`` are the parallel operators alone on [B, S, H] (how one layout
-becomes another). Not covered yet: ``reshape`` (its parallel structure depends on the sizes,
-which the e-graph translation cannot guard), so a transformer's e-graph reaches the
-data-parallel and Megatron plans only up to its head reshapes. ``NORM`` and ``ATTENTION`` are the
+becomes another). The attention heads' reshapes are two one-operator families, their target
+shapes lifted to the input's sizes and a symbol for the number of heads (``parts``); a
+reshape's parallel structure depends on its sizes, so the verifier reads it at the example and
+the e-graph guards the size relations under which it is the same
+(:meth:`~pcgopt.ops.spec.ComputeOp.signature_conditions`). ``NORM`` and ``ATTENTION`` are the
 full enumerations, kept so they can be run (``generate(NORM)``).
 """
 
@@ -130,6 +132,20 @@ COLLECTIVES = Config(
     ),
 )
 
+#: Attention's head reshapes, one operator: [B, S, H] -> [B, S, heads, H/heads] (the number of
+#: heads a symbol, ``parts``) and [B, S, h, d] -> [B, S, h*d] back, with the splits that pass
+#: through them (the batch, the sequence, and the hidden dimension as whole heads).
+RESHAPE_SPLIT_ONE = Config(
+    one_op=True,
+    ops=("reshape_split", *_SPLITS),
+    inputs=(_x("x1", (2, 4, 8)),),
+)
+RESHAPE_MERGE_ONE = Config(
+    one_op=True,
+    ops=("reshape_merge", *_SPLITS),
+    inputs=(_x("x1", (2, 4, 2, 4)),),
+)
+
 PRESETS: dict[str, tuple[Config, ...]] = {
     "matrix": (Config(),),
     "transformer": (
@@ -140,6 +156,8 @@ PRESETS: dict[str, tuple[Config, ...]] = {
         MATMUL_ONE,
         EMBEDDING_ONE,
         COLLECTIVES,
+        RESHAPE_SPLIT_ONE,
+        RESHAPE_MERGE_ONE,
     ),
 }
 

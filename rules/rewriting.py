@@ -23,9 +23,11 @@ from dataclasses import dataclass, field
 from pcgopt.errors import PCGError
 from pcgopt.ops import get_op
 from pcgopt.rewrite import (
+    SYMBOLIC,
     Expr,
     Instance,
     Prod,
+    Quot,
     SizeOf,
     Sum,
     Sym,
@@ -118,7 +120,7 @@ def _match_value(p, v, b: Binding) -> bool:
             and len(p) == len(v)
             and all(_match_value(a, c, b) for a, c in zip(p, v, strict=True))
         )
-    if isinstance(p, SizeOf | Prod | Sum):
+    if isinstance(p, SizeOf | Prod | Sum | Quot):
         value = _int_value(p, b)
         return value is not None and value == v
     return p == v
@@ -138,6 +140,11 @@ def _int_value(p, b: Binding) -> int | None:
         if any(x is None for x in parts):
             return None
         return math.prod(parts) if isinstance(p, Prod) else sum(parts)
+    if isinstance(p, Quot):
+        num, den = _int_value(p.num, b), _int_value(p.den, b)
+        if num is None or not den or num % den:
+            return None
+        return num // den
     return None
 
 
@@ -168,7 +175,7 @@ def _concrete_value(v, b: Binding):
     if isinstance(v, tuple):
         out = tuple(_concrete_value(x, b) for x in v)
         return _UNKNOWN if any(x is _UNKNOWN for x in out) else out
-    if isinstance(v, Sym | SizeOf | Prod | Sum):
+    if isinstance(v, SYMBOLIC):
         value = _int_value(v, b)
         return _UNKNOWN if value is None else value
     return v

@@ -27,6 +27,7 @@ from pcgopt.rewrite import (
     Instance,
     IntExpr,
     Prod,
+    Quot,
     Rule,
     RuleError,
     SizeOf,
@@ -91,6 +92,8 @@ def substitute(exprs: tuple[Expr, ...], values: Mapping[str, int | float]) -> tu
             return Prod(tuple(sub_value(f) for f in v.factors))
         if isinstance(v, Sum):
             return Sum(tuple(sub_value(t) for t in v.terms))
+        if isinstance(v, Quot):
+            return Quot(sub_value(v.num), sub_value(v.den))
         return v
 
     def go(e: Expr) -> Expr:

@@ -25,6 +25,7 @@ from pcgopt.rewrite import (
     Expr,
     Instance,
     Prod,
+    Quot,
     Rule,
     SizeOf,
     Sum,
@@ -141,6 +142,9 @@ class Encoder:
             for t in v.terms:
                 out = out + self._int(t, tensors, symbols)
             return out
+        if isinstance(v, Quot):
+            # Exact where the term is well-formed, which is all a rule speaks about.
+            return self._int(v.num, tensors, symbols) / self._int(v.den, tensors, symbols)
         raise ValueError(f"no Z3 encoding for integer parameter {v!r}")
 
 

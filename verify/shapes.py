@@ -5,7 +5,11 @@ partial sums; every operator adds the constraints under which it is well-formed 
 outputs. The constraints come from the specs themselves: a compute operator's
 :class:`~pcgopt.ops.Signature` (read at the rule's example sizes, which fix which dimensions
 each loop axis indexes) and a parallel operator's primitive steps. Nothing about an individual
-operator is written here.
+operator is written here. An operator whose structure depends on more than that (a reshape's
+runs) is modelled where it states the size relations that keep its structure
+(:meth:`~pcgopt.ops.spec.ComputeOp.signature_conditions`): the proof holds where they do, and
+the e-graph applies a rule only there; its axis sizes are the example's, so they enter only with
+``sizes=True``.
 
 Sizes are left out by default: a rule is proved for every choice of degrees without assuming
 they divide the sizes, which is stronger than needed (fewer assumptions), and a counterexample
@@ -162,7 +166,7 @@ def side(
         args = tuple(shapes(a)[a.index if isinstance(a, Term) else 0] for a in e.args)
         spec = get_op(e.op)
         if isinstance(spec, ComputeOp):
-            outs = _compute(m, spec, e, args, example, valid)
+            outs = _compute(m, spec, e, args, example, valid, sizes)
         elif isinstance(spec, ParallelOp):
             outs = _parallel(m, spec, e, args, input_sizes, valid)
         elif isinstance(spec, StackPartial):
@@ -196,10 +200,8 @@ def _concrete_params(e: Term, example: Instance, shapes) -> dict:
 
 
 def _compute(
-    m: Model, spec: ComputeOp, e: Term, args, example: Instance, valid: list
+    m: Model, spec: ComputeOp, e: Term, args, example: Instance, valid: list, sizes: bool
 ) -> tuple[SymShape, ...]:
-    if spec.size_dependent_signature:
-        raise Unsupported(f"{e.op}'s parallel structure depends on sizes")
     structural = {p.name for p in spec.params if p.type is not ParamType.FLOAT}
     for k, v in e.params.items():
         # A number (a scale factor, a dropout rate) never changes the parallel structure; the
@@ -209,7 +211,11 @@ def _compute(
     in_shapes = tuple(ParallelTensorShape.of(a.sizes, a.dtype) for a in args)
     params = _concrete_params(e, example, in_shapes)
     logical = spec.infer_logical(params, in_shapes)
-    sig = spec.signature(params, tuple(s.sizes for s in in_shapes), tuple(o.sizes for o in logical))
+    in_sizes, out_sizes = tuple(s.sizes for s in in_shapes), tuple(o.sizes for o in logical)
+    conditions = spec.signature_conditions(params, in_sizes, out_sizes)
+    if conditions is None:
+        raise Unsupported(f"{e.op}'s parallel structure depends on sizes")
+    sig = spec.signature(params, in_sizes, out_sizes)
 
     degree: dict[str, z3.ArithRef] = {}
     covered = [set() for _ in args]
@@ -223,7 +229,10 @@ def _compute(
         for i, d in mapped:
             covered[i].add(d)
             valid.append(args[i].degrees[d] == degree[ax.name])
-        if ax.size is not None:
+        # The structure of an operator whose signature depends on sizes holds wherever its
+        # conditions do (the e-graph guards them); its axis sizes are the example's, so they
+        # constrain degrees only where sizes are modelled.
+        if ax.size is not None and (sizes or not conditions):
             _divides(m, degree[ax.name], z3.IntVal(ax.size), f"{e.op}.{ax.name}", valid)
     for i, a in enumerate(args):
         for d, deg in enumerate(a.degrees):

@@ -43,6 +43,7 @@ from pcgopt.ops.spec import (
     OpKind,
     OpSpec,
     Signature,
+    SizeRelation,
 )
 
 _SPECS: tuple[OpSpec, ...] = (
@@ -127,6 +128,7 @@ __all__ = [
     "ParamType",
     "Params",
     "Signature",
+    "SizeRelation",
     "get_op",
     "ops_of_kind",
 ]

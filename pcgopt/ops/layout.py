@@ -10,7 +10,7 @@ import numpy as np
 from pcgopt.errors import ShapeError
 from pcgopt.ops.elementwise import same_dtype
 from pcgopt.ops.params import Param, ParamType
-from pcgopt.ops.spec import AxisKind, ComputeOp, LoopAxis, Signature
+from pcgopt.ops.spec import AxisKind, ComputeOp, LoopAxis, Signature, SizeRelation
 from pcgopt.shapes import ParallelTensorShape
 
 
@@ -186,6 +186,27 @@ class Reshape(ComputeOp):
             )
             notes += [(0, d, why) for d in ga if d != oa]
         return Signature(tuple(axes), linear_in=(0,), notes=tuple(notes))
+
+    def signature_conditions(self, params, in_sizes, out_sizes):
+        # The runs, which of their dimensions are 1, and that no shorter prefixes of a run
+        # multiply to the same size fix the runs and their outermost dimensions; each axis's
+        # size is the gcd of its two dimensions.
+        a, b = in_sizes[0], out_sizes[0]
+        out = [
+            SizeRelation("is1" if n == 1 else "ge2", ((side, 0, d),))
+            for side, sizes in (("in", a), ("out", b))
+            for d, n in enumerate(sizes)
+        ]
+        for ga, gb in reshape_groups(a, b):
+            ins, outs = tuple(("in", 0, d) for d in ga), tuple(("out", 0, d) for d in gb)
+            out.append(SizeRelation("eq", ins, outs))
+            out += [
+                SizeRelation("ne", ins[:i], outs[:j])
+                for i in range(1, len(ins) + 1)
+                for j in range(1, len(outs) + 1)
+                if (i, j) != (len(ins), len(outs))
+            ]
+        return tuple(out)
 
     def reference(self, params, x):
         return (x.reshape(params["shape"]),)

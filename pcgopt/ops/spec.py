@@ -92,6 +92,41 @@ class Signature:
         return next((text for j, d, text in self.notes if (j, d) == (i, dim)), None)
 
 
+#: A dimension of an operator's input or output: ``("in", i, dim)`` or ``("out", o, dim)``.
+DimRef = tuple[str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class SizeRelation:
+    """A relation among an operator's sizes, each side the product of the sizes of some
+    dimensions (an empty product is 1): ``kind`` is ``"eq"`` or ``"ne"`` (the two products),
+    ``"is1"`` or ``"ge2"`` (the left product alone)."""
+
+    kind: str
+    left: tuple[DimRef, ...]
+    right: tuple[DimRef, ...] = ()
+
+    def holds(self, in_sizes: Sequence[Sizes], out_sizes: Sequence[Sizes]) -> bool:
+        def prod(refs: tuple[DimRef, ...]) -> int:
+            return math.prod((in_sizes if s == "in" else out_sizes)[t][d] for s, t, d in refs)
+
+        a = prod(self.left)
+        if self.kind == "is1":
+            return a == 1
+        if self.kind == "ge2":
+            return a >= 2
+        b = prod(self.right)
+        return a == b if self.kind == "eq" else a != b
+
+    def __repr__(self) -> str:
+        def text(refs: tuple[DimRef, ...]) -> str:
+            return "*".join(f"{s}{t}[{d}]" for s, t, d in refs) or "1"
+
+        if self.kind in ("is1", "ge2"):
+            return f"{text(self.left)} {'== 1' if self.kind == 'is1' else '>= 2'}"
+        return f"{text(self.left)} {'==' if self.kind == 'eq' else '!='} {text(self.right)}"
+
+
 @dataclass(frozen=True, slots=True)
 class LocalContext:
     """What a task knows besides its input blocks: where its blocks start along each split axis,
@@ -241,7 +276,8 @@ class ComputeOp(OpSpec):
     kind = OpKind.COMPUTE
     #: Whether which dimensions the signature's axes index depends on sizes beyond which ones
     #: are 1 (a conv's spatial axes exist only for windows that tile; a reshape's runs follow
-    #: its factorization). Symbolic reasoning about all sizes must not assume one structure.
+    #: its factorization). Symbolic reasoning about all sizes must not assume one structure,
+    #: except where :meth:`signature_conditions` says which size relations keep it.
     size_dependent_signature: ClassVar[bool] = False
 
     def infer_logical(
@@ -254,6 +290,18 @@ class ComputeOp(OpSpec):
         self, params: Params, in_sizes: tuple[Sizes, ...], out_sizes: tuple[Sizes, ...]
     ) -> Signature:
         raise NotImplementedError
+
+    def signature_conditions(
+        self, params: Params, in_sizes: tuple[Sizes, ...], out_sizes: tuple[Sizes, ...]
+    ) -> tuple[SizeRelation, ...] | None:
+        """Relations among the sizes under which :meth:`signature` has the structure it has at
+        these sizes: the same axes on the same dimensions, and every axis ``size`` the greatest
+        common divisor of the sizes of the dimensions it indexes. Symbolic reasoning (the rule
+        verifier's shape model, the e-graph's guards) may read the structure at one example
+        and assume these relations wherever it applies it. Empty for an operator whose
+        structure does not depend on sizes; None when an operator whose structure does cannot
+        say (it is then left out of symbolic reasoning)."""
+        return None if self.size_dependent_signature else ()
 
     def local(
         self, params: Params, ctx: LocalContext, *blocks: np.ndarray
