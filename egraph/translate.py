@@ -48,6 +48,7 @@ from pcgopt.rewrite import (
     Term,
     Var,
     concrete_params,
+    int_symbols,
     size_expr,
     symbols_of,
     tensor_vars,
@@ -370,6 +371,18 @@ def size_conditions(
             g.not_equal(a, prod(c.right))
 
 
+def _shape_symbols(exprs: tuple[Expr, ...]) -> set[str]:
+    """Symbols in the parameters of compute operators (a reshape's ``parts``)."""
+    return {
+        name
+        for e in exprs
+        for t in walk(e)
+        if isinstance(t, Term) and isinstance(get_op(t.op), ComputeOp)
+        for v in t.params.values()
+        for name in int_symbols(v)
+    }
+
+
 def _full_params(term: Term) -> dict[str, Any]:
     spec = get_op(term.op)
     out = {}
@@ -574,6 +587,9 @@ class _Builder:
         self.pattern_structure()
         bound_symbols = symbols_of(self.pattern)
         for s in sorted(symbols_of(self.result) - bound_symbols):
+            if s in _shape_symbols(self.result):
+                # Only degrees are chosen (among the machine's legal ones); a shape is not.
+                raise Untranslatable(f"the new side chooses {s!r}, a parameter of a shape")
             self.query.append(f"(legal k_{s})")
 
         # the new side: shapes, guards, construction

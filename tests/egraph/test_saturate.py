@@ -30,6 +30,7 @@ from pcgopt.rewrite import Rule
 from pcgopt.testing.strategies import small_pcgs
 
 TWO_GPUS = Machine.preset("v100-ring", devices_per_node=2)
+FOUR_GPUS = Machine.preset("v100-ring", devices_per_node=4)
 B, CI, H, CO = 8, 12, 8, 4  # Unity Figure 1's MLP at test size
 
 
@@ -599,3 +600,68 @@ def test_the_shipped_rules_split_an_embedding_and_gather_a_column_split(model, p
     assert_equivalent(model(), sat.egraph.to_pcg(sat.egraph.choice_for(target)))
     matrix_only = saturate(model(), TWO_GPUS, rules=load(RULES_FILE), budget=Budget(iterations=4))
     assert not matrix_only.contains(target)
+
+
+def split_heads(plan=None, d=2, heads=HEADS):
+    """Attention's head split: [batch, sequence, hidden] -> [batch, sequence, heads, head-dim]
+    -> [batch, heads, sequence, head-dim], as the model or split by the batch (``"batch"``) or
+    by whole heads (``"heads"``, Megatron's attention after its column-split projection)."""
+    b = PCGBuilder()
+    x = b.input((BS, SEQ, HID), name="x")
+    dim = {"batch": 0, "heads": 2}.get(plan)
+    if dim is not None:
+        x = b.partition(x, dim=dim, degree=d)
+    y = b.transpose(b.reshape(x, shape=(BS, SEQ, heads, HID // heads)), perm=(0, 2, 1, 3))
+    return b.build(y if dim is None else b.combine(y, dim=min(dim, 1), degree=d))
+
+
+def merge_heads(plan=None, d=2):
+    """The way back: [batch, heads, sequence, head-dim] -> [batch, sequence, hidden]."""
+    b = PCGBuilder()
+    x = b.input((BS, HEADS, SEQ, HEAD_DIM), name="x")
+    dim = {"batch": 0, "heads": 1}.get(plan)
+    if dim is not None:
+        x = b.partition(x, dim=dim, degree=d)
+    y = b.reshape(b.transpose(x, perm=(0, 2, 1, 3)), shape=(BS, SEQ, HEADS * HEAD_DIM))
+    return b.build(y if dim is None else b.combine(y, dim=2 * dim, degree=d))
+
+
+@pytest.mark.parametrize(
+    ("model", "plan"),
+    [
+        (split_heads, "batch"),
+        (split_heads, "heads"),
+        (merge_heads, "batch"),
+        (merge_heads, "heads"),
+    ],
+)
+def test_the_shipped_rules_split_the_attention_heads_reshapes(model, plan):
+    from pcgopt.rules import RULES_FILE, load
+
+    sat = saturate(model(), TWO_GPUS, budget=Budget(iterations=4))
+    assert sat.contains(model(plan))
+    assert_equivalent(model(), sat.egraph.to_pcg(sat.egraph.choice_for(model(plan))))
+    matrix_only = saturate(model(), TWO_GPUS, rules=load(RULES_FILE), budget=Budget(iterations=4))
+    assert not matrix_only.contains(model(plan))
+
+
+def test_random_extractions_through_the_heads_reshapes_are_equivalent_to_the_input():
+    model = split_heads()
+    g = saturate(model, FOUR_GPUS, budget=Budget(iterations=4)).egraph
+    assert any(n.op == "reshape" and g.shapes[n.eclass].degrees[2] > 1 for n in g.nodes)
+    rng = random.Random(0)
+    for _ in range(8):
+        choice = random_acyclic_choice(g, rng)
+        if choice is not None:
+            assert_equivalent(model, g.to_pcg(choice))
+
+
+def test_heads_are_split_only_by_a_degree_that_divides_their_number():
+    # Six heads on two devices split whole; on four they cannot be (four does not divide six),
+    # although four divides the hidden size.
+    b = PCGBuilder()
+    x = b.input((BS, SEQ, 24), name="x")
+    model = b.build(b.transpose(b.reshape(x, shape=(BS, SEQ, 6, 4)), perm=(0, 2, 1, 3)))
+    g = saturate(model, FOUR_GPUS, budget=Budget(iterations=4)).egraph
+    heads_degrees = {g.shapes[n.eclass].degrees[2] for n in g.nodes if n.op == "reshape"}
+    assert 2 in heads_degrees and 4 not in heads_degrees

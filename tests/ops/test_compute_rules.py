@@ -1,10 +1,16 @@
 """Parallel shape rules of compute operators: what is legal, what is rejected and why, counts."""
 
+import math
+
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from pcgopt import DegreeError, ShapeError, get_op
+from pcgopt import OPERATORS, DegreeError, ShapeError, get_op
+from pcgopt.ops.layout import reshape_groups
 from pcgopt.shapes import ParallelTensorShape as S
+from pcgopt.testing.strategies import op_instances
 
 
 def infer(op, *shapes, **params):
@@ -170,3 +176,52 @@ def test_dropout_is_a_fixed_mask_not_the_identity():
     np.testing.assert_array_equal(spec.reference(p, x)[0], y)  # deterministic
     (z,) = spec.reference(spec.make_params({"rate": 0.5, "seed": 4}), x)
     assert not np.array_equal(y, z)
+
+
+def _structure(op, params, a, b):
+    """Which dimensions each axis indexes, and each axis size as the gcd rule has it."""
+    sig = OPERATORS[op].signature(params, (a,), (b,))
+    return [(ax.name, ax.inputs, ax.outputs) for ax in sig.axes], [
+        ax.size == math.gcd(a[ax.inputs[0]], b[ax.outputs[0]]) for ax in sig.axes if ax.size
+    ]
+
+
+@st.composite
+def rescaled_reshapes(draw):
+    """A reshape ``a -> b`` and another of the same ranks: each run's outermost dimensions scaled
+    alike (which keeps the runs' products equal), then some sizes nudged by one (which often
+    breaks them)."""
+    instance = draw(op_instances(["reshape"]))
+    a, b = instance.inputs[0].sizes, instance.params["shape"]
+    a2, b2 = list(a), list(b)
+    for ga, gb in reshape_groups(a, b):
+        if ga and gb:
+            f = draw(st.integers(1, 3))
+            a2[ga[0]] *= f
+            b2[gb[0]] *= f
+    for sizes in (a2, b2):
+        if sizes and draw(st.booleans()):
+            i = draw(st.integers(0, len(sizes) - 1))
+            sizes[i] = max(1, sizes[i] + draw(st.sampled_from([-1, 1])))
+    return instance.params, a, b, tuple(a2), tuple(b2)
+
+
+@given(rescaled_reshapes())
+def test_a_reshapes_conditions_keep_its_structure_at_other_sizes(case):
+    params, a, b, a2, b2 = case
+    conditions = OPERATORS["reshape"].signature_conditions(params, (a,), (b,))
+    assert all(c.holds((a,), (b,)) for c in conditions)
+    if all(c.holds((a2,), (b2,)) for c in conditions):
+        names, gcds = _structure("reshape", params, a2, b2)
+        assert names == _structure("reshape", params, a, b)[0]
+        assert all(gcds)
+
+
+def test_a_reshapes_conditions_reject_another_factorization():
+    # [6, 4] -> [6, 4] is two runs; [4, 6] -> [6, 4] is one, which splits only its first input
+    # dimension: the conditions of the first must fail on the second.
+    params = {"shape": (6, 4)}
+    conditions = OPERATORS["reshape"].signature_conditions(params, ((6, 4),), ((6, 4),))
+    assert not all(c.holds(((4, 6),), ((6, 4),)) for c in conditions)
+    assert OPERATORS["matmul"].signature_conditions({}, ((2, 3), (3, 4)), ((2, 4),)) == ()
+    assert OPERATORS["conv2d"].signature_conditions({}, (), ()) is None

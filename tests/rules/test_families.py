@@ -15,6 +15,8 @@ from pcgopt.rules.families import (
     LINEAR,
     MIN_RANK,
     PRESETS,
+    RESHAPE_MERGE_ONE,
+    RESHAPE_SPLIT_ONE,
 )
 from pcgopt.rules.generate import generate, merge, rule_file, rule_rank
 from pcgopt.shapes import ParallelTensorShape
@@ -239,3 +241,59 @@ def test_the_collectives_family_gathers_a_column_split_activation():
         in texts
     ), sorted(texts)
     assert gen.stats.refuted == 0
+
+
+HEADS_SHAPE = "shape=(size(x1, 0), size(x1, 1), parts, (size(x1, 2)/parts))"
+MERGED_SHAPE = "shape=(size(x1, 0), size(x1, 1), size(x1, 2)*size(x1, 3))"
+
+
+@pytest.mark.parametrize(
+    ("family", "rule"),
+    [
+        # Megatron's attention: a hidden dimension split by whole heads is a split of the heads.
+        (
+            RESHAPE_SPLIT_ONE,
+            f"reshape(partition(x1, dim=2, degree=k), {HEADS_SHAPE}) => "
+            f"partition(reshape(x1, {HEADS_SHAPE}), dim=2, degree=k)",
+        ),
+        (
+            RESHAPE_SPLIT_ONE,
+            f"reshape(partition(x1, dim=0, degree=k), {HEADS_SHAPE}) => "
+            f"partition(reshape(x1, {HEADS_SHAPE}), dim=0, degree=k)",
+        ),
+        (
+            RESHAPE_MERGE_ONE,
+            f"reshape(partition(x1, dim=2, degree=k), {MERGED_SHAPE}) => "
+            f"partition(reshape(x1, {MERGED_SHAPE}), dim=2, degree=k)",
+        ),
+    ],
+)
+def test_the_reshape_families_lift_the_heads_to_a_symbol_and_prove_their_splits(family, rule):
+    gen = generate(family, workers=1, work_dir=None, timeout=3)
+    texts = {f"{format_exprs(r.lhs)} => {format_exprs(r.rhs)}" for r in gen.rules}
+    assert rule in texts, sorted(texts)
+    assert gen.stats.not_general == 0 and gen.stats.refuted == 0 and gen.stats.unknown == 0
+
+
+def test_a_reshape_rule_that_moves_a_split_to_the_wrong_dimension_is_refuted():
+    from pcgopt.rewrite import Rule
+    from pcgopt.verify.prove import verify_rule
+
+    heads = f"reshape(x1, {HEADS_SHAPE})"
+    right = Rule.parse(
+        "right",
+        f"reshape(partition(x1, dim=2, degree=k), {HEADS_SHAPE})",
+        f"partition({heads}, dim=2, degree=k)",
+        {"x1": "[a, b, c]"},
+        {"a": 2, "b": 4, "c": 8},
+    )
+    wrong = Rule.parse(
+        "wrong",
+        f"reshape(partition(x1, dim=2, degree=k), {HEADS_SHAPE})",
+        f"partition({heads}, dim=3, degree=k)",
+        {"x1": "[a, b, c]"},
+        {"a": 2, "b": 4, "c": 8},
+    )
+    assert verify_rule(right).status == "proved"
+    verdict = verify_rule(wrong)
+    assert verdict.status == "refuted" and "parallel shapes differ" in verdict.counterexample
