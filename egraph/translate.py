@@ -197,8 +197,10 @@ def _infer_compute(
     g: Guard,
 ) -> list[SymShape]:
     """The outputs' symbolic shapes from the operator's signature. An output dimension that
-    belongs to an axis has the size of that axis's input dimension (whatever the ranks); only
-    dimensions outside every axis ask ``size_of(output, dim)``."""
+    belongs to an axis has the size of that axis's input dimension (whatever the ranks), unless
+    the axis has a size of its own (a reshape's run); those and the dimensions outside every
+    axis ask ``size_of(output, dim)``. An operator whose structure depends on sizes adds its
+    :meth:`~pcgopt.ops.spec.ComputeOp.signature_conditions` as guards."""
     in_sizes = tuple(s.sizes for s in logical_in)
     out_sizes = tuple(s.sizes for s in logical_out)
     conditions = spec.signature_conditions(params, in_sizes, out_sizes)
@@ -510,7 +512,8 @@ class _Builder:
     def pattern_structure(self) -> None:
         """Guards that the matched side's operators whose parallel structure depends on sizes
         have the structure they have at the example (the new side's are guarded as derived)."""
-        for e in {t for p in self.pattern for t in walk(p) if isinstance(t, Term)}:
+        terms = dict.fromkeys(t for p in self.pattern for t in walk(p) if isinstance(t, Term))
+        for e in terms:  # in order of appearance: the rule text is the same in every run
             spec = get_op(e.op)
             if not (isinstance(spec, ComputeOp) and spec.size_dependent_signature):
                 continue
@@ -586,8 +589,9 @@ class _Builder:
             self.guard.equal(item, _egg_int(v, self.sizes))
         self.pattern_structure()
         bound_symbols = symbols_of(self.pattern)
+        shape_symbols = _shape_symbols(self.result)
         for s in sorted(symbols_of(self.result) - bound_symbols):
-            if s in _shape_symbols(self.result):
+            if s in shape_symbols:
                 # Only degrees are chosen (among the machine's legal ones); a shape is not.
                 raise Untranslatable(f"the new side chooses {s!r}, a parameter of a shape")
             self.query.append(f"(legal k_{s})")

@@ -168,10 +168,9 @@ def lift(
     example = {letters[v, d]: n for v in used for d, n in enumerate(shapes[v].sizes)}
     memo: dict[Expr, Expr] = {}
     floats: dict[str, dict[float, Sym]] = {}
-    inst, _ = instance_of(config)
 
     def logical_sizes(e: Expr) -> tuple[int, ...]:
-        return infer_side((e,), inst)[0].sizes
+        return infer_side((e,), instance_of(config)[0])[0].sizes
 
     def go(e: Expr) -> Expr:
         if isinstance(e, Var):
