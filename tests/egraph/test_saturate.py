@@ -487,17 +487,22 @@ def dense_gelu(plan=None, d=2):
     return b.build(b.combine(y, dim=out_dim, degree=d))
 
 
-@pytest.mark.parametrize("plan", ["batch", "columns"])
-def test_the_shipped_rules_parallelize_a_rank_3_dense_layer(plan):
+def assert_shipped_rules_reach(model, target, iterations: int) -> None:
+    """With the shipped rules the saturated e-graph holds ``target`` and extracting it gives a
+    PCG equivalent to ``model``; the matrix rules alone (typed on rank-2 tensors) do not."""
     from pcgopt.rules import RULES_FILE, load
 
-    model = dense_gelu()
-    sat = saturate(model, TWO_GPUS, budget=Budget(iterations=3))
-    assert sat.contains(dense_gelu(plan))
-    assert_equivalent(model, sat.egraph.to_pcg(sat.egraph.choice_for(dense_gelu(plan))))
-    # The matrix rules are typed on rank-2 tensors: without the transformer set it is missing.
-    matrix_only = saturate(model, TWO_GPUS, rules=load(RULES_FILE), budget=Budget(iterations=3))
-    assert not matrix_only.contains(dense_gelu(plan))
+    sat = saturate(model, TWO_GPUS, budget=Budget(iterations=iterations))
+    assert sat.contains(target)
+    assert_equivalent(model, sat.egraph.to_pcg(sat.egraph.choice_for(target)))
+    budget = Budget(iterations=iterations)
+    matrix_only = saturate(model, TWO_GPUS, rules=load(RULES_FILE), budget=budget)
+    assert not matrix_only.contains(target)
+
+
+@pytest.mark.parametrize("plan", ["batch", "columns"])
+def test_the_shipped_rules_parallelize_a_rank_3_dense_layer(plan):
+    assert_shipped_rules_reach(dense_gelu(), dense_gelu(plan), iterations=3)
 
 
 HEADS, HEAD_DIM = 2, 4
@@ -540,13 +545,7 @@ def add_norm(plan=None, d=2):
     [(attention_core, "batch"), (attention_core, "heads"), (add_norm, "batch")],
 )
 def test_the_shipped_one_operator_families_parallelize_attention_and_layer_norm(model, plan):
-    from pcgopt.rules import RULES_FILE, load
-
-    sat = saturate(model(), TWO_GPUS, budget=Budget(iterations=3))
-    assert sat.contains(model(plan))
-    assert_equivalent(model(), sat.egraph.to_pcg(sat.egraph.choice_for(model(plan))))
-    matrix_only = saturate(model(), TWO_GPUS, rules=load(RULES_FILE), budget=Budget(iterations=3))
-    assert not matrix_only.contains(model(plan))
+    assert_shipped_rules_reach(model(), model(plan), iterations=3)
 
 
 VOCAB = 8
@@ -592,14 +591,8 @@ def gathered_dense(d=2):
     ],
 )
 def test_the_shipped_rules_split_an_embedding_and_gather_a_column_split(model, plan):
-    from pcgopt.rules import RULES_FILE, load
-
     target = gathered_dense() if plan == "gathered" else model(plan)
-    sat = saturate(model(), TWO_GPUS, budget=Budget(iterations=4))
-    assert sat.contains(target)
-    assert_equivalent(model(), sat.egraph.to_pcg(sat.egraph.choice_for(target)))
-    matrix_only = saturate(model(), TWO_GPUS, rules=load(RULES_FILE), budget=Budget(iterations=4))
-    assert not matrix_only.contains(target)
+    assert_shipped_rules_reach(model(), target, iterations=4)
 
 
 def split_heads(plan=None, d=2, heads=HEADS):
@@ -636,13 +629,7 @@ def merge_heads(plan=None, d=2):
     ],
 )
 def test_the_shipped_rules_split_the_attention_heads_reshapes(model, plan):
-    from pcgopt.rules import RULES_FILE, load
-
-    sat = saturate(model(), TWO_GPUS, budget=Budget(iterations=4))
-    assert sat.contains(model(plan))
-    assert_equivalent(model(), sat.egraph.to_pcg(sat.egraph.choice_for(model(plan))))
-    matrix_only = saturate(model(), TWO_GPUS, rules=load(RULES_FILE), budget=Budget(iterations=4))
-    assert not matrix_only.contains(model(plan))
+    assert_shipped_rules_reach(model(), model(plan), iterations=4)
 
 
 def test_random_extractions_through_the_heads_reshapes_are_equivalent_to_the_input():

@@ -279,21 +279,16 @@ def test_a_reshape_rule_that_moves_a_split_to_the_wrong_dimension_is_refuted():
     from pcgopt.rewrite import Rule
     from pcgopt.verify.prove import verify_rule
 
-    heads = f"reshape(x1, {HEADS_SHAPE})"
-    right = Rule.parse(
-        "right",
-        f"reshape(partition(x1, dim=2, degree=k), {HEADS_SHAPE})",
-        f"partition({heads}, dim=2, degree=k)",
-        {"x1": "[a, b, c]"},
-        {"a": 2, "b": 4, "c": 8},
-    )
-    wrong = Rule.parse(
-        "wrong",
-        f"reshape(partition(x1, dim=2, degree=k), {HEADS_SHAPE})",
-        f"partition({heads}, dim=3, degree=k)",
-        {"x1": "[a, b, c]"},
-        {"a": 2, "b": 4, "c": 8},
-    )
-    assert verify_rule(right).status == "proved"
-    verdict = verify_rule(wrong)
+    def split_heads_then(dim: int) -> Rule:
+        """Heads split off a hidden dimension split in two = the heads' tensor split on ``dim``."""
+        return Rule.parse(
+            f"to_dim_{dim}",
+            f"reshape(partition(x1, dim=2, degree=k), {HEADS_SHAPE})",
+            f"partition(reshape(x1, {HEADS_SHAPE}), dim={dim}, degree=k)",
+            {"x1": "[a, b, c]"},
+            {"a": 2, "b": 4, "c": 8},
+        )
+
+    assert verify_rule(split_heads_then(2)).status == "proved"
+    verdict = verify_rule(split_heads_then(3))
     assert verdict.status == "refuted" and "parallel shapes differ" in verdict.counterexample
