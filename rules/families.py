@@ -24,8 +24,11 @@ becomes another). The attention heads' reshapes are two one-operator families, t
 shapes lifted to the input's sizes and a symbol for the number of heads (``parts``); a
 reshape's parallel structure depends on its sizes, so the verifier reads it at the example and
 the e-graph guards the size relations under which it is the same
-(:meth:`~pcgopt.ops.spec.ComputeOp.signature_conditions`). ``NORM`` and ``ATTENTION`` are the
-full enumerations, kept so they can be run (``generate(NORM)``).
+(:meth:`~pcgopt.ops.spec.ComputeOp.signature_conditions`). A dense layer's split into its
+product and a bias add (``LINEAR_DECOMPOSE``) and the bias add's own splits (``BIAS_ADD_ONE``)
+are what a row-parallel layer needs: Megatron all-reduces the partial product before adding
+the bias.
+``NORM`` and ``ATTENTION`` are the full enumerations, kept so they can be run (``generate(NORM)``).
 """
 
 from __future__ import annotations
@@ -132,6 +135,21 @@ COLLECTIVES = Config(
     ),
 )
 
+#: A dense layer written as its product and a bias add (``linear(x, w, b) = add(matmul(x, w),
+#: b)``): Megatron's row-parallel layer all-reduces the partial product *before* the bias.
+LINEAR_DECOMPOSE = Config(
+    max_ops=2,
+    ops=("linear_bias", "matmul", "add"),
+    inputs=(_x("x1", (2, 4, 6)), _x("w1", (6, 6), "weight"), _x("b1", (6,), "bias")),
+)
+
+#: The bias add alone, [B, S, H] plus a broadcast [H], with the splits that pass through it.
+BIAS_ADD_ONE = Config(
+    one_op=True,
+    ops=("add", *_SPLITS),
+    inputs=(_x("x1", (2, 4, 6)), _x("b1", (6,), "bias")),
+)
+
 #: Attention's head reshapes, one operator: [B, S, H] -> [B, S, heads, H/heads] (the number of
 #: heads a symbol, ``parts``) and [B, S, h, d] -> [B, S, h*d] back, with the splits that pass
 #: through them (the batch, the sequence, and the hidden dimension as whole heads).
@@ -158,6 +176,8 @@ PRESETS: dict[str, tuple[Config, ...]] = {
         COLLECTIVES,
         RESHAPE_SPLIT_ONE,
         RESHAPE_MERGE_ONE,
+        LINEAR_DECOMPOSE,
+        BIAS_ADD_ONE,
     ),
 }
 

@@ -415,6 +415,20 @@ def _products() -> list[Axiom]:
             {"x": "[m, n]", "w": "[n, p]", "b": "[p]"},
         ),
         Axiom(
+            "linear_bias_is_add_after_matmul_r3",
+            "a dense layer on [B, S, H] activations adds its bias to the product",
+            "linear(x, w, b)",
+            "add(matmul(x, w), b)",
+            {"x": "[m, s, n]", "w": "[n, p]", "b": "[p]"},
+        ),
+        Axiom(
+            "add_bias_commutes_r3",
+            "adding a broadcast bias commutes",
+            "add(b, x)",
+            "add(x, b)",
+            {"x": "[m, s, n]", "b": "[n]"},
+        ),
+        Axiom(
             "transpose_of_matmul",
             "(x w)^T = w^T x^T",
             "transpose(matmul(x, w), perm=(1, 0))",
@@ -546,6 +560,29 @@ def _sizes() -> list[SizeAxiom]:
             1,
             "size(w, 1)",
             {"x": "[m, n]", "w": "[n, p]"},
+        ),
+        *(
+            SizeAxiom(
+                f"size_of_matmul_r3_dim{d}",
+                "a product of [B, S, H] and a matrix keeps B and S and has the matrix's columns",
+                "matmul(x, w)",
+                d,
+                "size(w, 1)" if d == 2 else f"size(x, {d})",
+                {"x": "[m, s, n]", "w": "[n, p]"},
+            )
+            for d in range(3)
+        ),
+        *(
+            SizeAxiom(
+                f"size_of_add_bias{'_first' if first else ''}_r3_dim{d}",
+                "adding a broadcast bias keeps the shape of the activations",
+                "add(b, x)" if first else "add(x, b)",
+                d,
+                f"size(x, {d})",
+                {"x": "[m, s, n]", "b": "[n]"},
+            )
+            for first in (False, True)
+            for d in range(3)
         ),
         SizeAxiom(
             "size_of_transpose_rows",

@@ -505,6 +505,26 @@ def test_the_shipped_rules_parallelize_a_rank_3_dense_layer(plan):
     assert_shipped_rules_reach(dense_gelu(), dense_gelu(plan), iterations=3)
 
 
+def row_parallel_dense(plan=None, d=2):
+    """A dense layer with a bias on [batch, sequence, hidden] (``plan=None``), or row-parallel as
+    Megatron's second FFN layer (``"rows"``): the input split by its contraction dimension, the
+    weight by rows, the partial product all-reduced, then the bias added to every copy."""
+    b = PCGBuilder()
+    x = b.input((BS, SEQ, HID), name="x")
+    w, bias = b.weight((HID, HID), name="w"), b.weight((HID,), name="b")
+    if plan is None:
+        return b.build(b.linear(x, w, bias))
+    partial = b.matmul(b.partition(x, dim=2, degree=d), b.partition(w, dim=0, degree=d))
+    y = b.add(b.all_reduce(partial, degree=d), b.replicate(bias, degree=d))
+    return b.build(b.discard_copies(y, degree=d))
+
+
+def test_the_shipped_rules_reach_a_row_parallel_dense_layer():
+    """The dense layer is split into its product and a bias add, the product by its contraction
+    (partial sums), and the bias added after the all-reduce."""
+    assert_shipped_rules_reach(row_parallel_dense(), row_parallel_dense("rows"), iterations=5)
+
+
 HEADS, HEAD_DIM = 2, 4
 
 

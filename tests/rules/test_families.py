@@ -292,3 +292,60 @@ def test_a_reshape_rule_that_moves_a_split_to_the_wrong_dimension_is_refuted():
     assert verify_rule(split_heads_then(2)).status == "proved"
     verdict = verify_rule(split_heads_then(3))
     assert verdict.status == "refuted" and "parallel shapes differ" in verdict.counterexample
+
+
+@pytest.mark.parametrize(
+    ("lhs", "rhs", "status"),
+    [
+        # Megatron's row-parallel layer adds the bias after the all-reduce of the partial
+        # product: the dense layer is its product plus a bias, whichever side the bias is on.
+        ("add(x1, matmul(x2, x3))", "linear(x2, x3, x1, activation='none')", "proved"),
+        ("add(matmul(x2, x3), x1)", "linear(x2, x3, x1, activation='none')", "proved"),
+        ("add(x1, matmul(x2, x3))", "linear(x2, x3, x1, activation='gelu')", "refuted"),
+        # The bias added to every copy of an all-reduced product.
+        (
+            "add(replicate(x2, degree=k), replicate(x1, degree=k))",
+            "replicate(add(x2, x1), degree=k)",
+            "proved",
+        ),
+        # A bias split like the hidden dimension it is added to.
+        (
+            "add(partition(x2, dim=2, degree=k), partition(x1, dim=0, degree=k))",
+            "partition(add(x2, x1), dim=2, degree=k)",
+            "proved",
+        ),
+        (
+            "add(partition(x2, dim=1, degree=k), partition(x1, dim=0, degree=k))",
+            "partition(add(x2, x1), dim=1, degree=k)",
+            "refuted",
+        ),
+    ],
+)
+def test_a_dense_layer_is_its_product_and_a_broadcast_bias_add(lhs, rhs, status):
+    from pcgopt.rewrite import Rule
+    from pcgopt.verify.prove import verify_rule
+
+    inputs = {"x1": "[d]", "x2": "[a, b, c]", "x3": "[c, d]"}
+    if "matmul" not in lhs:
+        inputs = {"x1": "[c]", "x2": "[a, b, c]"}
+    rule = Rule.parse("bias", lhs, rhs, inputs)
+    assert verify_rule(rule).status == status
+
+
+def test_the_shipped_transformer_rules_hold_the_row_parallel_layers_bias_rules():
+    from pcgopt.rules import TRANSFORMER_RULES_FILE, load
+
+    shipped = {
+        (f"{format_exprs(r.lhs)} => {format_exprs(r.rhs)}", str(dict(r.inputs)))
+        for r in load(TRANSFORMER_RULES_FILE)
+    }
+    bias = "{'x1': f32[a, b, c], 'x2': f32[c]}"
+    assert (
+        "add(x1, matmul(x2, x3)) => linear(x2, x3, x1, activation='none')",
+        "{'x1': f32[d], 'x2': f32[a, b, c], 'x3': f32[c, d]}",
+    ) in shipped
+    assert ("add(x1, x2) => add(x2, x1)", bias) in shipped
+    assert (
+        "add(replicate(x1, degree=k), replicate(x2, degree=k)) => replicate(add(x1, x2), degree=k)",
+        bias,
+    ) in shipped
