@@ -37,7 +37,13 @@ from pcgopt.egraph.language import (
     language,
     node_call,
 )
-from pcgopt.egraph.translate import RULESETS, TranslatedRule, legal_degrees, translate_rule
+from pcgopt.egraph.translate import (
+    RULESETS,
+    TranslatedRule,
+    legal_degrees,
+    rule_kind,
+    translate_rule,
+)
 from pcgopt.errors import PCGError
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine
@@ -194,13 +200,27 @@ class _Base:
         self.egraph.parse_and_run_program("\n".join(r.text for r in ok))
 
 
+#: A selection of a shipped rule file without its algebraic rules (``"matrix/parallel"``).
+WITHOUT_ALGEBRA = "/parallel"
+
+
 def shipped_presets(pcgs: Sequence[PCG] = ()) -> tuple[str, ...]:
     """The shipped rule files (by preset, :data:`pcgopt.rules.SHIPPED`) that can rewrite
     ``pcgs``; all of them when no PCG is given. The matrix rules always can. Every rule of
     another preset has a tensor of its minimum rank (:data:`pcgopt.rules.families.MIN_RANK`)
     on each side, and no rule of a lower preset builds such a tensor, so that preset's rules
     can match only where a PCG already has one: a rank-2 model (an MLP, DLRM) saturates
-    without the transformer rules, which would cost it seconds of loading and matching."""
+    without the transformer rules, which would cost it seconds of loading and matching.
+
+    The matrix rules' algebraic part (``"matrix/parallel"`` leaves it out) is loaded only for
+    PCGs that compute a tensor of rank 2 or less from a data input. Every tensor of a matrix
+    rule has rank 2 or less, so elsewhere (a transformer, whose activations have rank 3 or 4)
+    those rules only rewrite weight-only terms, such as the tied output weight's transpose,
+    into other weight-only terms: concatenations, splits and transposes of weights that no
+    activation's rule can use. On a one-layer BERT they are most of the e-graph's growth (on 8
+    GPUs its Megatron plan was out of reach within 4 GB with them, and in the e-graph in 14
+    iterations without them). Their parallel and cleanup rules (a replicated weight's
+    transpose) stay."""
     from pcgopt.rules import SHIPPED
     from pcgopt.rules.families import MIN_RANK
 
@@ -208,13 +228,42 @@ def shipped_presets(pcgs: Sequence[PCG] = ()) -> tuple[str, ...]:
         return tuple(SHIPPED)
     ranks = (s.rank for pcg in pcgs for n in pcg.nodes for s in pcg.output_shapes(n.name))
     rank = max(ranks, default=0)
-    return tuple(p for p in SHIPPED if MIN_RANK[p] <= rank)
+    presets = tuple(p for p in SHIPPED if MIN_RANK[p] <= rank)
+    if any(_computes_low_rank_data(pcg) for pcg in pcgs):
+        return presets
+    return tuple(p + WITHOUT_ALGEBRA if MIN_RANK[p] == 0 else p for p in presets)
+
+
+def _computes_low_rank_data(pcg: PCG) -> bool:
+    """Whether a node other than a source outputs a tensor of rank 2 or less that depends on
+    a data input (not on weights alone)."""
+    from_data: set[str] = set()
+    for node in pcg.nodes:  # in topological order
+        if node.spec.kind is OpKind.SOURCE:
+            if node.op == "input":
+                from_data.add(node.name)
+            continue
+        if any(r.node in from_data for r in node.inputs):
+            from_data.add(node.name)
+            if any(s.rank <= 2 for s in pcg.output_shapes(node.name)):
+                return True
+    return False
 
 
 def _load_shipped_base(presets: tuple[str, ...]) -> _Base:
     from pcgopt.rules import SHIPPED, load
 
-    return _Base(language(), [r for p in presets for r in load(SHIPPED[p])])
+    rules: list[Rule] = []
+    for p in presets:
+        name, _, part = p.partition("/")
+        loaded = load(SHIPPED[name])
+        rules += [r for r in loaded if rule_kind(r) != "algebraic"] if part else loaded
+    return _Base(language(), rules)
+
+
+def _serves(loaded: tuple[str, ...], wanted: tuple[str, ...]) -> bool:
+    """Whether the rules of selection ``loaded`` include those of ``wanted``."""
+    return all(p in loaded or p.partition("/")[0] in loaded for p in wanted)
 
 
 # The shipped rules are loaded once per process and set of files, possibly from a background
@@ -227,7 +276,7 @@ _shipped: dict[tuple[str, ...], _Base] = {}
 def _loaded_superset(presets: tuple[str, ...]) -> _Base | None:
     """The smallest loaded base holding at least ``presets``' rules (more rules only cost time:
     a base loaded for the whole model serves its segments)."""
-    fits = [k for k in _shipped if set(presets) <= set(k)]
+    fits = [k for k in _shipped if _serves(k, presets)]
     return _shipped[min(fits, key=len)] if fits else None
 
 
@@ -509,8 +558,11 @@ def _run(
         if elapsed + predicted_s >= budget.seconds:
             reason = StopReason.TIME
             break
-        # Memory grows with the e-nodes as in the last iteration.
-        per_enode = max(0, rss - before_rss) / max(1, nodes - before_nodes)
+        # Memory grows with the e-nodes as in the last iteration, or as over the whole run when
+        # the last one hardly grew the e-graph (a few MiB over a few e-nodes says nothing).
+        per_enode = max(0, rss - initial_rss) / max(1, nodes - initial)
+        if nodes - before_nodes >= nodes // 10:
+            per_enode = max(per_enode, max(0, rss - before_rss) / max(1, nodes - before_nodes))
         predicted_rss = (
             rss + per_enode * (predicted_nodes - nodes) + EXPORT_BYTES_PER_ENODE * predicted_nodes
         )

@@ -334,7 +334,10 @@ def test_a_rank_2_model_loads_only_the_matrix_rules_and_a_loaded_superset_serves
     monkeypatch,
 ):
     assert shipped_presets([relu_model(4)]) == ("matrix",)
-    assert shipped_presets([dense_gelu()]) == ("matrix", "transformer")
+    # Rank-3 activations only: the matrix rules can rewrite weights alone, so their algebra
+    # is left out; with a rank-2 activation anywhere it is loaded.
+    assert shipped_presets([dense_gelu()]) == ("matrix/parallel", "transformer")
+    assert shipped_presets([dense_gelu(), relu_model(4)]) == ("matrix", "transformer")
     assert shipped_presets() == ("matrix", "transformer")
     loads = []
 
@@ -346,10 +349,27 @@ def test_a_rank_2_model_loads_only_the_matrix_rules_and_a_loaded_superset_serves
     monkeypatch.setattr(saturate_module, "_shipped", {})
     saturate(dense_gelu(), TWO_GPUS, budget=Budget(iterations=1))
     saturate(relu_model(4), TWO_GPUS, budget=Budget(iterations=1))
-    assert loads == [("matrix", "transformer")]  # the rank-2 model reuses the larger set
+    assert loads == [("matrix/parallel", "transformer"), ("matrix",)]
+    monkeypatch.setattr(saturate_module, "_shipped", {})
+    assert warm_up_in_background().result(timeout=60) >= 0
+    saturate(dense_gelu(), TWO_GPUS, budget=Budget(iterations=1))
+    saturate(relu_model(4), TWO_GPUS, budget=Budget(iterations=1))
+    assert loads[2:] == [("matrix", "transformer")]  # every model reuses the larger set
     monkeypatch.setattr(saturate_module, "_shipped", {})
     assert warm_up_in_background(pcgs=[relu_model(4)]).result(timeout=60) >= 0
     assert loads[-1] == ("matrix",)
+
+
+def test_the_matrix_rules_without_their_algebra_keep_every_parallel_and_cleanup_rule():
+    from pcgopt.egraph.translate import rule_kind
+    from pcgopt.rules import RULES_FILE, load
+
+    base = saturate_module._load_shipped_base(("matrix/parallel",))
+    wanted = {r.name for r in load(RULES_FILE) if rule_kind(r) != "algebraic"}
+    assert {t.kind for t in base.rules} == {"parallel", "cleanup"}
+    # Every direction of every wanted rule is translated or says why not.
+    seen = {t.rule for t in base.rules} | {name for name, _, _ in base.untranslated}
+    assert seen == wanted
 
 
 def test_custom_rules_need_no_background_load():
