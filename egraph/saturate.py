@@ -255,9 +255,11 @@ def _load_shipped_base(presets: tuple[str, ...]) -> _Base:
 
     rules: list[Rule] = []
     for p in presets:
-        name, _, part = p.partition("/")
+        name, slash, part = p.partition("/")
+        if slash and slash + part != WITHOUT_ALGEBRA:
+            raise ValueError(f"unknown selection {p!r} of a shipped rule file")
         loaded = load(SHIPPED[name])
-        rules += [r for r in loaded if rule_kind(r) != "algebraic"] if part else loaded
+        rules += [r for r in loaded if rule_kind(r) != "algebraic"] if slash else loaded
     return _Base(language(), rules)
 
 
@@ -277,7 +279,7 @@ def _loaded_superset(presets: tuple[str, ...]) -> _Base | None:
     """The smallest loaded base holding at least ``presets``' rules (more rules only cost time:
     a base loaded for the whole model serves its segments)."""
     fits = [k for k in _shipped if _serves(k, presets)]
-    return _shipped[min(fits, key=len)] if fits else None
+    return min((_shipped[k] for k in fits), key=lambda b: len(b.rules), default=None)
 
 
 def _shipped_base(presets: tuple[str, ...]) -> _Base:
