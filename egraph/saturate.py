@@ -235,8 +235,9 @@ def shipped_presets(pcgs: Sequence[PCG] = ()) -> tuple[str, ...]:
 
 
 def _computes_low_rank_data(pcg: PCG) -> bool:
-    """Whether a node other than a source outputs a tensor of rank 2 or less that depends on
-    a data input (not on weights alone)."""
+    """Whether a computing node outputs a tensor of rank 2 or less that depends on a data
+    input (not on weights alone). Parallel operators do not count: no algebraic rule matches
+    them, and a plan's split of rank-2 token ids is no rank-2 computation."""
     from_data: set[str] = set()
     for node in pcg.nodes:  # in topological order
         if node.spec.kind is OpKind.SOURCE:
@@ -245,6 +246,8 @@ def _computes_low_rank_data(pcg: PCG) -> bool:
             continue
         if any(r.node in from_data for r in node.inputs):
             from_data.add(node.name)
+            if node.spec.kind is OpKind.PARALLEL:
+                continue
             if any(s.rank <= 2 for s in pcg.output_shapes(node.name)):
                 return True
     return False

@@ -360,6 +360,16 @@ def test_a_rank_2_model_loads_only_the_matrix_rules_and_a_loaded_superset_serves
     assert loads[-1] == ("matrix",)
 
 
+def test_a_plans_split_of_rank_2_token_ids_does_not_bring_back_the_matrix_algebra():
+    from pcgopt.extract.baselines import data_parallel
+    from pcgopt.models import bert_large
+
+    bert = bert_large(batch=8, seq=16, hidden=32, layers=1, heads=4, vocab=64)
+    plan = data_parallel(bert, Machine.preset("dgx-a100"))
+    assert any(n.op == "partition" and plan.output_shapes(n.name)[0].rank == 2 for n in plan.nodes)
+    assert shipped_presets([bert, plan]) == ("matrix/parallel", "transformer")
+
+
 def test_the_matrix_rules_without_their_algebra_keep_every_parallel_and_cleanup_rule():
     from pcgopt.egraph.translate import rule_kind
     from pcgopt.rules import RULES_FILE, load
