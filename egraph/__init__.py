@@ -7,6 +7,8 @@ Lives in the top-level folder ``egraph/`` and installs as ``pcgopt.egraph`` (see
 * :mod:`~pcgopt.egraph.translate`: each verified rule as guarded egglog rewrites (both
   directions), the guard derived from the operator specs;
 * :mod:`~pcgopt.egraph.saturate`: :func:`saturate` under a :class:`Budget`;
+* :mod:`~pcgopt.egraph.split`: :func:`saturate_split`, a deep model's distinct segments
+  saturated once and joined into the whole model's e-graph;
 * :mod:`~pcgopt.egraph.export`: the e-graph as plain data (:class:`EGraphData`), and a choice of
   e-nodes back to a PCG.
 """
@@ -25,6 +27,7 @@ from pcgopt.egraph.saturate import (
     warm_up,
     warm_up_in_background,
 )
+from pcgopt.egraph.split import join_segments, saturate_split
 
 __all__ = [
     "Budget",
@@ -36,7 +39,9 @@ __all__ = [
     "Saturation",
     "ShapeConflictError",
     "StopReason",
+    "join_segments",
     "saturate",
+    "saturate_split",
     "saturate_together",
     "shipped_presets",
     "warm_up",

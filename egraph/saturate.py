@@ -501,6 +501,7 @@ def _run(
     report=None,
     progress: Progress | None = None,
     started: float | None = None,
+    export_scale: float = 1.0,
 ) -> tuple[StopReason, list[IterationStats], int]:
     """Runs iterations on the loaded e-graph; returns why it stopped, per-iteration stats and the
     number of rewrites applied. With ``max_iterations`` (a replay), runs exactly that many
@@ -559,7 +560,7 @@ def _run(
             before_nodes, before_rss = history[-2].enodes, history[-2].rss_bytes
         predicted_nodes = nodes * growth
         # The export after the last iteration is in the budget too.
-        predicted_s = iteration_s + EXPORT_SECONDS_PER_ENODE * predicted_nodes
+        predicted_s = iteration_s + EXPORT_SECONDS_PER_ENODE * export_scale * predicted_nodes
         if elapsed + predicted_s >= budget.seconds:
             reason = StopReason.TIME
             break
@@ -569,7 +570,9 @@ def _run(
         if nodes - before_nodes >= nodes // 10:
             per_enode = max(per_enode, max(0, rss - before_rss) / max(1, nodes - before_nodes))
         predicted_rss = (
-            rss + per_enode * (predicted_nodes - nodes) + EXPORT_BYTES_PER_ENODE * predicted_nodes
+            rss
+            + per_enode * (predicted_nodes - nodes)
+            + EXPORT_BYTES_PER_ENODE * export_scale * predicted_nodes
         )
         if rss >= budget.memory_bytes or predicted_rss >= budget.memory_bytes:
             reason = StopReason.MEMORY
@@ -609,6 +612,7 @@ def saturate_together(
     budget: Budget | None = None,
     progress: bool = False,
     seeds: Sequence[Sequence[PCG]] | None = None,
+    export_scale: float = 1.0,
 ) -> list[Saturation]:
     """:func:`saturate` for several PCGs at once (``seeds[j]``: those of ``pcgs[j]``), in one
     e-graph under one ``budget``: egglog's fixed cost of a run (copying the e-graph of the
@@ -617,7 +621,10 @@ def saturate_together(
     apart (sources of different PCGs are different tensors even where their names are equal),
     so no rewrite connects them. Returns one :class:`Saturation` per PCG, whose e-graph is
     the part reachable from that PCG's outputs; the stop reason, iterations, times and memory
-    are the shared run's. Graph splitting saturates its distinct segments this way."""
+    are the shared run's. Graph splitting saturates its distinct segments this way.
+    ``export_scale``: the export and what the caller does with it afterwards (a join of
+    copies, :func:`~pcgopt.egraph.saturate_split`) cost this many times a plain export, in time
+    and memory; saturation leaves room for them in the budget."""
     pcgs = tuple(pcgs)
     seeds = tuple(tuple(s) for s in (seeds if seeds is not None else [()] * len(pcgs)))
     if len(seeds) != len(pcgs):
@@ -640,13 +647,15 @@ def saturate_together(
     fit: int | None = None
     reason: StopReason | None = None
     if budget.isolate:
-        fit, reason = _probe_in_child(problems, machine, budget, rules)
+        fit, reason = _probe_in_child(problems, machine, budget, rules, export_scale)
     t0 = time.perf_counter()
     bar = Progress(budget.iterations, "saturate") if progress else None
     eg = _start(base, problems, machine, budget)
     try:
         if fit is None:
-            reason, history, rewrites = _run(base, budget, progress=bar, started=t0)
+            reason, history, rewrites = _run(
+                base, budget, progress=bar, started=t0, export_scale=export_scale
+            )
             if reason is StopReason.NODES:
                 # The last iteration overshot: rebuild the e-graph that fit (egglog is
                 # deterministic, so replaying gives the same e-graph).
@@ -700,7 +709,12 @@ def saturate_together(
 
 
 def _probe_worker(
-    problems: Sequence[_Problem], machine: Machine, budget: Budget, rules, conn
+    problems: Sequence[_Problem],
+    machine: Machine,
+    budget: Budget,
+    rules,
+    export_scale: float,
+    conn,
 ) -> None:
     base = _base(rules, _every_pcg(problems))
     _start(base, problems, machine, budget)
@@ -708,7 +722,7 @@ def _probe_worker(
     def report(stats: IterationStats) -> None:
         conn.send(("iteration", stats.iteration, stats.enodes))
 
-    reason, history, _ = _run(base, budget, report=report)
+    reason, history, _ = _run(base, budget, report=report, export_scale=export_scale)
     conn.send(("done", reason.name, len(history)))
 
 
@@ -717,12 +731,16 @@ def _probe_in_child(
     machine: Machine,
     budget: Budget,
     rules: Sequence[Rule] | None,
+    export_scale: float = 1.0,
 ) -> tuple[int, StopReason | None]:
     """Runs the iterations in a child process under hard time and memory limits; returns how
     many iterations finished within them and, if a limit was hit, which."""
     ctx = multiprocessing.get_context("fork")
     parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_probe_worker, args=(problems, machine, budget, rules, child))
+    proc = ctx.Process(
+        target=_probe_worker,
+        args=(problems, machine, budget, rules, export_scale, child),
+    )
     proc.start()
     child.close()
     done = 0

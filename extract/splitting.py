@@ -58,313 +58,38 @@ from pcgopt.extract.extraction import (
 )
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.machine import Machine
-from pcgopt.ops import OpKind, get_op
+from pcgopt.ops import get_op
 from pcgopt.rewrite import Rule
+from pcgopt.segments import (
+    MIN_SEGMENT_OPS,
+    Segment,
+    SegmentProblem,
+    apply_chain,
+    cut_tensors,
+    is_source,
+    layout_chain,
+    seed_owners,
+    seed_slice,
+    segment_pcg,
+    segment_problems,
+    split_segments,
+    undo_chain,
+)
 from pcgopt.shapes import ParallelTensorShape
 
 __all__ = [
+    "MIN_SEGMENT_OPS",
     "Segment",
     "SplitSearch",
     "cancel_inverse_pairs",
     "cut_tensors",
     "layout_chain",
+    "seed_owners",
     "seed_slice",
     "segment_pcg",
     "split_search",
     "split_segments",
 ]
-
-#: Unity's minimum segment size *k*, in computing operators (sources and parallel operators
-#: not counted): about one transformer layer.
-MIN_SEGMENT_OPS = 24
-
-
-def _is_source(node: Node) -> bool:
-    return get_op(node.op).kind is OpKind.SOURCE
-
-
-def _is_parallel(node: Node) -> bool:
-    return get_op(node.op).kind is OpKind.PARALLEL
-
-
-@dataclass(frozen=True)
-class Segment:
-    """Consecutive non-source nodes of a PCG (``nodes``, in topological order) that read the
-    cut tensor ``entry`` (None for the first segment) and hand on ``exit`` (None for the last,
-    which returns the PCG's outputs)."""
-
-    index: int
-    nodes: tuple[str, ...]
-    entry: TensorRef | None
-    exit: TensorRef | None
-
-    def __repr__(self) -> str:
-        return (
-            f"Segment({self.index}: {len(self.nodes)} nodes, "
-            f"{self.entry or 'inputs'} -> {self.exit or 'outputs'})"
-        )
-
-
-def cut_tensors(pcg: PCG) -> list[tuple[int, TensorRef]]:
-    """Every cut of ``pcg`` (module docstring) as ``(position, tensor)``: the tensor is the only
-    computed one that nodes after ``position`` (in ``pcg.nodes`` order, sources left out) read
-    from before it. Only output 0 of a node, of a float type, unsplit and without replicas
-    (the input PCG's layout) qualifies."""
-    computed = [n for n in pcg.nodes if not _is_source(n)]
-    position = {n.name: i for i, n in enumerate(computed)}
-    last_read: dict[TensorRef, int] = {}
-    for i, n in enumerate(computed):
-        for ref in n.inputs:
-            if ref.node in position:
-                last_read[ref] = max(last_read.get(ref, -1), i)
-    for ref in pcg.outputs:
-        if ref.node in position:
-            last_read[ref] = len(computed)  # returned: live to the end
-    # Sweep: tensors made at or before i and read after i.
-    live: set[TensorRef] = set()
-    ending: dict[int, list[TensorRef]] = {}
-    for ref, i in last_read.items():
-        ending.setdefault(i, []).append(ref)
-    out = []
-    for i, n in enumerate(computed[:-1]):
-        for k in range(len(pcg.output_shapes(n.name))):
-            ref = TensorRef(n.name, k)
-            if last_read.get(ref, -1) > i:
-                live.add(ref)
-        for ref in ending.get(i, ()):
-            live.discard(ref)
-        if len(live) == 1:
-            (ref,) = live
-            shape = pcg.shape(ref)
-            if ref.index == 0 and not shape.dtype.is_integer and shape.num_shards == 1:
-                out.append((i, ref))
-    return out
-
-
-def split_segments(pcg: PCG, min_ops: int = MIN_SEGMENT_OPS) -> tuple[Segment, ...]:
-    """``pcg``'s non-source nodes cut into segments of at least ``min_ops`` computing
-    operators each (the last may have fewer only if it is the only one), at cuts
-    (:func:`cut_tensors`). One segment if no cut leaves both sides big enough."""
-    if min_ops < 1:
-        raise PCGError(f"min_ops must be at least 1, got {min_ops!r}")
-    computed = [n for n in pcg.nodes if not _is_source(n)]
-    counts = [0]
-    for n in computed:
-        counts.append(counts[-1] + (not _is_parallel(n)))
-    total = counts[-1]
-    chosen: list[tuple[int, TensorRef]] = []
-    start = 0
-    for i, ref in cut_tensors(pcg):
-        made = counts[i + 1] - counts[start]
-        if made >= min_ops and total - counts[i + 1] >= min_ops:
-            chosen.append((i, ref))
-            start = i + 1
-    segments = []
-    begin = 0
-    entry: TensorRef | None = None
-    for k, (i, ref) in enumerate(chosen):
-        names = tuple(n.name for n in computed[begin : i + 1])
-        segments.append(Segment(k, names, entry, ref))
-        begin, entry = i + 1, ref
-    segments.append(Segment(len(chosen), tuple(n.name for n in computed[begin:]), entry, None))
-    return tuple(segments)
-
-
-# -- layouts ---------------------------------------------------------------------------------
-
-
-def layout_chain(layout: ParallelTensorShape) -> tuple[tuple[str, dict[str, int]], ...]:
-    """The parallel operators that lay an unsplit tensor out as ``layout``: a Partition per
-    split dimension (in dimension order), then a Replicate for its copies."""
-    if layout.is_partial:
-        raise PCGError(f"a layout across a cut cannot hold partial sums: {layout!r}")
-    ops: list[tuple[str, dict[str, int]]] = [
-        ("partition", {"dim": d, "degree": k}) for d, k in enumerate(layout.degrees) if k > 1
-    ]
-    if layout.copy_degree > 1:
-        ops.append(("replicate", {"degree": layout.copy_degree}))
-    return tuple(ops)
-
-
-def _undo_chain(layout: ParallelTensorShape) -> tuple[tuple[str, dict[str, int]], ...]:
-    """The inverse of :func:`layout_chain`: ``discard_copies``, then the Combines, last
-    dimension first."""
-    ops: list[tuple[str, dict[str, int]]] = []
-    if layout.copy_degree > 1:
-        ops.append(("discard_copies", {"degree": layout.copy_degree}))
-    ops += [
-        ("combine", {"dim": d, "degree": k})
-        for d, k in reversed(list(enumerate(layout.degrees)))
-        if k > 1
-    ]
-    return tuple(ops)
-
-
-def _apply_chain(
-    chain: Sequence[tuple[str, dict[str, int]]], ref: TensorRef, prefix: str, made: list[Node]
-) -> TensorRef:
-    for j, (op, params) in enumerate(chain):
-        node = Node(f"{prefix}.{j}", op, (ref,), params)
-        made.append(node)
-        ref = node.output()
-    return ref
-
-
-# -- a segment as a PCG of its own -------------------------------------------------------------
-
-
-def segment_pcg(pcg: PCG, segment: Segment, exits: Sequence[ParallelTensorShape] = ()) -> PCG:
-    """``segment`` as a PCG: its entry tensor becomes an input of the same name, and it returns
-    its exit tensor unsplit and then laid out as each of ``exits`` (the last segment returns
-    the PCG's outputs). Every source it reads comes along."""
-    inside = set(segment.nodes)
-    made: list[Node] = []
-    sources: dict[str, Node] = {}
-    for name in segment.nodes:
-        node = pcg.node(name)
-        for ref in node.inputs:
-            if ref.node not in inside and ref != segment.entry:
-                src = pcg.node(ref.node)
-                if not _is_source(src):
-                    raise PCGError(
-                        f"segment {segment.index} reads {ref}, made outside it and not its entry"
-                    )
-                sources[src.name] = src
-        made.append(node)
-    if segment.entry is not None:
-        shape = pcg.shape(segment.entry)
-        made.insert(
-            0,
-            Node(segment.entry.node, "input", (), {"shape": shape.sizes, "dtype": shape.dtype}),
-        )
-    nodes = [*sources.values(), *made]
-    if segment.exit is None:
-        return PCG(nodes, pcg.outputs)
-    outputs = [segment.exit]
-    for k, layout in enumerate(exits):
-        outputs.append(
-            _apply_chain(layout_chain(layout), segment.exit, f"{segment.exit.node}@{k}", nodes)
-        )
-    return PCG(nodes, outputs)
-
-
-def _source_layouts(seed: PCG) -> set[str]:
-    """Nodes of ``seed`` that only lay sources out (parallel operators over sources)."""
-    out: set[str] = set()
-    for n in seed.nodes:
-        if _is_source(n) or (_is_parallel(n) and all(r.node in out for r in n.inputs)):
-            out.add(n.name)
-    return out
-
-
-def seed_owners(seed: PCG, segments: Sequence[Segment]) -> dict[str, int]:
-    """The segment each node of ``seed`` belongs to: a node of the model its segment; another
-    node (a parallel operator the seed added) the first segment that reads it; nodes that only
-    lay sources out belong to none (every segment that reads them takes a copy)."""
-    home = {name: s.index for s in segments for name in s.nodes}
-    shared = _source_layouts(seed)
-    readers: dict[str, list[str]] = {}
-    for n in seed.nodes:
-        for r in n.inputs:
-            readers.setdefault(r.node, []).append(n.name)
-    owner: dict[str, int] = {}
-    last = segments[-1].index
-    for n in reversed(seed.nodes):
-        if n.name in shared:
-            continue
-        if n.name in home:
-            owner[n.name] = home[n.name]
-        else:
-            owner[n.name] = min(
-                (owner[r] for r in readers.get(n.name, ()) if r in owner), default=last
-            )
-    return owner
-
-
-def seed_slice(
-    seed: PCG,
-    pcg: PCG,
-    segment: Segment,
-    owners: Mapping[str, int],
-    exits: Sequence[ParallelTensorShape] = (),
-) -> PCG | None:
-    """The part of ``seed`` in ``segment``, as a PCG with the same inputs and output shapes as
-    :func:`segment_pcg` (so it can seed that segment's e-graph), or None where the seed does not
-    cut there: it lacks the cut tensors, holds partial sums across a cut, or a node of the
-    segment reads something the seed made in another segment."""
-    shared = _source_layouts(seed)
-    mine = [n for n in seed.nodes if owners.get(n.name) == segment.index]
-    made: list[Node] = []
-    copied: set[str] = set()
-    rename: dict[TensorRef, TensorRef] = {}
-    if segment.entry is not None:
-        if segment.entry.node not in seed:
-            return None
-        layout = seed.shape(segment.entry)
-        if layout.is_partial:
-            return None
-        shape = pcg.shape(segment.entry)
-        made.append(
-            Node(segment.entry.node, "input", (), {"shape": shape.sizes, "dtype": shape.dtype})
-        )
-        copied.add(segment.entry.node)
-        rename[segment.entry] = _apply_chain(
-            layout_chain(layout), segment.entry, f"{segment.entry.node}@seed", made
-        )
-
-    def take_shared(name: str) -> None:
-        stack = [name]
-        order: list[Node] = []
-        while stack:
-            n = seed.node(stack.pop())
-            if n.name in copied:
-                continue
-            copied.add(n.name)
-            order.append(n)
-            stack.extend(r.node for r in n.inputs)
-        made[:0] = reversed(order)
-
-    body: list[Node] = []
-    for n in mine:
-        inputs = []
-        for r in n.inputs:
-            if r in rename:
-                inputs.append(rename[r])
-            elif r.node in shared:
-                take_shared(r.node)
-                inputs.append(r)
-            elif owners.get(r.node) == segment.index:
-                inputs.append(r)
-            else:
-                return None
-        body.append(replace(n, inputs=tuple(inputs)))
-    nodes = [*made, *body]
-    try:
-        if segment.exit is None:
-            outputs = [rename.get(r, r) for r in seed.outputs]
-            if any(owners.get(r.node) != segment.index and r not in rename for r in outputs):
-                return None
-            return PCG(nodes, outputs)
-        if segment.exit.node not in seed or owners.get(segment.exit.node) != segment.index:
-            return None
-        layout = seed.shape(segment.exit)
-        if layout.is_partial:
-            return None
-        unsplit = _apply_chain(
-            _undo_chain(layout), segment.exit, f"{segment.exit.node}@back", nodes
-        )
-        outputs = [unsplit]
-        for k, want in enumerate(exits):
-            if want == layout:
-                outputs.append(segment.exit)
-            else:
-                outputs.append(
-                    _apply_chain(layout_chain(want), unsplit, f"{segment.exit.node}@{k}", nodes)
-                )
-        return PCG(nodes, outputs)
-    except PCGError:
-        return None
-
 
 # -- stitching ------------------------------------------------------------------------------------
 
@@ -398,7 +123,7 @@ def cancel_inverse_pairs(pcg: PCG) -> PCG:
             }
             outputs = [_resolve(alias, r) for r in outputs]
         read = {r.node for n in nodes.values() for r in n.inputs} | {r.node for r in outputs}
-        dead = [k for k, n in nodes.items() if k not in read and not _is_source(n)]
+        dead = [k for k, n in nodes.items() if k not in read and not is_source(n)]
         if dead:
             changed = True
             for k in dead:
@@ -423,23 +148,6 @@ class _Solved:
     pcg: PCG
     seconds: float
     entry_layouts: frozenset[ParallelTensorShape]
-
-
-@dataclass(frozen=True)
-class _Problem:
-    """A segment as the search sees it: its PCG and seed slices with canonical names (the
-    cache key), the map back to the model's names, its entry input's canonical name, and the
-    layouts it hands on (unsplit first)."""
-
-    pcg: PCG
-    seeds: tuple[PCG, ...]
-    back: Mapping[str, str]
-    entry: str | None
-    handed: tuple[ParallelTensorShape, ...]
-
-    @property
-    def key(self) -> tuple[PCG, tuple[PCG, ...]]:
-        return (self.pcg, self.seeds)
 
 
 @dataclass
@@ -535,7 +243,7 @@ def _change_s(
     if handed not in memo:
         unsplit = handed.unpartitioned()
         memo[handed] = (
-            _chain_s(_undo_chain(handed), handed, machine),
+            _chain_s(undo_chain(handed), handed, machine),
             _chain_s(layout_chain(handed), unsplit, machine),
         )
     undo, redo = memo[handed]
@@ -554,48 +262,6 @@ def _extract(
         return str(e)
     layouts = frozenset() if entry is None else _entry_layouts(solved, entry)
     return _Solved(solved, found.cost.objective(costs.memory_capacity), layouts)
-
-
-def _problems(pcg: PCG, segments: Sequence[Segment], seeds: Sequence[PCG]) -> list[_Problem]:
-    """Each segment's PCG and seed slices, with canonical names, and the layouts it hands on:
-    unsplit, then the seeds' (partial sums never cross a cut)."""
-    owners = [seed_owners(s, segments) for s in seeds]
-    out = []
-    for seg in segments:
-        exits: dict[ParallelTensorShape, None] = {}
-        if seg.exit is not None:
-            unsplit = pcg.shape(seg.exit)
-            for s in seeds:
-                if seg.exit.node in s:
-                    layout = s.shape(seg.exit)
-                    if not layout.is_partial and layout != unsplit:
-                        exits[layout] = None
-        own = segment_pcg(pcg, seg, tuple(exits))
-        canon, back = _canonical(own)
-        names = {v: k for k, v in back.items()}
-        sliced: dict[PCG, None] = {}
-        for k, (s, o) in enumerate(zip(seeds, owners, strict=True)):
-            part = seed_slice(s, pcg, seg, o, tuple(exits))
-            if part is None:
-                continue
-            # The slice's nodes named as the segment's where they are the same node, by
-            # position elsewhere (so equal layers stay equal).
-            fresh = {n.name: names.get(n.name, f"s{k}.{i}") for i, n in enumerate(part.nodes)}
-            sliced[part.renamed(fresh)] = None
-            back.update(
-                (fresh[n.name], n.name) for n in part.nodes if _is_source(n) and n.name not in names
-            )
-        handed = () if seg.exit is None else (pcg.shape(seg.exit), *exits)
-        entry = None if seg.entry is None else names[seg.entry.node]
-        out.append(_Problem(canon, tuple(sliced), back, entry, handed))
-    return out
-
-
-def _canonical(pcg: PCG) -> tuple[PCG, dict[str, str]]:
-    """``pcg`` with its nodes named by position (``v0``, ``v1``, ...) and the map back, so that
-    segments equal up to names are equal."""
-    names = {n.name: f"v{i}" for i, n in enumerate(pcg.nodes)}
-    return pcg.renamed(names), {v: k for k, v in names.items()}
 
 
 def split_search(
@@ -631,7 +297,7 @@ def split_search(
     if len(segments) < 2:
         return None
     seeds = [s for s in dict.fromkeys(seeds) if s != pcg]
-    problems = _problems(pcg, segments, seeds)
+    problems = segment_problems(pcg, segments, seeds)
     result = SplitSearch(None, segments, tuple(p.handed for p in problems))
     distinct = {p.key: p for p in problems}
     say(f"graph splitting: {len(segments)} segments, {len(distinct)} distinct")
@@ -734,12 +400,12 @@ def split_search(
 
 
 def _stitch(
-    pcg: PCG, problems: Sequence[_Problem], parts: Sequence[_Solved], picks: Sequence[int]
+    pcg: PCG, problems: Sequence[SegmentProblem], parts: Sequence[_Solved], picks: Sequence[int]
 ) -> PCG:
     """The segments' extractions joined into one PCG over ``pcg``'s sources: segment k's entry
     input becomes the Combines of what segment k-1 handed on, then inverse pairs cancel."""
-    sources = {n.name for n in pcg.nodes if _is_source(n)}
-    nodes: list[Node] = [n for n in pcg.nodes if _is_source(n)]
+    sources = {n.name for n in pcg.nodes if is_source(n)}
+    nodes: list[Node] = [n for n in pcg.nodes if is_source(n)]
     handed: TensorRef | None = None
     outputs: list[TensorRef] = []
     for k, (problem, part) in enumerate(zip(problems, parts, strict=True)):
@@ -748,11 +414,11 @@ def _stitch(
         if problem.entry is not None:
             assert handed is not None
             before = problems[k - 1].handed[picks[k - 1]]
-            entry_ref = _apply_chain(_undo_chain(before), handed, f"split{k}/entry", nodes)
+            entry_ref = apply_chain(undo_chain(before), handed, f"split{k}/entry", nodes)
         for n in part.pcg.nodes:
             if n.name == problem.entry:
                 continue
-            if _is_source(n):
+            if is_source(n):
                 real = problem.back.get(n.name, n.name)
                 if real not in sources:
                     raise PCGError(f"segment {k} reads source {real!r}, which the model lacks")
@@ -761,7 +427,7 @@ def _stitch(
                 names[n.name] = f"split{k}/{n.name}"
 
         for n in part.pcg.nodes:
-            if n.name == problem.entry or _is_source(n):
+            if n.name == problem.entry or is_source(n):
                 continue
             nodes.append(
                 replace(

@@ -14,19 +14,28 @@ from pcgopt import Machine, PCGBuilder, assert_equivalent, equivalent
 from pcgopt.egraph import (
     Budget,
     ChoiceError,
+    EGraphData,
     EGraphError,
+    ENode,
     ShapeConflictError,
     StopReason,
+    join_segments,
     saturate,
+    saturate_split,
     saturate_together,
     shipped_presets,
     warm_up_in_background,
 )
 from pcgopt.egraph.language import language
 from pcgopt.egraph.translate import translate_rule
+from pcgopt.errors import PCGError
 from pcgopt.extract import iteration_cost
-from pcgopt.models import mnist_mlp
+from pcgopt.extract.baselines import data_parallel, megatron
+from pcgopt.models import bert_large, mnist_mlp
+from pcgopt.ops import Params
 from pcgopt.rewrite import Rule
+from pcgopt.segments import cut_layouts, segment_problems, split_segments
+from pcgopt.shapes import ParallelTensorShape
 from pcgopt.testing.strategies import small_pcgs
 
 TWO_GPUS = Machine.preset("v100-ring", devices_per_node=2)
@@ -702,3 +711,76 @@ def test_heads_are_split_only_by_a_degree_that_divides_their_number():
     g = saturate(model, FOUR_GPUS, budget=Budget(iterations=4)).egraph
     heads_degrees = {g.shapes[n.eclass].degrees[2] for n in g.nodes if n.op == "reshape"}
     assert 2 in heads_degrees and 4 not in heads_degrees
+
+
+# --- graph splitting: distinct segments saturated once, joined into the model's e-graph ----
+
+
+@pytest.fixture(scope="module")
+def deep():
+    """A five-layer BERT, split into five segments of which four are distinct."""
+    model = bert_large(batch=4, seq=4, hidden=8, layers=5, heads=2, vocab=16)
+    return model, saturate_split(model, TWO_GPUS, budget=Budget(iterations=2))
+
+
+def test_a_split_deep_model_is_cut_into_segments_some_equal():
+    model = bert_large(batch=4, seq=4, hidden=8, layers=5, heads=2, vocab=16)
+    problems = segment_problems(model, split_segments(model))
+    assert len(problems) == 5
+    assert len({p.key for p in problems}) == 4  # the third and fourth are equal
+
+
+@pytest.mark.parametrize("baseline", [data_parallel, megatron], ids=["dp", "megatron"])
+def test_the_joined_egraph_holds_the_whole_models_plans_across_the_cuts(deep, baseline):
+    model, sat = deep
+    plan = baseline(model, TWO_GPUS)
+    assert sat.contains(model)
+    assert sat.contains(plan)
+    extracted = sat.egraph.to_pcg(sat.egraph.choice_for(plan))
+    assert_equivalent(model, extracted)
+    assert len(extracted) == len(plan)
+
+
+def test_random_extractions_from_the_joined_egraph_are_equivalent_to_the_model(deep):
+    model, sat = deep
+    assert_random_extractions_equivalent(model, sat.egraph, random.Random(0), tries=3)
+
+
+def test_a_model_that_does_not_split_is_saturated_whole(mnist):
+    model, whole = mnist
+    split = saturate_split(model, TWO_GPUS, budget=Budget(iterations=3))
+    assert (split.num_eclasses, split.num_enodes) == (whole.num_eclasses, whole.num_enodes)
+
+
+def _one_segment(entry_shape, exit_shape, *, entry):
+    """A one-node e-graph: a source (the entry) and its relu, both roots."""
+    nodes = [
+        ENode(
+            "input", Params({"shape": entry_shape.sizes, "dtype": entry_shape.dtype}), (), 0, entry
+        ),
+        ENode("relu", Params(), (0,), 1),
+    ]
+    return EGraphData(nodes, [[0], [1]], [entry_shape, exit_shape], (1,))
+
+
+def test_joining_segments_whose_entry_is_not_the_exit_before_is_a_shape_conflict():
+    a, b = ParallelTensorShape.parse("f32[4, 8]"), ParallelTensorShape.parse("f32[4, 6]")
+    first, second = _one_segment(a, a, entry="x"), _one_segment(b, b, entry="e")
+    with pytest.raises(ShapeConflictError, match="different shapes"):
+        join_segments([(first, {}, None), (second, {}, "e")])
+    joined = join_segments([(first, {}, None), (_one_segment(a, a, entry="e"), {}, "e")])
+    # The second relu reads the first: its entry's e-class is the first segment's exit.
+    assert [str(n.op) for n in joined.nodes] == ["input", "relu", "relu"]
+    assert joined.nodes[2].children == (joined.nodes[1].eclass,)
+
+
+def test_cut_layouts_are_the_batch_splits_and_copies_the_devices_allow():
+    shape = ParallelTensorShape.parse("f32[4, 8]")
+    found = {repr(s) for s in cut_layouts(shape, (2, 4, 8))}
+    assert found == {
+        "f32[4, 8] r2", "f32[4, 8] r4", "f32[4, 8] r8",
+        "f32[4/2, 8]", "f32[4/2, 8] r2", "f32[4/2, 8] r4",
+        "f32[4/4, 8]", "f32[4/4, 8] r2",
+    }  # fmt: skip
+    with pytest.raises(PCGError, match="unsplit"):
+        cut_layouts(shape.with_degree(0, 2), (2,))
