@@ -51,8 +51,8 @@ from pcgopt.shapes import ParallelTensorShape
 __all__ = ["join_segments", "saturate_split"]
 
 #: Joining takes about this long per e-node of the joined e-graph on the development machine
-#: (BERT-Large on 8 GPUs: 5.5 s for 642,912 e-nodes from 4 segments' 117,214); saturation
-#: leaves room for it in the time budget (and as much memory as an export per e-node).
+#: (BERT-Large on 8 GPUs: 5.5 s for 642,912 e-nodes from 4 segments' 117,214, and 3.6 s for
+#: 482,957); saturation leaves room for it in the time budget (and memory as for an export).
 JOIN_SECONDS_PER_ENODE = 9e-6
 
 
@@ -71,10 +71,10 @@ def saturate_split(
     ``min_ops`` computing operators are saturated together and their e-graphs joined into the
     whole model's (module docstring). ``layouts(shape)``: the layouts a cut tensor of unsplit
     ``shape`` may be handed on in (default :func:`~pcgopt.segments.cut_layouts` with the
-    machine's degrees); the seeds' are added. ``budget`` is the saturation's, with its
-    back-off match limit and e-node budget per distinct segment; joining the copies comes after
-    it (``export_seconds`` includes it). A model that does not split into two segments is
-    saturated whole."""
+    machine's degrees); the seeds' are added. ``budget``: its back-off match limit and e-node
+    budget are per distinct segment; its seconds cover the join too (``export_seconds``
+    includes it; saturation stops early enough to leave it :data:`JOIN_SECONDS_PER_ENODE` per
+    joined e-node). A model that does not split into two segments is saturated whole."""
     if not isinstance(pcg, PCG):
         raise TypeError(f"saturate_split needs a PCG, got {type(pcg).__name__}")
     budget = budget or Budget()
