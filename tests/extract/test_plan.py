@@ -148,18 +148,20 @@ def test_candidates_that_are_the_same_plan_are_placed_once(monkeypatch):
 
 
 def test_each_phase_gets_what_the_phases_before_it_left_and_the_next_keep_theirs(monkeypatch):
-    from pcgopt.extract.plan import PHASE_SHARES, _Clock
+    from pcgopt.extract.plan import PHASE_SHARES, RESERVE_SHARE, _Clock
 
     assert sum(PHASE_SHARES.values()) == pytest.approx(1.0)
     now = [0.0]
     monkeypatch.setattr(plan_module.time, "perf_counter", lambda: now[0])
-    clock = _Clock.start(100.0)
+    # A 105.26 s budget: the phases plan 100 s of it, 5% is kept for overruns and the check.
+    clock = _Clock.start(100.0 / (1 - RESERVE_SHARE))
+    assert clock.deadline == pytest.approx(100.0)
     assert clock.limit("coordinate descent") == pytest.approx(12.0)
     now[0] = 30.0  # the layer-wise searches took 30 s of their 18
     # Saturation keeps the 40 s of the phases after it whole and gets 30 s, not 42.
     assert clock.limit("saturate") == pytest.approx(30.0)
     now[0] = 10.0  # or they took 10 s: saturation gets its 42 s and their unused 8 s
     assert clock.limit("saturate") == pytest.approx(50.0)
-    now[0] = 99.5  # every phase overran: the next still gets 2% of the budget
+    now[0] = 99.5  # every phase overran: the next still gets 2% of the planned time
     assert clock.limit("branch parallel") == pytest.approx(2.0)
     assert clock.left() == pytest.approx(2.0)
