@@ -2,8 +2,10 @@
 
 For each zoo model (the small variant and full size) on 8 and 64 devices: iterations, e-classes,
 e-nodes, saturation and export time, peak memory, why saturation stopped, and whether the
-e-graph holds the data-parallel and Megatron-style baselines' plans. Each configuration runs in
-its own process, so that its peak memory is its own (the rules' one-off load included).
+e-graph holds the data-parallel and Megatron-style baselines' plans and Unity's Figure 2b plan
+on the feed-forward blocks (:func:`pcgopt.extract.unity_figure_2b`; n/a: the model has none).
+Each configuration runs in its own process, so that its peak memory is its own (the rules'
+one-off load included).
 
     python bench/egraph.py                               # every model, updates bench/RESULTS.md
     python bench/egraph.py --models mnist_mlp bert_large --devices 64 --no-write
@@ -27,7 +29,7 @@ from _results import write_section
 
 from pcgopt import Machine, models
 from pcgopt.egraph import Budget, saturate, saturate_split
-from pcgopt.extract.baselines import data_parallel, megatron
+from pcgopt.extract.baselines import data_parallel, megatron, unity_figure_2b
 
 HEADING = "## E-graph saturation"
 SPLIT_HEADING = "## Split e-graph saturation"
@@ -46,7 +48,12 @@ def one(model: str, small: bool, devices: int, seconds: float, split: bool = Fal
     sat = (saturate_split if split else saturate)(pcg, machine, budget=Budget(seconds=seconds))
     total = time.perf_counter() - t0
     contains = {}
-    for label, baseline in (("data parallel", data_parallel), ("megatron", megatron)):
+    plans = (
+        ("data parallel", data_parallel),
+        ("megatron", megatron),
+        ("figure 2b", unity_figure_2b),
+    )
+    for label, baseline in plans:
         try:
             contains[label] = sat.contains(baseline(pcg, machine))
         except Exception as e:  # a baseline that does not apply to this model
@@ -95,8 +102,8 @@ def run(
 def table(rows: Sequence[dict]) -> list[str]:
     lines = [
         "| model | size | devices | PCG nodes | iterations | e-classes | e-nodes | saturate | "
-        "export | peak RSS | stopped | has DP plan | has Megatron plan |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "export | peak RSS | stopped | has DP plan | has Megatron plan | has Figure 2b plan |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         if "error" in r:
@@ -107,7 +114,7 @@ def table(rows: Sequence[dict]) -> list[str]:
             f"| {r['model']} | {r['size']} | {r['devices']} | {r['nodes']} | {r['iterations']} "
             f"| {r['eclasses']:,} | {r['enodes']:,} | {r['saturate_s']:.1f} s "
             f"| {r['export_s']:.1f} s | {r['peak_rss'] / 2**20:.0f} MiB | {r['stop']} "
-            f"| {c['data parallel']} | {c['megatron']} |"
+            f"| {c['data parallel']} | {c['megatron']} | {c.get('figure 2b', 'not run')} |"
         )
     return lines
 

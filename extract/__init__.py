@@ -36,6 +36,7 @@ from pcgopt.extract.baselines import (
     fuse,
     megatron,
     sequential,
+    unity_figure_2b,
 )
 from pcgopt.extract.branches import BranchParallel, branch_parallel, lower_degrees
 from pcgopt.extract.calibrate import (
@@ -179,4 +180,5 @@ __all__ = [
     "split_segments",
     "summa_like",
     "synthesize",
+    "unity_figure_2b",
 ]

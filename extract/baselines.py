@@ -19,6 +19,13 @@ comparison: every output is brought back to one unsplit copy at the end).
   attention (Q, K, V column-parallel, heads split, output projection row-parallel) and MLP
   (FFN1 column, FFN2 row). Other models get the same rule on their Linear pairs (an MLP's
   layers alternate column/row); a model without such a pair is data parallel.
+* :func:`unity_figure_2b`: Unity's Figure 2b plan (section 2) on every two-layer feed-forward
+  block (a MatMul or Linear read only, directly or through an activation, by a MatMul or an
+  activation-free Linear), nothing else parallel: the first layer's activation is *not* fused,
+  so that its MatMul can be reduction-parallel (input split by its last dimension, weight by
+  rows, partial sums all-reduced); bias and activation run on the copies; the second layer is
+  split by output columns (weight and bias), then combined. No weight is synchronized. A
+  reference plan for what saturation must reach (issue 5), not a baseline to beat.
 * :func:`sequential`: :func:`fuse` (the algebraic rewrites a single-device optimizer applies:
   MatMul + bias Add + activation into one Linear), kept only when it does not make the
   single-device iteration slower, then the cheaper of :func:`data_parallel` and :func:`megatron`
@@ -53,6 +60,7 @@ __all__ = [
     "fuse",
     "megatron",
     "sequential",
+    "unity_figure_2b",
 ]
 
 
@@ -498,6 +506,108 @@ def megatron(pcg: PCG, machine: Machine, *, tensor_degree: int | None = None) ->
         if not lowering.fallbacks:
             return plan
     return _Lowering(pcg, _largest_divisor(batch, machine.num_devices)).run()
+
+
+def _feed_forward_blocks(pcg: PCG) -> list[tuple[Node, Node | None, Node]]:
+    """The two-layer feed-forward blocks (first layer, its separate activation or None, second
+    layer): a Linear, or a MatMul alone or read only by an activation, whose output only the
+    data input of a MatMul or activation-free Linear reads, both with rank-2 weights."""
+    consumers = pcg.consumers()
+    outputs = set(pcg.outputs)
+
+    def only_reader(node: Node) -> Node | None:
+        users = consumers.get(node.output(), [])
+        if node.output() in outputs or len(users) != 1 or users[0][1] != 0:
+            return None
+        return pcg.node(users[0][0])
+
+    def dense(node: Node | None) -> bool:
+        return (
+            node is not None
+            and node.op in ("matmul", "linear")
+            and pcg.shape(node.inputs[1]).rank == 2
+        )
+
+    blocks = []
+    for first in pcg.nodes:
+        if not dense(first):
+            continue
+        act = only_reader(first)
+        if first.op == "linear" or act is None or act.op not in ACTIVATIONS:
+            act = None
+        second = only_reader(act or first)
+        if dense(second) and (second.op == "matmul" or second.params["activation"] == "none"):
+            blocks.append((first, act, second))
+    return blocks
+
+
+def unity_figure_2b(pcg: PCG, machine: Machine, *, degree: int | None = None) -> PCG:
+    """Unity's Figure 2b plan on every two-layer feed-forward block of ``pcg`` (module
+    docstring), over ``degree`` devices (default: the largest dividing the machine's device
+    count and every block's hidden width). Raises :class:`BaselineError` when ``pcg`` has no
+    such block or ``degree`` does not divide a hidden width."""
+    _check_sequential(pcg)
+    blocks = _feed_forward_blocks(pcg)
+    if not blocks:
+        raise BaselineError(
+            "no two-layer feed-forward block (a MatMul or Linear read only, directly or "
+            "through an activation, by another)"
+        )
+    widths = {pcg.shape(first.inputs[1]).sizes[1] for first, _, _ in blocks}
+    if degree is None:
+        degree = max(
+            d
+            for d in range(1, machine.num_devices + 1)
+            if machine.num_devices % d == 0 and all(w % d == 0 for w in widths)
+        )
+    _check_tensor_degree(machine, degree)
+    if degree < 2 or any(w % degree for w in widths):
+        raise BaselineError(
+            f"degree {degree} does not split the feed-forward hidden widths {sorted(widths)}"
+        )
+    d = degree
+    firsts = {first.name for first, _, _ in blocks}
+    seconds = {second.name for _, _, second in blocks}
+    nodes: list[Node] = []
+    for node in pcg.nodes:
+        if node.name in firsts:
+            x, w1, *bias = node.inputs
+            last = pcg.shape(x).rank - 1
+            summed = f"{node.name}.partial"
+            steps = [
+                Node(f"{node.name}.input.split", "partition", (x,), {"dim": last, "degree": d}),
+                Node(f"{w1.node}.row{d}", "partition", (w1,), {"dim": 0, "degree": d}),
+                Node(summed, "matmul", (f"{node.name}.input.split", f"{w1.node}.row{d}")),
+                Node(f"{node.name}.allreduce", "all_reduce", (summed,), {"degree": d}),
+            ]
+            for b in bias:
+                steps += [
+                    Node(f"{b.node}.r{d}", "replicate", (b,), {"degree": d}),
+                    Node(f"{node.name}.bias", "add", (steps[-1].name, f"{b.node}.r{d}")),
+                ]
+            act = node.params["activation"] if node.op == "linear" else "none"
+            if act != "none":
+                steps.append(Node(f"{node.name}.{act}", act, (steps[-1].name,)))
+            # The layer's last step takes its name: its reader's reference holds.
+            steps[-1] = Node(node.name, steps[-1].op, steps[-1].inputs, steps[-1].params)
+            nodes += steps
+        elif node.name in seconds:
+            h, w2, *bias = node.inputs
+            last = pcg.shape(node.output()).rank - 1
+            steps = [
+                Node(f"{w2.node}.col{d}", "partition", (w2,), {"dim": 1, "degree": d}),
+                Node(f"{node.name}.matmul", "matmul", (h, f"{w2.node}.col{d}")),
+            ]
+            for b in bias:
+                steps += [
+                    Node(f"{b.node}.col{d}", "partition", (b,), {"dim": 0, "degree": d}),
+                    Node(f"{node.name}.bias", "add", (steps[-1].name, f"{b.node}.col{d}")),
+                ]
+            steps.append(Node(node.name, "combine", (steps[-1].name,), {"dim": last, "degree": d}))
+            nodes += steps
+        else:
+            nodes.append(node)
+    return PCG(nodes, pcg.outputs)
 
 
 def _check_tensor_degree(machine: Machine, degree: int) -> None:

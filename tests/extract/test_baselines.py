@@ -6,7 +6,13 @@ import pytest
 import pcgopt
 from pcgopt import Machine, PCGBuilder, models
 from pcgopt.extract import BaselineError, iteration_cost
-from pcgopt.extract.baselines import data_parallel, fuse, megatron, sequential
+from pcgopt.extract.baselines import (
+    data_parallel,
+    fuse,
+    megatron,
+    sequential,
+    unity_figure_2b,
+)
 
 TWO_GPUS = Machine.preset("summit", nodes=1, devices_per_node=2)
 SUMMIT_NODE = Machine.preset("summit")  # 6 GPUs
@@ -194,3 +200,51 @@ def test_errors_name_the_node():
         megatron(mnist, SUMMIT_NODE, tensor_degree=8)
     with pytest.raises(BaselineError, match=r"node 'x.split' \(partition\): .*already"):
         data_parallel(data_parallel(mnist, TWO_GPUS), TWO_GPUS)
+
+
+# --- Unity's Figure 2b plan on feed-forward blocks --------------------------------------------
+
+
+def test_unity_figure_2b_on_the_mnist_mlp_is_the_papers_plan():
+    """ReLU not fused; the first MatMul reduction-parallel (input split by columns, weight by
+    rows), its output all-reduced; the second split by output columns: 4bh = 131,072 elements
+    moved for the activation and its gradient (Unity section 2), plus gathering the 64 x 10
+    output and scattering its gradient; no weight synchronized."""
+    model = models.mnist_mlp()
+    plan = unity_figure_2b(model, TWO_GPUS)
+    pcgopt.assert_equivalent(model, plan, trials=1)
+    assert [n.op for n in plan.nodes if n.op not in ("input", "weight")] == [
+        "partition",
+        "partition",
+        "matmul",
+        "all_reduce",
+        "relu",
+        "partition",
+        "matmul",
+        "combine",
+    ]
+    assert plan.shape("matmul1.partial").sum_degree == 2
+    cost = iteration_cost(plan, TWO_GPUS)
+    assert cost.comm_bytes == (131_072 + 64 * 10) * 4
+    assert weight_sync_bytes(cost) == 0
+
+
+def test_unity_figure_2b_on_bert_unfuses_each_feed_forward_block():
+    model = models.build("bert_large", small=True)
+    plan = unity_figure_2b(model, TWO_GPUS)
+    pcgopt.assert_equivalent(model, plan, trials=1)
+    ffn1 = [n.name for n in model.nodes if n.name.endswith("ffn1/linear")]
+    assert ffn1 and all(plan.node(name).op == "gelu" for name in ffn1)
+    assert sum(n.op == "all_reduce" for n in plan.nodes) == len(ffn1)
+    # Nothing else is parallel: the attention's Linears are as they were.
+    attention = [n for n in model.nodes if "/attn/" in n.name and n.op == "linear"]
+    assert attention and all(plan.node(n.name) == n for n in attention)
+
+
+def test_unity_figure_2b_needs_a_feed_forward_block_and_a_degree_that_splits_it():
+    b = PCGBuilder()
+    only_one = b.build(b.matmul(b.input((4, 6), name="x"), b.weight((6, 6), name="w")))
+    with pytest.raises(BaselineError, match="no two-layer feed-forward block"):
+        unity_figure_2b(only_one, TWO_GPUS)
+    with pytest.raises(BaselineError, match=r"degree 3 does not split .*\[512\]"):
+        unity_figure_2b(models.mnist_mlp(), SUMMIT_NODE, degree=3)
