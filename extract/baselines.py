@@ -544,8 +544,8 @@ def _feed_forward_blocks(pcg: PCG) -> list[tuple[Node, Node | None, Node]]:
 def unity_figure_2b(pcg: PCG, machine: Machine, *, degree: int | None = None) -> PCG:
     """Unity's Figure 2b plan on every two-layer feed-forward block of ``pcg`` (module
     docstring), over ``degree`` devices (default: the largest dividing the machine's device
-    count and every block's hidden width). Raises :class:`BaselineError` when ``pcg`` has no
-    such block or ``degree`` does not divide a hidden width."""
+    count and the width of every block's input and output). Raises :class:`BaselineError`
+    when ``pcg`` has no such block or ``degree`` does not divide those widths."""
     _check_sequential(pcg)
     blocks = _feed_forward_blocks(pcg)
     if not blocks:
@@ -553,7 +553,12 @@ def unity_figure_2b(pcg: PCG, machine: Machine, *, degree: int | None = None) ->
             "no two-layer feed-forward block (a MatMul or Linear read only, directly or "
             "through an activation, by another)"
         )
-    widths = {pcg.shape(first.inputs[1]).sizes[1] for first, _, _ in blocks}
+    # The first layer splits its contraction, the second its output columns.
+    widths = {
+        size
+        for first, _, second in blocks
+        for size in (pcg.shape(first.inputs[1]).sizes[0], pcg.shape(second.inputs[1]).sizes[1])
+    }
     if degree is None:
         degree = max(
             d
@@ -563,7 +568,8 @@ def unity_figure_2b(pcg: PCG, machine: Machine, *, degree: int | None = None) ->
     _check_tensor_degree(machine, degree)
     if degree < 2 or any(w % degree for w in widths):
         raise BaselineError(
-            f"degree {degree} does not split the feed-forward hidden widths {sorted(widths)}"
+            f"degree {degree} does not split the feed-forward blocks' input and output "
+            f"widths {sorted(widths)}"
         )
     d = degree
     firsts = {first.name for first, _, _ in blocks}

@@ -246,5 +246,8 @@ def test_unity_figure_2b_needs_a_feed_forward_block_and_a_degree_that_splits_it(
     only_one = b.build(b.matmul(b.input((4, 6), name="x"), b.weight((6, 6), name="w")))
     with pytest.raises(BaselineError, match="no two-layer feed-forward block"):
         unity_figure_2b(only_one, TWO_GPUS)
-    with pytest.raises(BaselineError, match=r"degree 3 does not split .*\[512\]"):
+    with pytest.raises(BaselineError, match=r"degree 3 does not split .*\[10, 784\]"):
         unity_figure_2b(models.mnist_mlp(), SUMMIT_NODE, degree=3)
+    # 784 inputs and 10 outputs: of the node's 6 GPUs, 2 is the largest degree splitting both.
+    plan = unity_figure_2b(models.mnist_mlp(), SUMMIT_NODE)
+    assert plan.node("matmul1").params["degree"] == 2
