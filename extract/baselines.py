@@ -529,8 +529,9 @@ def _feed_forward_blocks(pcg: PCG) -> list[tuple[Node, Node | None, Node]]:
         )
 
     blocks = []
+    seconds: set[str] = set()
     for first in pcg.nodes:
-        if not dense(first):
+        if not dense(first) or first.name in seconds:  # in a chain, blocks do not overlap
             continue
         act = only_reader(first)
         if first.op == "linear" or act is None or act.op not in ACTIVATIONS:
@@ -538,6 +539,7 @@ def _feed_forward_blocks(pcg: PCG) -> list[tuple[Node, Node | None, Node]]:
         second = only_reader(act or first)
         if dense(second) and (second.op == "matmul" or second.params["activation"] == "none"):
             blocks.append((first, act, second))
+            seconds.add(second.name)
     return blocks
 
 
@@ -565,7 +567,7 @@ def unity_figure_2b(pcg: PCG, machine: Machine, *, degree: int | None = None) ->
             for d in range(1, machine.num_devices + 1)
             if machine.num_devices % d == 0 and all(w % d == 0 for w in widths)
         )
-    _check_tensor_degree(machine, degree)
+    _check_tensor_degree(machine, degree, "degree")
     if degree < 2 or any(w % degree for w in widths):
         raise BaselineError(
             f"degree {degree} does not split the feed-forward blocks' input and output "
@@ -613,16 +615,19 @@ def unity_figure_2b(pcg: PCG, machine: Machine, *, degree: int | None = None) ->
             nodes += steps
         else:
             nodes.append(node)
-    return PCG(nodes, pcg.outputs)
+    # A weight or bias that two blocks share is split (or copied) once.
+    unique: dict[str, Node] = {}
+    for n in nodes:
+        unique.setdefault(n.name, n)
+    return PCG(list(unique.values()), pcg.outputs)
 
 
-def _check_tensor_degree(machine: Machine, degree: int) -> None:
+def _check_tensor_degree(machine: Machine, degree: int, what: str = "tensor_degree") -> None:
     if not isinstance(degree, int) or degree < 1:
-        raise BaselineError(f"tensor_degree must be a positive integer, got {degree!r}")
+        raise BaselineError(f"{what} must be a positive integer, got {degree!r}")
     if degree > machine.num_devices:
         raise BaselineError(
-            f"tensor_degree {degree} exceeds machine {machine.name!r}'s "
-            f"{machine.num_devices} devices"
+            f"{what} {degree} exceeds machine {machine.name!r}'s {machine.num_devices} devices"
         )
 
 

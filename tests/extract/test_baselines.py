@@ -248,6 +248,25 @@ def test_unity_figure_2b_needs_a_feed_forward_block_and_a_degree_that_splits_it(
         unity_figure_2b(only_one, TWO_GPUS)
     with pytest.raises(BaselineError, match=r"degree 3 does not split .*\[10, 784\]"):
         unity_figure_2b(models.mnist_mlp(), SUMMIT_NODE, degree=3)
+    with pytest.raises(BaselineError, match=r"^degree must be a positive integer"):
+        unity_figure_2b(models.mnist_mlp(), TWO_GPUS, degree=0)
     # 784 inputs and 10 outputs: of the node's 6 GPUs, 2 is the largest degree splitting both.
     plan = unity_figure_2b(models.mnist_mlp(), SUMMIT_NODE)
     assert plan.node("matmul1").params["degree"] == 2
+
+
+def test_unity_figure_2b_blocks_do_not_overlap_and_shared_weights_are_split_once():
+    b = PCGBuilder()
+    w, v, u = b.weight((4, 4), name="w"), b.weight((4, 4), name="v"), b.weight((4, 4), name="u")
+    x, y = b.input((2, 4), name="x"), b.input((2, 4), name="y")
+    # x: a chain of three layers, of which the first two make the block; y: a second block
+    # with the same weights.
+    chain = b.matmul(b.matmul(b.relu(b.matmul(x, w, name="a1")), v, name="a2"), u, name="a3")
+    other = b.matmul(b.relu(b.matmul(y, w, name="b1")), v, name="b2")
+    model = b.build(b.add(chain, other))
+    plan = unity_figure_2b(model, TWO_GPUS)
+    pcgopt.assert_equivalent(model, plan, trials=1)
+    assert plan.node("a3") == model.node("a3")
+    split = [n.inputs[0].node for n in plan.nodes if n.op == "partition"]
+    assert split.count("w") == 1 and split.count("v") == 1
+    assert [n.op for n in plan.nodes if n.name in ("a2", "b2")] == ["combine", "combine"]
