@@ -47,9 +47,8 @@ for key, make in makers.items():
 # A bound on any plan's time under the cost model: the model's compute and optimizer update
 # on one GPU (fused where that is cheaper), divided by the GPUs, no communication at all.
 from pcgopt.extract import fuse, iteration_cost
-from pcgopt.machine import Level
-inner = machine.levels[-1]
-one_gpu = Machine((Level(inner.name, 1, inner.link),), machine.device, name="one GPU")
+from pcgopt.extract.baselines import _single_device
+one_gpu = _single_device(machine)
 alone = [iteration_cost(g, one_gpu) for g in (pcg, fuse(pcg))]
 bound = min(c.compute_s + c.update_s for c in alone) / machine.num_devices
 print(json.dumps({
