@@ -27,7 +27,8 @@ the e-graph guards the size relations under which it is the same
 (:meth:`~pcgopt.ops.spec.ComputeOp.signature_conditions`). A dense layer's split into its
 product and a bias add (``LINEAR_DECOMPOSE``) and the bias add's own splits (``BIAS_ADD_ONE``)
 are what a row-parallel layer needs: Megatron all-reduces the partial product before adding
-the bias.
+the bias. ``LINEAR_ACTIVATION`` takes a dense layer's activation out of it, which Unity's
+Figure 2b needs for a GELU layer.
 ``NORM`` and ``ATTENTION`` are the full enumerations, kept so they can be run (``generate(NORM)``).
 """
 
@@ -143,6 +144,16 @@ LINEAR_DECOMPOSE = Config(
     inputs=(_x("x1", (2, 4, 6)), _x("w1", (6, 6), "weight"), _x("b1", (6,), "bias")),
 )
 
+#: A dense layer's activation applied after it (``linear(x, w, b, activation='gelu') =
+#: gelu(linear(x, w, b))``): with ``LINEAR_DECOMPOSE`` it unfuses BERT's first feed-forward
+#: layer into a product, a bias add and a GELU, so the product can be reduction-parallel and
+#: all-reduced before the bias and the activation (Unity's Figure 2b).
+LINEAR_ACTIVATION = Config(
+    max_ops=2,
+    ops=("linear_bias", "gelu"),
+    inputs=(_x("x1", (2, 4, 6)), _x("w1", (6, 6), "weight"), _x("b1", (6,), "bias")),
+)
+
 #: The bias add alone, [B, S, H] plus a broadcast [H], with the splits that pass through it.
 BIAS_ADD_ONE = Config(
     one_op=True,
@@ -178,6 +189,7 @@ PRESETS: dict[str, tuple[Config, ...]] = {
         RESHAPE_MERGE_ONE,
         LINEAR_DECOMPOSE,
         BIAS_ADD_ONE,
+        LINEAR_ACTIVATION,
     ),
 }
 

@@ -421,6 +421,16 @@ def _products() -> list[Axiom]:
             "add(matmul(x, w), b)",
             {"x": "[m, s, n]", "w": "[n, p]", "b": "[p]"},
         ),
+        *(
+            Axiom(
+                f"linear_bias_{act}_is_{act}_after_linear_r3",
+                f"a dense layer on [B, S, H] activations applies {act} after its biased product",
+                f"linear(x, w, b, activation='{act}')",
+                f"{act}(linear(x, w, b))",
+                {"x": "[m, s, n]", "w": "[n, p]", "b": "[p]"},
+            )
+            for act in ACTIVATIONS
+        ),
         Axiom(
             "add_bias_commutes_r3",
             "adding a broadcast bias commutes",

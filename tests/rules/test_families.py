@@ -302,6 +302,17 @@ def test_a_reshape_rule_that_moves_a_split_to_the_wrong_dimension_is_refuted():
         ("add(x1, matmul(x2, x3))", "linear(x2, x3, x1, activation='none')", "proved"),
         ("add(matmul(x2, x3), x1)", "linear(x2, x3, x1, activation='none')", "proved"),
         ("add(x1, matmul(x2, x3))", "linear(x2, x3, x1, activation='gelu')", "refuted"),
+        # The activation after the biased product (Unity's Figure 2b unfuses it).
+        (
+            "gelu(linear(x2, x3, x1, activation='none'))",
+            "linear(x2, x3, x1, activation='gelu')",
+            "proved",
+        ),
+        (
+            "linear(gelu(x2), x3, x1, activation='none')",
+            "linear(x2, x3, x1, activation='gelu')",
+            "refuted",
+        ),
         # The bias added to every copy of an all-reduced product.
         (
             "add(replicate(x2, degree=k), replicate(x1, degree=k))",
@@ -326,7 +337,7 @@ def test_a_dense_layer_is_its_product_and_a_broadcast_bias_add(lhs, rhs, status)
     from pcgopt.verify.prove import verify_rule
 
     inputs = {"x1": "[d]", "x2": "[a, b, c]", "x3": "[c, d]"}
-    if "matmul" not in lhs:
+    if "x3" not in lhs:
         inputs = {"x1": "[c]", "x2": "[a, b, c]"}
     rule = Rule.parse("bias", lhs, rhs, inputs)
     assert verify_rule(rule).status == status
@@ -345,6 +356,10 @@ def test_the_shipped_transformer_rules_hold_the_row_parallel_layers_bias_rules()
         "{'x1': f32[d], 'x2': f32[a, b, c], 'x3': f32[c, d]}",
     ) in shipped
     assert ("add(x1, x2) => add(x2, x1)", bias) in shipped
+    assert (
+        "gelu(linear(x1, x2, x3, activation='none')) => linear(x1, x2, x3, activation='gelu')",
+        "{'x1': f32[a, b, c], 'x2': f32[c, d], 'x3': f32[d]}",
+    ) in shipped
     assert (
         "add(replicate(x1, degree=k), replicate(x2, degree=k)) => replicate(add(x1, x2), degree=k)",
         bias,
