@@ -43,6 +43,7 @@ replicated, with gradient synchronization, in the cost model).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -562,11 +563,7 @@ def unity_figure_2b(pcg: PCG, machine: Machine, *, degree: int | None = None) ->
         for size in (pcg.shape(first.inputs[1]).sizes[0], pcg.shape(second.inputs[1]).sizes[1])
     }
     if degree is None:
-        degree = max(
-            d
-            for d in range(1, machine.num_devices + 1)
-            if machine.num_devices % d == 0 and all(w % d == 0 for w in widths)
-        )
+        degree = math.gcd(machine.num_devices, *widths)
     _check_tensor_degree(machine, degree, "degree")
     if degree < 2 or any(w % degree for w in widths):
         raise BaselineError(
