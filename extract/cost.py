@@ -18,7 +18,10 @@ each take a MatMul's FLOPs and bytes; an activation's gradient is one elementwis
 for an input the operator only broadcasts (by its signature: each of its dimensions is a
 dimension of the output, and some output dimension is not one of its: a bias, BatchNorm's
 scale), whose gradient is a sum of the output gradient over the broadcast axes: one pass,
-``out`` FLOPs and ``out + input`` bytes. So::
+``out`` FLOPs and ``out + input`` bytes; and except for an operator whose spec says what one
+input's gradient moves (``OpSpec.gradient_bytes_accessed``: a Concat's input gets its slice of
+the output gradient, one pass over that input's bytes, so all of them together cost one
+forward, not one forward each). So::
 
     backward = forward * (inputs that need a gradient, broadcast ones apart) + passes
 
@@ -647,6 +650,9 @@ def _gradient_s(
     else what the forward costs."""
     spec = node.spec
     assert isinstance(spec, ComputeOp)
+    moved = spec.gradient_bytes_accessed(node.params, ins, outs, i)
+    if moved is not None:
+        return roofline_s(0, moved, outs[0].dtype, device)
     sig = spec.signature(node.params, tuple(s.sizes for s in ins), tuple(s.sizes for s in outs))
     # Broadcast only: every dimension of the input is an output dimension, and some output
     # dimension is not one of its (a bias along the rows). A contracted dimension (a weight's k,

@@ -54,6 +54,10 @@ class Concat(ComputeOp):
         notes = tuple((i, params["axis"], why) for i in range(n))
         return Signature(axes, linear_in=tuple(range(n)), joint=True, notes=notes)
 
+    def gradient_bytes_accessed(self, params, inputs, outputs, i):
+        # Input i's gradient is its slice of the output gradient: read once, written once.
+        return 2 * inputs[i].shard_nbytes
+
     def reference(self, params, *xs):
         return (np.concatenate(xs, axis=params["axis"]),)
 

@@ -259,6 +259,19 @@ class OpSpec:
         attr = "shard_nbytes" if per_shard else "nbytes"
         return sum(getattr(s, attr) for s in (*inputs, *outputs))
 
+    def gradient_bytes_accessed(
+        self,
+        params: Params,
+        inputs: Sequence[ParallelTensorShape],
+        outputs: Sequence[ParallelTensorShape],
+        i: int,
+    ) -> int | None:
+        """Bytes one shard's gradient of input ``i`` reads and writes, for an operator whose
+        per-input gradient moves less than its forward (a Concat's input ``i`` gets only its
+        slice of the output gradient). None, the default: as much as the forward, which the
+        cost model then charges per input."""
+        return None
+
     def gradient_rows(self, params: Params, in_sizes: Sequence[Sizes], i: int) -> int | None:
         """How many rows (dimension-0 slices) of input ``i``'s gradient one execution on
         whole tensors of these sizes can make non-zero, when that is fewer than all of them

@@ -363,6 +363,22 @@ def test_backward_costs_one_forward_per_input_needing_a_gradient_and_a_pass_for_
     assert cost.compute_s == pytest.approx(sum(n.forward_s + n.backward_s for n in nodes.values()))
 
 
+def test_a_concats_backward_is_one_pass_in_all_not_one_per_input():
+    # Each input's gradient is its slice of dY: together they read and write what the forward
+    # did, however many inputs there are (not the whole concatenation once per input).
+    b = PCGBuilder()
+    rows, cols = 4096, 1024
+    parts = [b.weight((rows, cols), name=f"w{k}") for k in range(5)]
+    cost = iteration_cost(b.build(b.concat(*parts, axis=1, name="cat")), TWO_GPUS)
+    cat = cost.per_node["cat"]
+    part_bytes = rows * cols * 4
+    assert cat.forward_s == roofline_s(0, 2 * 5 * part_bytes, "f32", TWO_GPUS.device)
+    slice_pass = roofline_s(0, 2 * part_bytes, "f32", TWO_GPUS.device)
+    assert cat.backward_s == pytest.approx(5 * slice_pass)
+    # One kernel launch per input apart, that is the forward's time, not 5 times it.
+    assert cat.backward_s < 1.2 * cat.forward_s
+
+
 def test_nothing_trainable_no_backward():
     b = PCGBuilder()
     y = b.matmul(b.input((4, 8), name="x"), b.weight((8, 2), name="w", trainable=False), name="mm")
