@@ -645,8 +645,9 @@ def _gradient_s(
     forward_s: float,
     device: DeviceSpec,
 ) -> float:
-    """The time of the gradient of compute ``node``'s input ``i`` (module docstring): one pass
-    over the output gradient for an input the operator only broadcasts (a bias, BatchNorm's scale),
+    """The time of the gradient of compute ``node``'s input ``i`` (module docstring): the bytes
+    its spec says that gradient moves, if it says (a Concat's input: its slice); one pass over
+    the output gradient for an input the operator only broadcasts (a bias, BatchNorm's scale);
     else what the forward costs."""
     spec = node.spec
     assert isinstance(spec, ComputeOp)
