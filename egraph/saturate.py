@@ -8,10 +8,15 @@ explodes, as measured in the feasibility notes). Between iterations it checks th
 
 * e-nodes: the iteration that crosses the budget is undone (the e-graph is pushed before each
   iteration and popped back), so the result is the last e-graph that fit;
-* wall time and memory (resident set of this process): checked after each iteration; egglog's
-  run cannot be interrupted, so one iteration may overshoot. ``Budget(isolate=True)`` runs the
-  iterations in a child process first, kills it at the limit, and replays in this process only
-  the iterations that finished inside it.
+* wall time and memory (resident set of this process): checked after each iteration, and an
+  iteration is started only if it is predicted to end, with the export of its e-graph, within
+  them. egglog's run cannot be interrupted, so a misprediction may overshoot by an iteration.
+  ``Budget(isolate=True)`` runs the iterations in a child process first, kills it at the limit,
+  and replays in this process only the iterations that finished inside it.
+* the predictions are rough, so when the next iteration is predicted not to fit the time, it
+  is tried anyway in a forked child while this process keeps its e-graph (``speculate``, the
+  default; :func:`_speculate`): the child's exported e-graph is taken if it arrives while this
+  process could still export its own, and the child is killed otherwise.
 
 The result says why saturation stopped (:class:`StopReason`) and carries the exported e-graph.
 """
@@ -21,11 +26,12 @@ from __future__ import annotations
 import enum
 import multiprocessing
 import os
+import pickle
 import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import egglog.bindings as egg
 
@@ -79,7 +85,10 @@ class Budget:
     (:data:`EXPORT_SECONDS_PER_ENODE`), past it, or to need more than ``memory_bytes``; a
     misprediction can still overrun by one iteration. ``isolate``:
     enforce time and memory strictly by running the iterations in a child process first (costs
-    a second run of the iterations that fit)."""
+    a second run of the iterations that fit). ``speculate``: run the iterations predicted not
+    to fit the time in a forked child, and take its e-graph if it is exported in time (this
+    process and the child together stay within ``memory_bytes``); the time budget is then
+    used up, where a prediction may have stopped early."""
 
     iterations: int = 30
     enodes: int = 200_000
@@ -88,6 +97,7 @@ class Budget:
     match_limit: int = 1_000
     ban_length: int = 5
     isolate: bool = False
+    speculate: bool = True
 
     def __post_init__(self) -> None:
         for name in ("iterations", "enodes", "memory_bytes", "match_limit", "ban_length"):
@@ -493,6 +503,27 @@ def _start(
     return eg
 
 
+@dataclass
+class _RunState:
+    """Where a run of iterations is: what :func:`_run` continues from (in a speculative child,
+    the parent's run)."""
+
+    history: list[IterationStats] = field(default_factory=list)
+    rewrites: int = 0
+    quiet: int = 0  # iterations in a row that changed nothing
+    # The loaded PCGs' size and the memory before the first iteration: how much memory an
+    # e-node takes (the first iteration's growth says little about the second's).
+    initial_enodes: int = 0
+    initial_rss: int = 0
+    last_end: float = 0.0  # when the last iteration ended
+
+
+def _export_seconds(nodes: float, export_scale: float) -> tuple[float, float]:
+    """Predicted (export, what the caller does after it) seconds for an e-graph of ``nodes``."""
+    export_s = EXPORT_SECONDS_PER_ENODE * nodes
+    return export_s, export_s * (export_scale - 1)
+
+
 def _run(
     base: _Base,
     budget: Budget,
@@ -502,45 +533,49 @@ def _run(
     progress: Progress | None = None,
     started: float | None = None,
     export_scale: float = 1.0,
-) -> tuple[StopReason, list[IterationStats], int]:
-    """Runs iterations on the loaded e-graph; returns why it stopped, per-iteration stats and the
-    number of rewrites applied. With ``max_iterations`` (a replay), runs exactly that many
-    unless saturated first, without budget checks. On the node budget the e-graph is left one
-    iteration past the budget: the caller replays one iteration fewer. ``started``: when the
-    time budget began (``time.perf_counter()``; default now), so that loading the PCG counts."""
+    state: _RunState | None = None,
+    deliver_by: float = float("inf"),
+) -> tuple[StopReason, _RunState]:
+    """Runs iterations on the loaded e-graph; returns why it stopped and the run's state
+    (per-iteration stats, rewrites applied). With ``max_iterations`` (a replay), runs exactly
+    that many unless saturated first, without budget checks. On the node budget the e-graph is
+    left one iteration past the budget: the caller replays one iteration fewer. ``started``:
+    when the time budget began (``time.perf_counter()``; default now), so that loading the PCG
+    counts. ``state``: a run to continue. ``deliver_by``: the export must also be done by then
+    (a speculative child's parent stops waiting for it then)."""
     eg = base.egraph
     lang = base.lang
     run_start = time.perf_counter()
     start = run_start if started is None else started
-    last_end = run_start  # when the previous iteration ended (for predicting the next one)
-    history: list[IterationStats] = []
+    if state is None:
+        state = _RunState(
+            initial_enodes=_enodes(eg, lang) if max_iterations is None else 0,
+            initial_rss=_rss(),
+            last_end=run_start,
+        )
+    history = state.history
+    initial, initial_rss = state.initial_enodes, state.initial_rss
     limit = budget.iterations if max_iterations is None else max_iterations
     reason = StopReason.ITERATIONS
-    rewrites = 0
-    quiet = 0
-    # The loaded PCGs' size and the memory before the first iteration: how much memory an
-    # e-node takes (the first iteration's growth says little about the second's).
-    initial = _enodes(eg, lang) if max_iterations is None else 0
-    initial_rss = _rss()
-    for it in range(1, limit + 1):
+    for it in range(len(history) + 1, limit + 1):
         changed, matches = _iteration(eg)
         nodes = _enodes(eg, lang)
         now = time.perf_counter()
         elapsed = now - start
-        last_s, last_end = now - last_end, now
+        last_s, state.last_end = now - state.last_end, now
         rss = _rss()
         if max_iterations is None and nodes > budget.enodes:
             reason = StopReason.NODES
             break
-        rewrites += matches
+        state.rewrites += matches
         history.append(IterationStats(it, nodes, elapsed, rss))
         if report is not None:
             report(history[-1])
         if progress is not None:
             progress.update(f"{nodes:,} e-nodes")
         # With back-off, one quiet iteration is not saturation: banned rules come back.
-        quiet = quiet + 1 if not changed else 0
-        if quiet >= 2:
+        state.quiet = state.quiet + 1 if not changed else 0
+        if state.quiet >= 2:
             reason = StopReason.SATURATED
             break
         if max_iterations is not None:
@@ -560,8 +595,11 @@ def _run(
             before_nodes, before_rss = history[-2].enodes, history[-2].rss_bytes
         predicted_nodes = nodes * growth
         # The export after the last iteration is in the budget too.
-        predicted_s = iteration_s + EXPORT_SECONDS_PER_ENODE * export_scale * predicted_nodes
-        if elapsed + predicted_s >= budget.seconds:
+        export_s, after_s = _export_seconds(predicted_nodes, export_scale)
+        if (
+            elapsed + iteration_s + export_s + after_s >= budget.seconds
+            or now + iteration_s + export_s >= deliver_by
+        ):
             reason = StopReason.TIME
             break
         # Memory grows with the e-nodes as in the last iteration, or as over the whole run when
@@ -577,7 +615,7 @@ def _run(
         if rss >= budget.memory_bytes or predicted_rss >= budget.memory_bytes:
             reason = StopReason.MEMORY
             break
-    return reason, history, rewrites
+    return reason, state
 
 
 def saturate(
@@ -652,35 +690,40 @@ def saturate_together(
     bar = Progress(budget.iterations, "saturate") if progress else None
     eg = _start(base, problems, machine, budget)
     try:
+        outcome: _Outcome | None = None
         if fit is None:
-            reason, history, rewrites = _run(
-                base, budget, progress=bar, started=t0, export_scale=export_scale
-            )
+            reason, state = _run(base, budget, progress=bar, started=t0, export_scale=export_scale)
             if reason is StopReason.NODES:
                 # The last iteration overshot: rebuild the e-graph that fit (egglog is
                 # deterministic, so replaying gives the same e-graph).
-                fit = len(history)
+                fit = len(state.history)
                 eg.parse_and_run_program("(pop)")
                 eg = _start(base, problems, machine, budget)
+            elif reason is StopReason.TIME and budget.speculate and state.history:
+                outcome, stop = _speculate(
+                    base,
+                    problems,
+                    budget,
+                    state,
+                    started=t0,
+                    deliver_by=float("inf"),
+                    allowance=budget.memory_bytes,
+                    export_scale=export_scale,
+                    on_iteration=None if bar is None else _progress_reporter(bar),
+                )
+                reason = stop or reason
         if fit is not None:
-            replay_reason, history, rewrites = _run(base, budget, max_iterations=fit)
+            replay_reason, state = _run(base, budget, max_iterations=fit)
             if reason is None or replay_reason is StopReason.SATURATED:
                 reason = replay_reason
-        assert reason is not None
-        seconds = time.perf_counter() - t0
-        peak = max([_rss(), *(h.rss_bytes for h in history)])
-        t1 = time.perf_counter()
-        root_rows = eg.freeze().functions["root"].rows
-        roots = sorted((eg.value_to_i64(r.inputs[0]), r.output) for r in root_rows)
-        data = export(eg, base.lang, [v for _, v in roots])
-        parts = [data]
-        if len(problems) > 1:
-            parts, first = [], 0
-            for j, pcg in enumerate(pcgs):
-                mine = data.roots[first : first + len(pcg.outputs)]
-                first += len(pcg.outputs)
-                parts.append(data.reachable(mine, source_prefix=_source_prefix(j, problems)))
-        export_seconds = time.perf_counter() - t1
+        if outcome is None:
+            outcome = _export_outcome(base, problems, reason, state)
+        # The figures of the process whose e-graph was exported, and of its ancestors' memory.
+        parts = pickle.loads(outcome.parts) if isinstance(outcome.parts, bytes) else outcome.parts
+        reason, history, rewrites = outcome.reason, outcome.history, outcome.rewrites
+        seconds = outcome.saturated_at - t0
+        export_seconds = time.perf_counter() - outcome.saturated_at
+        peak = max(outcome.peak_rss, _rss())
     finally:
         eg.parse_and_run_program("(pop)")
         if bar is not None:
@@ -704,6 +747,206 @@ def saturate_together(
 
 
 # --------------------------------------------------------------------------------------------
+# speculative iterations
+# --------------------------------------------------------------------------------------------
+
+
+#: A speculative child is forked only if it has at least this long before its parent must start
+#: its own export.
+MIN_SPECULATION_SECONDS = 0.5
+
+
+@dataclass
+class _Outcome:
+    """A saturation's result before it becomes :class:`Saturation` s: why it stopped, its run,
+    when its export began, the peak memory of the processes that held e-graphs meanwhile, and
+    the exported e-graph of every problem (pickled, when it comes from a speculative child)."""
+
+    reason: StopReason
+    history: list[IterationStats]
+    rewrites: int
+    saturated_at: float
+    peak_rss: int
+    parts: list[EGraphData] | bytes
+
+
+def _export_outcome(
+    base: _Base, problems: Sequence[_Problem], reason: StopReason, state: _RunState
+) -> _Outcome:
+    saturated_at = time.perf_counter()
+    peak = max([_rss(), *(h.rss_bytes for h in state.history)])
+    eg = base.egraph
+    root_rows = eg.freeze().functions["root"].rows
+    roots = sorted((eg.value_to_i64(r.inputs[0]), r.output) for r in root_rows)
+    data = export(eg, base.lang, [v for _, v in roots])
+    parts = [data]
+    if len(problems) > 1:
+        parts, first = [], 0
+        for j, (pcg, _) in enumerate(problems):
+            mine = data.roots[first : first + len(pcg.outputs)]
+            first += len(pcg.outputs)
+            parts.append(data.reachable(mine, source_prefix=_source_prefix(j, problems)))
+    return _Outcome(reason, state.history, state.rewrites, saturated_at, peak, parts)
+
+
+def _progress_reporter(bar: Progress):
+    def update(stats: IterationStats) -> None:
+        bar.update(f"{stats.enodes:,} e-nodes")
+
+    return update
+
+
+def _speculate(
+    base: _Base,
+    problems: Sequence[_Problem],
+    budget: Budget,
+    state: _RunState,
+    *,
+    started: float,
+    deliver_by: float,
+    allowance: int,
+    export_scale: float,
+    on_iteration,
+) -> tuple[_Outcome | None, StopReason | None]:
+    """The next iteration was predicted not to fit the time budget, but egglog's predictions
+    are rough (the second iteration grew BERT-Large's segments on 64 GPUs 1.95x where 6x is
+    predicted): try it anyway in a forked child, a copy of this e-graph, while this process
+    keeps its own. The child goes on as this process would have (iterations predicted to fit,
+    then a child of its own) and sends back its exported e-graph, or says it has nothing that
+    would be ready in time. This process waits until it must start its own export (the export
+    and what the caller does after it, ``export_scale``, must end by ``started`` +
+    ``budget.seconds``, and be with its own parent by ``deliver_by``) and kills the child then,
+    or when this process and the child together pass ``allowance`` bytes. Returns the child's
+    outcome (None to export this e-graph) and, if the child stopped on a budget, which."""
+    deadline = started + budget.seconds
+    export_s, after_s = _export_seconds(state.history[-1].enodes, export_scale)
+    give_up = min(deliver_by, deadline - after_s) - export_s
+    if give_up - time.perf_counter() < MIN_SPECULATION_SECONDS:
+        return None, None
+    own = _rss()
+    ctx = multiprocessing.get_context("fork")
+    receiver, sender = ctx.Pipe(duplex=False)
+    proc = ctx.Process(
+        target=_speculation_worker,
+        args=(base, problems, budget, state, started, give_up, allowance - own, export_scale),
+        kwargs={"conn": sender},
+    )
+    proc.start()
+    sender.close()
+    stop: StopReason | None = StopReason.TIME
+    outcome: _Outcome | None = None
+    child_peak = 0
+    try:
+        while (now := time.perf_counter()) < give_up:
+            child_peak = max(child_peak, _child_rss(proc.pid))
+            if own + child_peak > allowance:
+                stop = StopReason.MEMORY
+                break
+            if not receiver.poll(min(0.05, give_up - now)):
+                if not proc.is_alive() and not receiver.poll(0):
+                    raise EGraphError(
+                        f"a speculative saturation child died (exit code {proc.exitcode})"
+                    )
+                continue
+            message = receiver.recv()
+            if message[0] == "iteration":
+                if on_iteration is not None:
+                    on_iteration(message[1])
+            elif message[0] == "error":
+                raise message[1]
+            elif message[0] == "stop":  # nothing that would be ready in time, or past a budget
+                stop = message[1]
+                break
+            else:  # "done": the outcome, its e-graphs still pickled
+                outcome = message[1]
+                outcome.parts = receiver.recv_bytes()
+                outcome.peak_rss = max(outcome.peak_rss, child_peak) + own
+                stop = None
+                break
+    except EOFError:
+        raise EGraphError(
+            f"a speculative saturation child died (exit code {proc.exitcode})"
+        ) from None
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join()
+        receiver.close()
+    return outcome, stop
+
+
+def _speculation_worker(
+    base: _Base,
+    problems: Sequence[_Problem],
+    budget: Budget,
+    state: _RunState,
+    started: float,
+    deliver_by: float,
+    allowance: int,
+    export_scale: float,
+    *,
+    conn,
+) -> None:
+    _die_with_parent()
+    try:
+        reason, state = _run(
+            base,
+            replace(budget, memory_bytes=max(1, allowance)),
+            report=lambda stats: conn.send(("iteration", stats)),
+            started=started,
+            export_scale=export_scale,
+            state=state,
+            deliver_by=deliver_by,
+        )
+        if reason is StopReason.NODES:  # this e-graph is past the budget; the parent's is not
+            conn.send(("stop", reason))
+            return
+        if reason is StopReason.TIME:
+            outcome, stop = _speculate(
+                base,
+                problems,
+                budget,
+                state,
+                started=started,
+                deliver_by=deliver_by,
+                allowance=allowance,
+                export_scale=export_scale,
+                on_iteration=lambda stats: conn.send(("iteration", stats)),
+            )
+            if outcome is not None:
+                payload, outcome.parts = outcome.parts, b""
+                conn.send(("done", outcome))
+                conn.send_bytes(payload)
+                return
+            reason = stop or reason
+        now = time.perf_counter()
+        export_s, after_s = _export_seconds(state.history[-1].enodes, export_scale)
+        if now + export_s >= deliver_by or now + export_s + after_s >= started + budget.seconds:
+            conn.send(("stop", reason))
+            return
+        outcome = _export_outcome(base, problems, reason, state)
+        payload, outcome.parts = pickle.dumps(outcome.parts, pickle.HIGHEST_PROTOCOL), b""
+        conn.send(("done", outcome))
+        conn.send_bytes(payload)
+    except BaseException as e:  # the parent raises it: a shape conflict must not be lost
+        try:
+            conn.send(("error", e))
+        except Exception:
+            conn.send(("error", EGraphError(f"speculative saturation failed: {e!r}")))
+
+
+def _die_with_parent() -> None:
+    """A speculative child's own children hold nothing its parent can use: when the parent
+    kills it, they go too (Linux; elsewhere they end at their deadline)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except (OSError, AttributeError):
+        pass
+
+
+# --------------------------------------------------------------------------------------------
 # the isolated probe
 # --------------------------------------------------------------------------------------------
 
@@ -722,8 +965,8 @@ def _probe_worker(
     def report(stats: IterationStats) -> None:
         conn.send(("iteration", stats.iteration, stats.enodes))
 
-    reason, history, _ = _run(base, budget, report=report, export_scale=export_scale)
-    conn.send(("done", reason.name, len(history)))
+    reason, state = _run(base, budget, report=report, export_scale=export_scale)
+    conn.send(("done", reason.name, len(state.history)))
 
 
 def _probe_in_child(

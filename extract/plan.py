@@ -764,9 +764,12 @@ def _whole_phase(
         pcg,
         machine,
         rules=rules,
+        # The phases' shares were set with saturation stopping where it predicts the next
+        # iteration would not fit, so no speculative iterations here.
         budget=Budget(
             seconds=clock.limit("saturate"),
             memory_bytes=memory_budget,
+            speculate=False,
         ),
         progress=bool(progress),
         seeds=list(dict.fromkeys(seed_plans)),

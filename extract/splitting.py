@@ -307,7 +307,9 @@ def split_search(
     # with the shipped rules, whatever the graph's size) is paid once. The back-off's match
     # limit and the e-node budget count over all of them, so they grow with their number.
     budget = segment_budget or Budget(
-        seconds=max(0.5, saturate_until - time.perf_counter()), memory_bytes=memory_budget
+        seconds=max(0.5, saturate_until - time.perf_counter()),
+        memory_bytes=memory_budget,
+        speculate=False,  # as in the whole-graph phase (plan.py)
     )
     budget = replace(
         budget,

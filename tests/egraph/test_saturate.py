@@ -2,9 +2,12 @@
 rules apply only where their other side is well-formed, and budgets are honoured."""
 
 import importlib
+import os
 import random
 import re
 import threading
+import time
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -462,6 +465,67 @@ def test_an_isolated_run_is_killed_at_its_time_limit_and_keeps_what_finished():
     sat = saturate(blowing_up_model(), TWO_GPUS, budget=budget)
     assert sat.stop_reason is StopReason.TIME
     assert sat.iterations >= 1
+
+
+# --- speculative iterations: the next iteration runs in a forked child while this process
+# keeps its e-graph. A pessimistic prediction (every iteration x10,000) makes the in-process
+# run stop after one iteration; the rest is up to the child.
+
+
+def _pessimistic(monkeypatch) -> None:
+    monkeypatch.setattr(saturate_module, "SECOND_ITERATION_GROWTH", 1e4)
+
+
+def _in_child(monkeypatch, action) -> None:
+    """Makes every iteration in a forked child call ``action`` first."""
+    parent, iteration = os.getpid(), saturate_module._iteration
+
+    def in_child(eg):
+        if os.getpid() != parent:
+            action()
+        return iteration(eg)
+
+    monkeypatch.setattr(saturate_module, "_iteration", in_child)
+
+
+def test_a_speculative_child_gets_the_iterations_the_prediction_would_not_run(monkeypatch):
+    _pessimistic(monkeypatch)
+    budget = Budget(seconds=4.0, enodes=10**7)
+    cautious = saturate(blowing_up_model(), TWO_GPUS, budget=replace(budget, speculate=False))
+    assert (cautious.stop_reason, cautious.iterations) == (StopReason.TIME, 1)
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=budget)
+    assert sat.iterations > 1
+    assert [h.iteration for h in sat.history] == list(range(1, sat.iterations + 1))
+    # The child's e-graph is the one this process would have after as many iterations.
+    same = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(iterations=sat.iterations))
+    assert (sat.num_eclasses, sat.num_enodes) == (same.num_eclasses, same.num_enodes)
+    assert sat.contains(blowing_up_model())
+
+
+def test_a_speculative_child_that_overruns_is_killed_and_the_parents_egraph_kept(monkeypatch):
+    _pessimistic(monkeypatch)
+    _in_child(monkeypatch, lambda: time.sleep(600))
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(seconds=2.0, enodes=10**7))
+    assert (sat.stop_reason, sat.iterations) == (StopReason.TIME, 1)
+    assert sat.seconds < 30  # killed at the budget, not after the child's 600 s
+
+
+def test_a_speculative_child_past_the_memory_budget_is_killed(monkeypatch):
+    _pessimistic(monkeypatch)
+    monkeypatch.setattr(saturate_module, "_child_rss", lambda pid: 2**50)
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(seconds=4.0, enodes=10**7))
+    assert (sat.stop_reason, sat.iterations) == (StopReason.MEMORY, 1)
+
+
+def test_a_shape_conflict_in_a_speculative_child_is_raised_here(monkeypatch):
+    _pessimistic(monkeypatch)
+
+    def conflict():
+        raise ShapeConflictError("merged [8, 12] with [8, 4]")
+
+    _in_child(monkeypatch, conflict)
+    with pytest.raises(ShapeConflictError, match=r"merged \[8, 12\]"):
+        saturate(blowing_up_model(), TWO_GPUS, budget=Budget(seconds=4.0, enodes=10**7))
 
 
 def test_bad_input_is_a_type_error():
