@@ -136,7 +136,11 @@ class IterationStats:
 
 @dataclass(frozen=True)
 class Saturation:
-    """The result of :func:`saturate`."""
+    """The result of :func:`saturate`. ``seconds``: from the call (or the caller's ``started``)
+    until the export of the e-graph began, loading the PCG included but not the rules (once per
+    process, :func:`warm_up`);
+    ``export_seconds``: the export (and the caller's join, for :func:`saturate_split`);
+    ``peak_rss_bytes``: the most memory the processes holding e-graphs used together."""
 
     stop_reason: StopReason
     iterations: int
@@ -412,6 +416,29 @@ def _rss() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+#: Whether this process is a speculative child (:func:`_speculate`): its memory is then what it
+#: does not share with its parent.
+_speculative_child = False
+
+
+def _private_bytes(pid: int | str = "self") -> int:
+    """The memory of process ``pid`` that no other process shares (after a fork, what it wrote
+    since); its resident set where that cannot be read."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            return 1024 * sum(
+                int(line.split()[1]) for line in f if line.startswith(("Private_", "Swap:"))
+            )
+    except (OSError, ValueError, IndexError):
+        return _rss() if pid == "self" else _child_rss(pid)
+
+
+def _footprint() -> int:
+    """What this process adds to the memory of the saturation: its resident set, or in a
+    speculative child what it does not share with its parent (which counts the rest)."""
+    return _private_bytes() if _speculative_child else _rss()
+
+
 def _enodes(eg: egg.EGraph, lang: Language) -> int:
     (out,) = eg.parse_and_run_program("(print-size)")
     return sum(n for name, n in out.sizes if name == "out" or lang.by_name(name) is not None)
@@ -516,6 +543,7 @@ class _RunState:
     initial_enodes: int = 0
     initial_rss: int = 0
     last_end: float = 0.0  # when the last iteration ended
+    peak_footprint: int = 0  # the most this process added to the memory (:func:`_footprint`)
 
 
 def _export_seconds(nodes: float, export_scale: float) -> tuple[float, float]:
@@ -564,6 +592,8 @@ def _run(
         elapsed = now - start
         last_s, state.last_end = now - state.last_end, now
         rss = _rss()
+        footprint = rss if not _speculative_child else _footprint()
+        state.peak_footprint = max(state.peak_footprint, footprint)
         if max_iterations is None and nodes > budget.enodes:
             reason = StopReason.NODES
             break
@@ -603,16 +633,18 @@ def _run(
             reason = StopReason.TIME
             break
         # Memory grows with the e-nodes as in the last iteration, or as over the whole run when
-        # the last one hardly grew the e-graph (a few MiB over a few e-nodes says nothing).
+        # the last one hardly grew the e-graph (a few MiB over a few e-nodes says nothing). The
+        # growth is read from the resident set; what is held, from the footprint (in a
+        # speculative child, the pages it shares with its parent are its parent's).
         per_enode = max(0, rss - initial_rss) / max(1, nodes - initial)
         if nodes - before_nodes >= nodes // 10:
             per_enode = max(per_enode, max(0, rss - before_rss) / max(1, nodes - before_nodes))
         predicted_rss = (
-            rss
+            footprint
             + per_enode * (predicted_nodes - nodes)
             + EXPORT_BYTES_PER_ENODE * export_scale * predicted_nodes
         )
-        if rss >= budget.memory_bytes or predicted_rss >= budget.memory_bytes:
+        if footprint >= budget.memory_bytes or predicted_rss >= budget.memory_bytes:
             reason = StopReason.MEMORY
             break
     return reason, state
@@ -651,6 +683,7 @@ def saturate_together(
     progress: bool = False,
     seeds: Sequence[Sequence[PCG]] | None = None,
     export_scale: float = 1.0,
+    started: float | None = None,
 ) -> list[Saturation]:
     """:func:`saturate` for several PCGs at once (``seeds[j]``: those of ``pcgs[j]``), in one
     e-graph under one ``budget``: egglog's fixed cost of a run (copying the e-graph of the
@@ -662,7 +695,10 @@ def saturate_together(
     are the shared run's. Graph splitting saturates its distinct segments this way.
     ``export_scale``: the export and what the caller does with it afterwards (a join of
     copies, :func:`~pcgopt.egraph.saturate_split`) cost this many times a plain export, in time
-    and memory; saturation leaves room for them in the budget."""
+    and memory; saturation leaves room for them in the budget. ``started``: when the caller's
+    time budget began (``time.perf_counter()``; default: when this call began), so that its
+    own work before this call counts; loading the rules (once per process) does not."""
+    t0 = time.perf_counter() if started is None else started
     pcgs = tuple(pcgs)
     seeds = tuple(tuple(s) for s in (seeds if seeds is not None else [()] * len(pcgs)))
     if len(seeds) != len(pcgs):
@@ -681,12 +717,14 @@ def saturate_together(
         raise TypeError(f"saturate needs a pcgopt.Machine, got {type(machine).__name__}")
     problems: list[_Problem] = list(zip(pcgs, seeds, strict=True))
     budget = budget or Budget()
+    loading = time.perf_counter()
     base = _base(rules, _every_pcg(problems))
+    t0 += time.perf_counter() - loading  # once per process (warm_up), not this call's work
     fit: int | None = None
     reason: StopReason | None = None
     if budget.isolate:
         fit, reason = _probe_in_child(problems, machine, budget, rules, export_scale)
-    t0 = time.perf_counter()
+        t0 = time.perf_counter()  # the probe had its own budget
     bar = Progress(budget.iterations, "saturate") if progress else None
     eg = _start(base, problems, machine, budget)
     try:
@@ -723,7 +761,7 @@ def saturate_together(
         reason, history, rewrites = outcome.reason, outcome.history, outcome.rewrites
         seconds = outcome.saturated_at - t0
         export_seconds = time.perf_counter() - outcome.saturated_at
-        peak = max(outcome.peak_rss, _rss())
+        peak = outcome.peak_rss
     finally:
         eg.parse_and_run_program("(pop)")
         if bar is not None:
@@ -774,7 +812,6 @@ def _export_outcome(
     base: _Base, problems: Sequence[_Problem], reason: StopReason, state: _RunState
 ) -> _Outcome:
     saturated_at = time.perf_counter()
-    peak = max([_rss(), *(h.rss_bytes for h in state.history)])
     eg = base.egraph
     root_rows = eg.freeze().functions["root"].rows
     roots = sorted((eg.value_to_i64(r.inputs[0]), r.output) for r in root_rows)
@@ -786,6 +823,7 @@ def _export_outcome(
             mine = data.roots[first : first + len(pcg.outputs)]
             first += len(pcg.outputs)
             parts.append(data.reachable(mine, source_prefix=_source_prefix(j, problems)))
+    peak = max(state.peak_footprint, _footprint())  # the export's memory included
     return _Outcome(reason, state.history, state.rewrites, saturated_at, peak, parts)
 
 
@@ -823,7 +861,7 @@ def _speculate(
     give_up = min(deliver_by, deadline - after_s) - export_s
     if give_up - time.perf_counter() < MIN_SPECULATION_SECONDS:
         return None, None
-    own = _rss()
+    own = _footprint()  # what this process holds while its child runs
     ctx = multiprocessing.get_context("fork")
     receiver, sender = ctx.Pipe(duplex=False)
     proc = ctx.Process(
@@ -837,11 +875,14 @@ def _speculate(
     outcome: _Outcome | None = None
     child_peak = 0
     try:
+        next_memory_check = 0.0
         while (now := time.perf_counter()) < give_up:
-            child_peak = max(child_peak, _child_rss(proc.pid))
-            if own + child_peak > allowance:
-                stop = StopReason.MEMORY
-                break
+            if now >= next_memory_check:  # reading a process's page tables is not free
+                next_memory_check = now + 0.2
+                child_peak = max(child_peak, _private_bytes(proc.pid))
+                if own + child_peak > allowance:
+                    stop = StopReason.MEMORY
+                    break
             if not receiver.poll(min(0.05, give_up - now)):
                 if not proc.is_alive() and not receiver.poll(0):
                     raise EGraphError(
@@ -887,7 +928,10 @@ def _speculation_worker(
     *,
     conn,
 ) -> None:
+    global _speculative_child
+    _speculative_child = True
     _die_with_parent()
+    state.peak_footprint = _footprint()
     try:
         reason, state = _run(
             base,

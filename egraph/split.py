@@ -77,6 +77,7 @@ def saturate_split(
     joined e-node). A model that does not split into two segments is saturated whole."""
     if not isinstance(pcg, PCG):
         raise TypeError(f"saturate_split needs a PCG, got {type(pcg).__name__}")
+    started = time.perf_counter()  # cutting the model into segments is in the time budget
     budget = budget or Budget()
     segments = split_segments(pcg, min_ops)
     if len(segments) < 2:
@@ -106,6 +107,7 @@ def saturate_split(
         progress=progress,
         seeds=[key[1] for key in distinct],
         export_scale=1 + JOIN_SECONDS_PER_ENODE * copies / EXPORT_SECONDS_PER_ENODE,
+        started=started,
     )
     t0 = time.perf_counter()
     by_key = {key: sat.egraph for key, sat in zip(distinct, sats, strict=True)}

@@ -512,7 +512,7 @@ def test_a_speculative_child_that_overruns_is_killed_and_the_parents_egraph_kept
 
 def test_a_speculative_child_past_the_memory_budget_is_killed(monkeypatch):
     _pessimistic(monkeypatch)
-    monkeypatch.setattr(saturate_module, "_child_rss", lambda pid: 2**50)
+    monkeypatch.setattr(saturate_module, "_private_bytes", lambda pid="self": 2**50)
     sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(seconds=4.0, enodes=10**7))
     assert (sat.stop_reason, sat.iterations) == (StopReason.MEMORY, 1)
 
