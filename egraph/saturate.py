@@ -891,11 +891,14 @@ def _speculate(
                     break
             if not receiver.poll(min(0.05, give_up - now)):
                 if not proc.is_alive() and not receiver.poll(0):
-                    raise EGraphError(
-                        f"a speculative saturation child died (exit code {proc.exitcode})"
-                    )
+                    stop = _died(proc)
+                    break
                 continue
-            message = receiver.recv()
+            try:
+                message = receiver.recv()
+            except EOFError:
+                stop = _died(proc)
+                break
             if message[0] == "iteration":
                 if on_iteration is not None:
                     on_iteration(message[1])
@@ -910,10 +913,6 @@ def _speculate(
                 outcome.peak_rss = max(outcome.peak_rss, child_peak) + own
                 stop = None
                 break
-    except EOFError:
-        raise EGraphError(
-            f"a speculative saturation child died (exit code {proc.exitcode})"
-        ) from None
     finally:
         if proc.is_alive():
             proc.kill()
@@ -972,7 +971,7 @@ def _speculation_worker(
         now = time.perf_counter()
         export_s, after_s = _export_seconds(state.history[-1].enodes, export_scale)
         if now + export_s >= deliver_by or now + export_s + after_s >= started + budget.seconds:
-            conn.send(("stop", reason))
+            conn.send(("stop", StopReason.TIME))  # too late, whatever else stopped it
             return
         outcome = _export_outcome(base, problems, reason, state)
         payload, outcome.parts = pickle.dumps(outcome.parts, pickle.HIGHEST_PROTOCOL), b""
@@ -983,6 +982,16 @@ def _speculation_worker(
             conn.send(("error", e))
         except Exception:
             conn.send(("error", EGraphError(f"speculative saturation failed: {e!r}")))
+
+
+def _died(proc) -> StopReason:
+    """Why a speculative child that ended without a word stopped: killed by a signal (the
+    system's memory limit is the likely one: this process keeps its e-graph, as at a budget),
+    or a bug (raised)."""
+    proc.join()
+    if proc.exitcode is not None and proc.exitcode < 0:
+        return StopReason.MEMORY
+    raise EGraphError(f"a speculative saturation child died (exit code {proc.exitcode})")
 
 
 def _die_with_parent() -> None:

@@ -5,6 +5,7 @@ import importlib
 import os
 import random
 import re
+import signal
 import threading
 import time
 from dataclasses import replace
@@ -513,6 +514,13 @@ def test_a_speculative_child_that_overruns_is_killed_and_the_parents_egraph_kept
 def test_a_speculative_child_past_the_memory_budget_is_killed(monkeypatch):
     _pessimistic(monkeypatch)
     monkeypatch.setattr(saturate_module, "_private_bytes", lambda pid="self": 2**50)
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(seconds=4.0, enodes=10**7))
+    assert (sat.stop_reason, sat.iterations) == (StopReason.MEMORY, 1)
+
+
+def test_a_speculative_child_killed_by_the_system_leaves_the_parents_egraph(monkeypatch):
+    _pessimistic(monkeypatch)
+    _in_child(monkeypatch, lambda: os.kill(os.getpid(), signal.SIGKILL))  # as the OOM killer
     sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(seconds=4.0, enodes=10**7))
     assert (sat.stop_reason, sat.iterations) == (StopReason.MEMORY, 1)
 
