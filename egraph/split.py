@@ -72,9 +72,10 @@ def saturate_split(
     whole model's (module docstring). ``layouts(shape)``: the layouts a cut tensor of unsplit
     ``shape`` may be handed on in (default :func:`~pcgopt.segments.cut_layouts` with the
     machine's degrees); the seeds' are added. ``budget``: its back-off match limit and e-node
-    budget are per distinct segment; its seconds cover the join too (``export_seconds``
-    includes it; saturation stops early enough to leave it :data:`JOIN_SECONDS_PER_ENODE` per
-    joined e-node). A model that does not split into two segments is saturated whole."""
+    budget are per distinct segment; its seconds cover cutting the model and the join too
+    (``export_seconds`` includes the join; saturation stops early enough to leave it
+    :data:`JOIN_SECONDS_PER_ENODE` per joined e-node). A model that does not split into two
+    segments is saturated whole."""
     if not isinstance(pcg, PCG):
         raise TypeError(f"saturate_split needs a PCG, got {type(pcg).__name__}")
     started = time.perf_counter()  # cutting the model into segments is in the time budget
@@ -82,7 +83,13 @@ def saturate_split(
     segments = split_segments(pcg, min_ops)
     if len(segments) < 2:
         return saturate_together(
-            [pcg], machine, rules=rules, budget=budget, progress=progress, seeds=[seeds]
+            [pcg],
+            machine,
+            rules=rules,
+            budget=budget,
+            progress=progress,
+            seeds=[seeds],
+            started=started,
         )[0]
     if layouts is None:
         degrees = legal_degrees(machine.num_devices)
