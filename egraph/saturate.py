@@ -745,14 +745,10 @@ def saturate_together(
                 eg = _start(base, problems, machine, budget)
             elif reason is StopReason.TIME and budget.speculate and state.history:
                 outcome, stop = _speculate(
-                    base,
-                    problems,
-                    budget,
+                    _Speculation(base, problems, budget, t0, export_scale),
                     state,
-                    started=t0,
                     deliver_by=float("inf"),
                     allowance=budget.memory_bytes,
-                    export_scale=export_scale,
                     on_iteration=None if bar is None else _progress_reporter(bar),
                 )
                 reason = stop or reason
@@ -840,16 +836,24 @@ def _progress_reporter(bar: Progress):
     return update
 
 
+@dataclass(frozen=True)
+class _Speculation:
+    """What a chain of speculative children shares: the saturation (its e-graph is forked),
+    when its time budget began, and how much the export costs (``export_scale``)."""
+
+    base: _Base
+    problems: Sequence[_Problem]
+    budget: Budget
+    started: float
+    export_scale: float
+
+
 def _speculate(
-    base: _Base,
-    problems: Sequence[_Problem],
-    budget: Budget,
+    run: _Speculation,
     state: _RunState,
     *,
-    started: float,
     deliver_by: float,
     allowance: int,
-    export_scale: float,
     on_iteration,
 ) -> tuple[_Outcome | None, StopReason | None]:
     """The next iteration was predicted not to fit the time budget, but egglog's predictions
@@ -858,12 +862,12 @@ def _speculate(
     keeps its own. The child goes on as this process would have (iterations predicted to fit,
     then a child of its own) and sends back its exported e-graph, or says it has nothing that
     would be ready in time. This process waits until it must start its own export (the export
-    and what the caller does after it, ``export_scale``, must end by ``started`` +
-    ``budget.seconds``, and be with its own parent by ``deliver_by``) and kills the child then,
+    and what the caller does after it, ``run.export_scale``, must end by ``run.started`` +
+    ``run.budget.seconds``, and be with its own parent by ``deliver_by``) and kills the child then,
     or when this process and the child together pass ``allowance`` bytes. Returns the child's
     outcome (None to export this e-graph) and, if the child stopped on a budget, which."""
-    deadline = started + budget.seconds
-    export_s, after_s = _export_seconds(state.history[-1].enodes, export_scale)
+    deadline = run.started + run.budget.seconds
+    export_s, after_s = _export_seconds(state.history[-1].enodes, run.export_scale)
     give_up = min(deliver_by, deadline - after_s) - export_s
     if give_up - time.perf_counter() < MIN_SPECULATION_SECONDS:
         return None, None
@@ -872,8 +876,7 @@ def _speculate(
     receiver, sender = ctx.Pipe(duplex=False)
     proc = ctx.Process(
         target=_speculation_worker,
-        args=(base, problems, budget, state, started, give_up, allowance - own, export_scale),
-        kwargs={"conn": sender},
+        args=(run, state, give_up, allowance - own, sender),
     )
     proc.start()
     sender.close()
@@ -922,28 +925,28 @@ def _speculate(
 
 
 def _speculation_worker(
-    base: _Base,
-    problems: Sequence[_Problem],
-    budget: Budget,
-    state: _RunState,
-    started: float,
-    deliver_by: float,
-    allowance: int,
-    export_scale: float,
-    *,
-    conn,
+    run: _Speculation, state: _RunState, deliver_by: float, allowance: int, conn
 ) -> None:
     global _speculative_child
     _speculative_child = True
     _die_with_parent()
     state.peak_footprint = _footprint()
+
+    def report(stats: IterationStats) -> None:
+        conn.send(("iteration", stats))
+
+    def deliver(outcome: _Outcome, payload: bytes) -> None:
+        outcome.parts = b""  # the e-graphs go as raw bytes, not pickled a second time
+        conn.send(("done", outcome))
+        conn.send_bytes(payload)
+
     try:
         reason, state = _run(
-            base,
-            replace(budget, memory_bytes=max(1, allowance)),
-            report=lambda stats: conn.send(("iteration", stats)),
-            started=started,
-            export_scale=export_scale,
+            run.base,
+            replace(run.budget, memory_bytes=max(1, allowance)),
+            report=report,
+            started=run.started,
+            export_scale=run.export_scale,
             state=state,
             deliver_by=deliver_by,
         )
@@ -952,31 +955,23 @@ def _speculation_worker(
             return
         if reason is StopReason.TIME:
             outcome, stop = _speculate(
-                base,
-                problems,
-                budget,
-                state,
-                started=started,
-                deliver_by=deliver_by,
-                allowance=allowance,
-                export_scale=export_scale,
-                on_iteration=lambda stats: conn.send(("iteration", stats)),
+                run, state, deliver_by=deliver_by, allowance=allowance, on_iteration=report
             )
             if outcome is not None:
-                payload, outcome.parts = outcome.parts, b""
-                conn.send(("done", outcome))
-                conn.send_bytes(payload)
+                assert isinstance(outcome.parts, bytes)  # as received from its own child
+                deliver(outcome, outcome.parts)
                 return
             reason = stop or reason
         now = time.perf_counter()
-        export_s, after_s = _export_seconds(state.history[-1].enodes, export_scale)
-        if now + export_s >= deliver_by or now + export_s + after_s >= started + budget.seconds:
+        export_s, after_s = _export_seconds(state.history[-1].enodes, run.export_scale)
+        if (
+            now + export_s >= deliver_by
+            or now + export_s + after_s >= run.started + run.budget.seconds
+        ):
             conn.send(("stop", StopReason.TIME))  # too late, whatever else stopped it
             return
-        outcome = _export_outcome(base, problems, reason, state)
-        payload, outcome.parts = pickle.dumps(outcome.parts, pickle.HIGHEST_PROTOCOL), b""
-        conn.send(("done", outcome))
-        conn.send_bytes(payload)
+        outcome = _export_outcome(run.base, run.problems, reason, state)
+        deliver(outcome, pickle.dumps(outcome.parts, pickle.HIGHEST_PROTOCOL))
     except BaseException as e:  # the parent raises it: a shape conflict must not be lost
         try:
             conn.send(("error", e))
