@@ -359,6 +359,51 @@ def parallel_nodes(pcg: PCG) -> list[tuple[str, int, int]]:
     return out
 
 
+def _axis_nodes(pcg: PCG) -> list[tuple[str, int, int]]:
+    """The parallel nodes whose groups the plan's axes place: those of :func:`parallel_nodes`
+    with a degree above 1, less those of a branch narrowed below the plan's width. Such a node
+    is in a single group on all of its devices, and so is everything it is chained to through
+    parallel nodes, up to the compute nodes on either side (a weight's Replicate up to the
+    MatMul reading it). Its group is the block of consecutive devices the machine mapping gives
+    the branch, wherever that block starts, as in the cost model's default placement; naming it
+    by an axis of the wider nodes would scatter it over the hierarchy (a 2-device branch across
+    both sockets of a node) for no gain. A chain that reaches wider nodes keeps the axes: a
+    Combine after a tensor-parallel layer finds its shards where the axes put them."""
+    nodes = [n for n in parallel_nodes(pcg) if n[1] > 1]
+    width = max((w for _, _, w in nodes), default=0)
+    order = pcg.nodes
+    own = {
+        n.name: max(s.num_shards for s in (*pcg.input_shapes(n.name), *pcg.output_shapes(n.name)))
+        for n in order
+    }
+    chained: dict[str, list[str]] = {n.name: [] for n in order}  # over tensors of >1 shard
+    for n in order:
+        for r in n.inputs:
+            if pcg.shape(r).num_shards > 1:
+                chained[n.name].append(r.node)
+                chained[r.node].append(n.name)
+    # The widest node of each chain of parallel nodes, its compute ends included.
+    chain_width: dict[str, int] = {}
+    for n in order:
+        if n.name in chain_width or n.spec.kind is OpKind.COMPUTE:
+            continue
+        members, stack, widest = [], [n.name], 0
+        seen = {n.name}
+        while stack:
+            name = stack.pop()
+            widest = max(widest, own[name])
+            if pcg.node(name).spec.kind is OpKind.COMPUTE:
+                continue  # an end of the chain
+            members.append(name)
+            for other in chained[name]:
+                if other not in seen:
+                    seen.add(other)
+                    stack.append(other)
+        for name in members:
+            chain_width[name] = widest
+    return [n for n in nodes if not n[1] == n[2] == chain_width[n[0]] < width]
+
+
 def _subsets_with_product(axes: tuple[int, ...], value: int) -> list[tuple[int, ...]]:
     """The sets of axis positions whose sizes multiply to ``value``."""
     out = []
@@ -382,13 +427,14 @@ def _factorizations_into(n: int, largest: int) -> Iterator[tuple[int, ...]]:
 
 
 def plan_axes(pcg: PCG) -> tuple[tuple[int, ...], dict[int, tuple[int, ...]], str]:
-    """The parallelism axes of a plan, read from the degrees of its parallel nodes: the fewest
+    """The parallelism axes of a plan, read from the degrees of its parallel nodes (but those
+    of narrowed branches, :func:`_axis_nodes`): the fewest
     axes, multiplying to the plan's width, such that every degree is the product of exactly one
     set of them (data parallelism 2 x tensor parallelism 4 on 8 devices, with collectives of
     degree 2, 4 and 8: axes [4, 2], degree 8 spanning both). Returns the axes, the axes each
     degree spans, and, when no such axes exist (two nested axes of the same size, whose
     collectives could run on either), empty axes and the reason."""
-    nodes = [n for n in parallel_nodes(pcg) if n[1] > 1]
+    nodes = _axis_nodes(pcg)
     if not nodes:
         return (), {}, "the plan has no parallel operators"
     width = max(w for _, _, w in nodes)
@@ -461,7 +507,9 @@ def place_plan(
     spans (:meth:`ParallelismMatrix.groups`); the one with the lowest iteration time under
     :func:`pcgopt.extract.cost.iteration_cost` is kept (feasible ones first). Reductions that
     span levels are priced with the best synthesized program, so placement and reduction
-    strategy are chosen together. Plans whose axes cannot be named keep the cost model's
+    strategy are chosen together. The nodes of a branch narrowed to one group of fewer devices
+    keep the default's consecutive devices (:func:`_axis_nodes`), so that the machine mapping
+    can run the branch beside others. Plans whose axes cannot be named keep the cost model's
     default placement, with the reason (``default_cost``: its cost, if already known).
     ``time_limit_s``: checked before every matrix but the first; the matrices not reached are
     counted in :attr:`PlanPlacement.untried`."""
@@ -469,7 +517,7 @@ def place_plan(
     default = default_cost or iteration_cost(pcg, machine, optimizer=optimizer)
     if not axes:
         return PlanPlacement((), None, {}, default, (), reason)
-    nodes = [n for n in parallel_nodes(pcg) if n[1] > 1]
+    nodes = _axis_nodes(pcg)
     width = max(w for _, _, w in nodes)
     candidates = [m for sub in sub_hierarchies(machine.counts, width) for m in matrices(sub, axes)]
     if not candidates:

@@ -162,3 +162,35 @@ def test_plans_whose_axes_cannot_be_named_keep_the_default_placement():
     m = Machine.preset("summit", nodes=1)
     placed = place_plan(megatron(ZOO["mlp"].build(), m), m)  # 2 x 2: which axis is which?
     assert placed.matrix is None and "nested axes of the same size" in placed.reason
+
+
+def test_a_branch_narrowed_to_one_group_runs_on_consecutive_devices_beside_the_others():
+    from pcgopt import Machine, PCGBuilder
+    from pcgopt.extract.branches import lower_degrees
+    from pcgopt.extract.layerwise import MatmulStrategy
+    from pcgopt.extract.mapping import map_machine
+    from pcgopt.extract.placement import parallel_nodes, place_plan, plan_axes
+
+    b = PCGBuilder()
+    x = b.input((96, 1024), name="x")
+    left = b.relu(b.matmul(x, b.weight((1024, 1024), name="w_left"), name="left"), name="l_relu")
+    right = b.relu(b.matmul(x, b.weight((1024, 1024), name="w_right"), name="right"), name="r_relu")
+    joined = b.add(left, right, name="join")
+    pcg = b.build(b.matmul(joined, b.weight((1024, 1024), name="w_top"), name="top"))
+    summit = Machine.preset("summit")  # one node: 2 sockets of 3 GPUs
+    # Each branch data parallel on 2 GPUs; the top layer 3-way data x 2-way tensor parallel.
+    degrees = {"left": 2, "l_relu": 2, "right": 2, "r_relu": 2, "join": 6, "top": 6}
+    plan = lower_degrees(pcg, summit, degrees, {"top": MatmulStrategy(3, 2, 1)})
+    assert plan_axes(plan)[:2] == ((3, 2), {3: (0,), 2: (1,)})
+    placed = place_plan(plan, summit)
+    # The branches' weight copies and input split: one group of 2, on 2 devices. The 2-way axis
+    # spans the sockets; these keep two neighbouring GPUs instead (the cost model's default).
+    narrow = {n for n, d, w in parallel_nodes(plan) if d == w == 2}
+    assert narrow == {"x.split", "w_left.r2", "w_right.r2", "w_top.s", "top.combine1"}
+    assert not {"x.split", "w_left.r2", "w_right.r2"} & set(placed.devices)
+    # A 2-device chain that meets the tensor-parallel layer keeps the axes: the top weight's
+    # column split (replicated 3 ways next) and the Combine of the layer's column shards.
+    assert placed.devices["w_top.s"] == placed.devices["top.combine1"] == ((0, 3),)
+    # So the two branches fit beside each other (2 + 2 of 6 devices) and run at once.
+    mapping = map_machine(plan, summit, cost=placed.cost, devices=placed.devices)
+    assert mapping.divided_splits == 1 and mapping.time_s < placed.cost.total_s
