@@ -362,9 +362,9 @@ def parallel_nodes(pcg: PCG) -> list[tuple[str, int, int]]:
 def _axis_nodes(pcg: PCG) -> list[tuple[str, int, int]]:
     """The parallel nodes whose groups the plan's axes place: those of :func:`parallel_nodes`
     with a degree above 1, less those of a branch narrowed below the plan's width. Such a node
-    is in a single group on all of its devices, and so is everything it is chained to through
-    parallel nodes, up to the compute nodes on either side (a weight's Replicate up to the
-    MatMul reading it). Its group is the block of consecutive devices the machine mapping gives
+    is one group on all of its devices, and nothing it is chained to through parallel nodes,
+    up to the compute nodes on either side (a weight's Replicate up to the MatMul reading it),
+    spans more devices. Its group is the block of consecutive devices the machine mapping gives
     the branch, wherever that block starts, as in the cost model's default placement; naming it
     by an axis of the wider nodes would scatter it over the hierarchy (a 2-device branch across
     both sockets of a node) for no gain. A chain that reaches wider nodes keeps the axes: a
@@ -427,13 +427,13 @@ def _factorizations_into(n: int, largest: int) -> Iterator[tuple[int, ...]]:
 
 
 def plan_axes(pcg: PCG) -> tuple[tuple[int, ...], dict[int, tuple[int, ...]], str]:
-    """The parallelism axes of a plan, read from the degrees of its parallel nodes (but those
-    of narrowed branches, :func:`_axis_nodes`): the fewest
-    axes, multiplying to the plan's width, such that every degree is the product of exactly one
-    set of them (data parallelism 2 x tensor parallelism 4 on 8 devices, with collectives of
-    degree 2, 4 and 8: axes [4, 2], degree 8 spanning both). Returns the axes, the axes each
-    degree spans, and, when no such axes exist (two nested axes of the same size, whose
-    collectives could run on either), empty axes and the reason."""
+    """The parallelism axes of a plan, read from the degrees of its parallel nodes but those of
+    narrowed branches (:func:`_axis_nodes`): the fewest axes, multiplying to the plan's width,
+    such that every degree is the product of exactly one set of them (data parallelism 2 x
+    tensor parallelism 4 on 8 devices, with collectives of degree 2, 4 and 8: axes [4, 2],
+    degree 8 spanning both). Returns the axes, the axes each degree spans, and, when no such
+    axes exist (two nested axes of the same size, whose collectives could run on either), empty
+    axes and the reason."""
     nodes = _axis_nodes(pcg)
     if not nodes:
         return (), {}, "the plan has no parallel operators"
