@@ -434,7 +434,13 @@ def plan_axes(pcg: PCG) -> tuple[tuple[int, ...], dict[int, tuple[int, ...]], st
     degree 8 spanning both). Returns the axes, the axes each degree spans, and, when no such
     axes exist (two nested axes of the same size, whose collectives could run on either), empty
     axes and the reason."""
-    nodes = _axis_nodes(pcg)
+    return _axes_of(_axis_nodes(pcg))
+
+
+def _axes_of(
+    nodes: list[tuple[str, int, int]],
+) -> tuple[tuple[int, ...], dict[int, tuple[int, ...]], str]:
+    """:func:`plan_axes` from the plan's :func:`_axis_nodes`."""
     if not nodes:
         return (), {}, "the plan has no parallel operators"
     width = max(w for _, _, w in nodes)
@@ -513,11 +519,11 @@ def place_plan(
     default placement, with the reason (``default_cost``: its cost, if already known).
     ``time_limit_s``: checked before every matrix but the first; the matrices not reached are
     counted in :attr:`PlanPlacement.untried`."""
-    axes, spans, reason = plan_axes(pcg)
+    nodes = _axis_nodes(pcg)
+    axes, spans, reason = _axes_of(nodes)
     default = default_cost or iteration_cost(pcg, machine, optimizer=optimizer)
     if not axes:
         return PlanPlacement((), None, {}, default, (), reason)
-    nodes = _axis_nodes(pcg)
     width = max(w for _, _, w in nodes)
     candidates = [m for sub in sub_hierarchies(machine.counts, width) for m in matrices(sub, axes)]
     if not candidates:
