@@ -19,7 +19,9 @@ Declarations of the rule's tensor variables (rank, lettered sizes that agree, si
 and the machine's legal degrees (for degrees the new side chooses) are guards as well. The action
 builds the new side, sets its facts and unions the outputs.
 
-Each rule is used in both directions where the other side binds every tensor variable.
+Each rule is used in both directions where the other side binds every tensor variable and
+the matched side every symbol as a parameter of its own (a match of ``degree=k*j`` fixes
+neither ``k`` nor ``j``).
 """
 
 from __future__ import annotations
@@ -589,6 +591,13 @@ class _Builder:
             self.guard.equal(item, _egg_int(v, self.sizes))
         self.pattern_structure()
         bound_symbols = symbols_of(self.pattern)
+        unbound = sorted(bound_symbols - self.matched_symbols)
+        if unbound:
+            # e.g. ``replicate(x, degree=k*j)``: a match gives the product, not its factors.
+            raise Untranslatable(
+                f"the matched side fixes {', '.join(map(repr, unbound))} only through "
+                f"arithmetic on parameters, so a match does not bind it"
+            )
         shape_symbols = _shape_symbols(self.result)
         for s in sorted(symbols_of(self.result) - bound_symbols):
             if s in shape_symbols:

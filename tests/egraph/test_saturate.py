@@ -274,6 +274,32 @@ def test_a_degree_two_operators_share_must_be_the_same_degree_in_both():
     assert second and f"(= 0 (- {second.group(1)} k_k))" in query
 
 
+def test_a_degree_matched_only_as_a_product_makes_that_direction_untranslatable():
+    """replicate(replicate(x, k), j) = replicate(x, k*j) (proved for all degrees): forward,
+    both degrees are bound and the nested copies join the single Replicate's e-class;
+    backward, a match of ``degree=k*j`` fixes neither factor, so that direction is reported
+    with a reason, not handed to egglog with unbound variables."""
+    rule = Rule.parse(
+        "replicate_twice",
+        "replicate(replicate(x, degree=k), degree=j)",
+        "replicate(x, degree=k*j)",
+        {"x": "[m, n]"},
+    )
+    forward, backward = translate_rule(language(), rule)
+    assert forward.direction == "fwd"
+    assert backward[1] == "bwd" and "'j', 'k'" in backward[2] and "does not bind" in backward[2]
+
+    b = PCGBuilder()
+    x = b.input((4, 4), name="x")
+    twice = b.replicate(b.replicate(x, degree=2), degree=2)
+    once = b.replicate(x, degree=4)
+    model = b.build(b.add(twice, once))
+    sat = saturate(model, FOUR_GPUS, rules=[rule], budget=Budget(iterations=2))
+    where = sat.egraph.classes_of(model)
+    assert where is not None
+    assert where[twice.ref] == where[once.ref]
+
+
 def test_no_tensor_spans_more_devices_than_the_machine_has():
     sat = saturate(
         relu_model(16),
