@@ -57,9 +57,13 @@ def one(model: str, small: bool, devices: int, seconds: float, split: bool = Fal
     )
     for label, baseline in plans:
         try:
-            contains[label] = sat.contains(baseline(pcg, machine))
+            plan = baseline(pcg, machine)
         except Exception as e:  # a baseline that does not apply to this model
             contains[label] = f"n/a ({type(e).__name__})"
+            continue
+        held = sat.contains(plan)
+        missing = None if held else sat.egraph.first_missing(plan)
+        contains[label] = f"False (from `{missing}`)" if missing else held
     return {
         "model": model,
         "size": "small" if small else "full",
@@ -169,7 +173,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             "is the whole process, the rules' one-off load (about 4 s, 400 MiB) included, and "
             "its speculative children beside it (pages they share counted once). 'call': the "
             "`saturate` call, after the rules' load (`warm_up`); the time budget bounds it. "
-            "'has ... plan': the baseline's PCG is in the e-graph node for node.",
+            "'has ... plan': the baseline's PCG is in the e-graph node for node; if not, the "
+            "first of its nodes that the e-graph does not hold (`EGraphData.first_missing`).",
             "",
             *lines,
             "",

@@ -197,27 +197,45 @@ class EGraphData:
     def classes_of(self, pcg: PCG) -> dict[TensorRef, int] | None:
         """The e-class of every tensor of ``pcg`` if the e-graph holds all its nodes (sources by
         name), else None."""
+        where, missing = self._walk(pcg)
+        return None if missing is not None else where
+
+    def first_missing(self, pcg: PCG) -> str | None:
+        """The first node of ``pcg`` (in its order) that the e-graph does not hold over the
+        e-classes of its inputs, or None if it holds them all: where a plan that
+        :meth:`contains` rejects leaves the e-graph.
+
+        >>> from pcgopt import Machine, PCGBuilder
+        >>> from pcgopt.egraph import saturate
+        >>> b = PCGBuilder()
+        >>> pcg = b.build(b.relu(b.input((4, 4), name="x")))
+        >>> eg = saturate(pcg, Machine.preset("v100-ring", devices_per_node=2), rules=[]).egraph
+        >>> b = PCGBuilder()
+        >>> copied = b.build(b.relu(b.replicate(b.input((4, 4), name="x"), degree=2, name="x2")))
+        >>> eg.first_missing(pcg) is None, eg.first_missing(copied)
+        (True, 'x2')
+        """
+        return self._walk(pcg)[1]
+
+    def _walk(self, pcg: PCG) -> tuple[dict[TensorRef, int], str | None]:
         index = self._hashcons()
         where: dict[TensorRef, int] = {}
         for node in pcg.nodes:
-            try:
-                children = tuple(where[r] for r in node.inputs)
-            except KeyError:
-                return None
+            children = tuple(where[r] for r in node.inputs)
             name = node.name if node.spec.kind is OpKind.SOURCE else None
             cls = index.get((node.op, node.params, children, name))
             if cls is None:
-                return None
+                return where, node.name
             n_out = len(pcg.output_shapes(node.name))
             if self.shapes[cls] is None:  # a multi-output class: its outputs are `out` nodes
                 for i in range(n_out):
                     out_cls = index.get((OUT, Params({"index": i}), (cls,), None))
                     if out_cls is None:
-                        return None
+                        return where, node.name
                     where[TensorRef(node.name, i)] = out_cls
             else:
                 where[TensorRef(node.name, 0)] = cls
-        return where
+        return where, None
 
     def contains(self, pcg: PCG) -> bool:
         """Whether ``pcg`` (the same operators, parameters and sources, node for node) is
