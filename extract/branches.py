@@ -26,7 +26,9 @@ sequence, so no other search proposes it. :func:`branch_parallel` does:
 4. **The descent.** Coordinate descent over the dense layers' SBP matmul strategies, each on
    the devices of its view, ranked by the exact cost under the mapping (a tensor-parallel
    assignment placed by P^2, as :func:`~pcgopt.extract.plan.saturate_and_extract` places it),
-   within ``time_limit_s``.
+   within ``time_limit_s``. Besides one layer at a time, it moves all layers of one operator
+   together (every embedding table's columns split 2 ways, say): branches that run at once
+   take as long as the slowest, so a move of one branch alone often gains nothing.
 
 The estimate of step 2 leaves out the redistributions step 3 adds (a degree change at a join
 can cost more than the DP saw), so the plan is judged like every other candidate:
@@ -52,7 +54,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 import numpy as np
@@ -379,6 +381,20 @@ def _descend(
     def over() -> bool:
         return time_limit_s is not None and time.perf_counter() - started > time_limit_s
 
+    # Layers of one operator (a model's embedding tables, say) often sit in branches that run
+    # at once, where the slowest branch sets the time: changing one of them alone gains
+    # nothing, so the descent also moves a whole group by the same split.
+    groups: dict[str, list[str]] = {}
+    for name in layers:
+        groups.setdefault(pcg.node(name).op, []).append(name)
+    group_moves = [
+        (members, axis, factor)
+        for members in groups.values()
+        if len(members) > 1
+        for axis in ("columns", "contraction")
+        for factor in sorted({getattr(o, axis) for n in members for o in options[n]} - {1})
+    ]
+
     for _ in range(3):  # sweeps
         changed = False
         for name in layers:
@@ -391,8 +407,29 @@ def _descend(
                 key = evaluate(trial)
                 if key < best:
                     current, best, changed = trial, key, True
+        for members, axis, factor in group_moves:
+            if over():
+                break
+            trial = dict(current)
+            for name in members:
+                moved = _moved(current.get(name), axis, factor)
+                if moved in options[name]:
+                    trial[name] = moved
+            if trial != current:
+                key = evaluate(trial)
+                if key < best:
+                    current, best, changed = trial, key, True
         if not changed or over():
             break
     plan = seen[tuple(sorted(current.items()))][1]
     assert plan is not None
     return current, plan, best[1], len(seen)
+
+
+def _moved(strategy: MatmulStrategy | None, axis: str, factor: int) -> MatmulStrategy | None:
+    """``strategy`` with ``factor`` of its batch split moved to ``axis`` (columns or
+    contraction), or None if the batch split is not a multiple of ``factor``."""
+    if strategy is None or strategy.batch % factor:
+        return None
+    split = {axis: getattr(strategy, axis) * factor}
+    return replace(strategy, batch=strategy.batch // factor, **split)

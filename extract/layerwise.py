@@ -149,15 +149,21 @@ def _weight_source(pcg: PCG, ref: TensorRef) -> tuple[str, bool] | None:
     return None
 
 
+#: Lookups in a weight table, lowered as products of one-hot indices by the table: the
+#: contraction is the table's rows, the columns its embedding dimension (an embedding bag also
+#: sums its bag, an axis of the indices that stays whole).
+LOOKUPS = ("embedding", "embedding_bag")
+
+
 def dense_layers(pcg: PCG) -> tuple[str, ...]:
     """The dense layers of ``pcg`` in graph order: MatMul/Linear nodes whose second input is a
     rank-2 Weight or its transpose, and whose first is an activation of rank 2 or more, and
-    embedding lookups in a Weight table (a product of the one-hot indices by the table: the
-    contraction is the vocabulary, split ``p2`` ways it leaves partial sums, Megatron's
-    vocabulary-parallel embedding)."""
+    lookups in a Weight table, single or in bags (:data:`LOOKUPS`: a product of the one-hot
+    indices by the table: the contraction is the vocabulary, split ``p2`` ways it leaves partial
+    sums, Megatron's vocabulary-parallel embedding)."""
     found = []
     for node in pcg.nodes:
-        if node.op == "embedding" and pcg.node(node.inputs[1].node).op == "weight":
+        if node.op in LOOKUPS and pcg.node(node.inputs[1].node).op == "weight":
             found.append(node.name)  # a product of one-hot indices by the table
             continue
         if node.op not in ("matmul", "linear") or len(node.inputs) < 2:
@@ -336,7 +342,7 @@ class _LayerwiseLowering(_Lowering):
         embedding's indices have no contraction dimension, so they are copied p1 * p2 times."""
         degrees = [1] * rank
         degrees[0] *= strategy.batch
-        if layer.op == "embedding":
+        if layer.op in LOOKUPS:
             return degrees, strategy.columns * strategy.contraction
         degrees[-1] *= strategy.contraction
         return degrees, strategy.columns
@@ -365,7 +371,7 @@ class _LayerwiseLowering(_Lowering):
     def _first_dense_reader(self, name: str) -> str | None:
         rank = self.pcg.shape(TensorRef(name)).rank
         for reader, slot in self.pcg.consumers().get(TensorRef(name), ()):
-            embedding = self.pcg.node(reader).op == "embedding"
+            embedding = self.pcg.node(reader).op in LOOKUPS
             if slot == 0 and reader in self.strategies and (rank > 1 or embedding):
                 return reader
         return None
@@ -389,7 +395,7 @@ class _LayerwiseLowering(_Lowering):
         degrees, copies = self._input_layout(node, strategy, rank)
         x = self._redistribute(xref, x, degrees, copies)
         w = self._weight(node.inputs[1], strategy)
-        if node.op == "embedding":
+        if node.op in LOOKUPS:
             return self._apply(node, [x, w])  # (S0:p0, S{last}:p1, P:p2)
         extras = node.inputs[2:]
         act = node.params["activation"] if node.op == "linear" else "none"

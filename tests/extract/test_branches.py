@@ -113,6 +113,23 @@ def test_the_estimate_is_what_the_exact_cost_and_mapping_find():
     assert final.feasible
 
 
+def test_lookups_in_branches_that_run_at_once_split_their_tables_together():
+    """XDL on 8 Summit nodes: four embedding tables, each bag of lookups on its own group of
+    GPUs at once. The slowest group sets the time, so splitting one table's columns alone gains
+    nothing; the descent moves the whole group of lookups, then each one."""
+    machine = Machine.preset("summit", nodes=8)
+    pcg = weak_scaled("xdl", machine)
+    found = branch_parallel(pcg, machine)
+    assert found is not None
+    bags = [n.name for n in pcg.nodes if n.op == "embedding_bag"]
+    assert all(found.strategies[b].columns > 1 for b in bags)
+    replicated = {**found.strategies, **{b: MatmulStrategy(found.degrees[b]) for b in bags}}
+    _, _, whole = mapped_cost(lower_degrees(pcg, machine, found.degrees, replicated), machine)
+    _, _, split = mapped_cost(found.pcg, machine)
+    assert split.total_s < 0.9 * whole.total_s
+    assert split.total_s == pytest.approx(found.mapped_s)
+
+
 def test_a_time_limit_costs_the_widest_degree_first_and_narrows_nothing_it_did_not_cost():
     # The towers narrow with time to cost the narrower degrees (above); with none, only the
     # widest is costed, and no view narrower than it is used.

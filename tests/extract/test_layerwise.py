@@ -161,6 +161,30 @@ def test_an_embedding_is_a_dense_layer_whose_vocabulary_can_be_split():
     assert equivalent(pcg, plan)
 
 
+def test_an_embedding_bag_is_a_dense_layer_whose_table_can_be_split():
+    """A bag of lookups is a product of summed one-hot indices by the table: its embedding
+    dimension splits as a layer's columns (no copy of the table, no gradient all-reduce), its
+    rows as a contraction (partial sums)."""
+    pcg = build("xdl", small=True)
+    bags = [n.name for n in pcg.nodes if n.op == "embedding_bag"]
+    assert len(bags) == 3 and set(bags) <= set(dense_layers(pcg))
+    strategies = {
+        bags[0]: MatmulStrategy(1, 4, 1),
+        bags[1]: MatmulStrategy(4, 1, 1),
+        bags[2]: MatmulStrategy(2, 2, 1),
+    }
+    plan = lower(pcg, FOUR, strategies)
+    assert plan.shape(bags[0]).degrees == (1, 4)
+    assert plan.shape(bags[2]).degrees == (2, 2) and plan.shape(bags[2]).copy_degree == 1
+    rows_split = lower(pcg, FOUR, {bags[0]: MatmulStrategy(2, 1, 2)})
+    assert rows_split.shape(bags[0]).sum_degree == 2
+    replicated = lower(pcg, FOUR, {bags[0]: MatmulStrategy(4, 1, 1)})
+    table = pcg.shape(pcg.node(bags[0]).inputs[1]).nbytes
+    whole, split = iteration_cost(replicated, FOUR), iteration_cost(plan, FOUR)
+    assert whole.memory.weights - split.memory.weights >= table - table // 4
+    assert equivalent(pcg, plan) and equivalent(pcg, rows_split)
+
+
 def test_lowering_rejects_what_is_not_a_dense_layer():
     pcg = build("mnist_mlp", small=True)
     relu = next(n.name for n in pcg.nodes if n.op == "relu")
