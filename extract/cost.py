@@ -1062,6 +1062,34 @@ def _is_index(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
+def source_layouts(pcg: PCG) -> tuple[dict[str, str], dict[str, tuple[str, ...]]]:
+    """Where ``pcg`` keeps its sources. ``source_of[name]``: the source that node ``name`` only
+    loads or stores (the source itself, or a Partition or Replicate of such a node);
+    ``stored[name]``, for each of those nodes: the layouts at or after it that something else
+    reads (or that are graph outputs), i.e. those the source is kept in. A replicated
+    trainable weight syncs its gradient in each of them."""
+    source_of: dict[str, str] = {}
+    for n in pcg.nodes:
+        if n.spec.kind is OpKind.SOURCE:
+            source_of[n.name] = n.name
+        elif n.op in LAYOUT_OPS and n.inputs[0].node in source_of:
+            source_of[n.name] = source_of[n.inputs[0].node]
+    consumers = pcg.consumers()
+    graph_outputs = set(pcg.outputs)
+    stored: dict[str, tuple[str, ...]] = {}
+    for n in reversed(pcg.nodes):  # consumers first
+        if n.name not in source_of:
+            continue
+        ref = TensorRef(n.name)
+        readers = consumers.get(ref, ())
+        kept = ref in graph_outputs or any(c not in source_of for c, _ in readers)
+        below = [c for c, _ in readers if c in source_of]
+        stored[n.name] = ((n.name,) if kept else ()) + tuple(
+            layout for c in below for layout in stored[c]
+        )
+    return source_of, stored
+
+
 def iteration_cost(
     pcg: PCG,
     machine: Machine,
@@ -1103,35 +1131,16 @@ def iteration_cost(
 
     # Which tensors need a gradient, and which nodes only load or store a source in a layout.
     needs_grad: dict[str, bool] = {}
-    source_of: dict[str, str] = {}
     for n in pcg.nodes:
         if n.op == "weight":
             needs_grad[n.name] = bool(n.params["trainable"])
         else:
             needs_grad[n.name] = any(needs_grad[r.node] for r in n.inputs)
-        if n.spec.kind is OpKind.SOURCE:
-            source_of[n.name] = n.name
-        elif n.op in LAYOUT_OPS and n.inputs[0].node in source_of:
-            source_of[n.name] = source_of[n.inputs[0].node]
-
+    source_of, stored = source_layouts(pcg)
     consumers = pcg.consumers()
-    graph_outputs = set(pcg.outputs)
 
-    def is_stored(name: str) -> bool:
-        """A materialized tensor something other than a materializing op reads: a layout in
-        which the source is kept."""
-        ref = TensorRef(name)
-        if ref in graph_outputs:
-            return True
-        return any(c not in source_of for c, _ in consumers.get(ref, ()))
-
-    def stored_below(name: str) -> list[str]:
-        """The stored layouts at or after materialized node ``name``."""
-        found = [name] if is_stored(name) else []
-        for c, _ in consumers.get(TensorRef(name), ()):
-            if c in source_of:
-                found += stored_below(c)
-        return found
+    def stored_below(name: str) -> tuple[str, ...]:
+        return stored[name]
 
     sparse: dict[str, int | None] = {}
 

@@ -42,7 +42,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from pcgopt.extract.cost import CostBreakdown, iteration_cost
+from pcgopt.extract.cost import CostBreakdown, iteration_cost, source_layouts
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine
 from pcgopt.ops import OpKind
@@ -359,17 +359,38 @@ def parallel_nodes(pcg: PCG) -> list[tuple[str, int, int]]:
     return out
 
 
+def _weight_sync_widths(pcg: PCG, nodes: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """``nodes`` with each Replicate of a trainable weight at the width of the layouts the
+    weight is stored in below it (:func:`~pcgopt.extract.cost.source_layouts`): the cost
+    model syncs its gradient there, in groups of its degree across that width (a weight
+    copied 2 then 3 ways syncs over 3 groups of 2). One stored at several widths is left out:
+    no one list of groups serves them all, and it keeps the default placement."""
+    source_of, stored = source_layouts(pcg)
+    out = []
+    for name, degree, width in nodes:
+        node = pcg.node(name)
+        source = pcg.node(source_of.get(name, name))
+        if node.op == "replicate" and source.op == "weight" and source.params["trainable"]:
+            widths = {pcg.shape(layout).num_shards for layout in stored[name]}
+            if len(widths) > 1:
+                continue
+            width = widths.pop() if widths else width
+        out.append((name, degree, width))
+    return out
+
+
 def _axis_nodes(pcg: PCG) -> list[tuple[str, int, int]]:
-    """The parallel nodes whose groups the plan's axes place: those of :func:`parallel_nodes`
-    with a degree above 1, less those of a branch narrowed below the plan's width. Such a node
-    is one group on all of its devices, and nothing it is chained to through parallel nodes,
-    up to the compute nodes on either side (a weight's Replicate up to the MatMul reading it),
-    spans more devices. Its group is the block of consecutive devices the machine mapping gives
-    the branch, wherever that block starts, as in the cost model's default placement; naming it
-    by an axis of the wider nodes would scatter it over the hierarchy (a 2-device branch across
-    both sockets of a node) for no gain. A chain that reaches wider nodes keeps the axes: a
-    Combine after a tensor-parallel layer finds its shards where the axes put them."""
-    nodes = [n for n in parallel_nodes(pcg) if n[1] > 1]
+    """The parallel nodes whose groups the plan's axes place: those of :func:`parallel_nodes` with
+    a degree above 1 (a weight's Replicates at the width of the layouts below them,
+    :func:`_weight_sync_widths`), less those of a branch narrowed below the plan's width. Such a
+    node is one group on all of its devices, and nothing it is chained to through parallel
+    nodes, up to the compute nodes on either side (a weight's Replicate up to the MatMul reading
+    it), spans more devices. Its group is the block of consecutive devices the machine mapping
+    gives the branch, wherever that block starts, as in the cost model's default placement;
+    naming it by an axis of the wider nodes would scatter it over the hierarchy (a 2-device
+    branch across both sockets of a node) for no gain. A chain that reaches wider nodes keeps
+    the axes: a Combine after a tensor-parallel layer finds its shards where the axes put them."""
+    nodes = _weight_sync_widths(pcg, [n for n in parallel_nodes(pcg) if n[1] > 1])
     width = max((w for _, _, w in nodes), default=0)
     order = pcg.nodes
     own = {

@@ -675,19 +675,32 @@ def saturate_and_extract(
     # placement per distinct plan.
     done: dict[PCG, tuple[PlanPlacement, MachineMapping, CostBreakdown]] = {}
     pending = [name for name, value in candidates.items() if value is not None]
+    failed: dict[PCG, str] = {}
     for k, name in enumerate(pending):
         plan, cost = candidates[name]  # type: ignore[misc]
-        if plan not in done:
+        if plan not in done and plan not in failed:
             # What is left of the budget, shared by the plans still to place.
             distinct = len({candidates[n][0] for n in pending[k:]} - done.keys())  # type: ignore[index]
-            done[plan] = mapped_cost(
-                plan,
-                machine,
-                optimizer=optimizer,
-                cost=cost,
-                cache=cache,
-                time_limit_s=clock.left() / max(1, distinct),
-            )
+            try:
+                done[plan] = mapped_cost(
+                    plan,
+                    machine,
+                    optimizer=optimizer,
+                    cost=cost,
+                    cache=cache,
+                    time_limit_s=clock.left() / max(1, distinct),
+                )
+            except CostError as e:  # a bug, but the other candidates still stand
+                failed[plan] = str(e)
+                warnings.warn(
+                    f"saturate_and_extract: the {name} plan could not be placed and mapped, "
+                    f"so it was left out: {e}",
+                    stacklevel=2,
+                )
+        if plan in failed:
+            say(f"{name}: left out, placing and mapping it failed: {failed[plan]}")
+            candidates[name] = None
+            continue
         placements[name], mappings[name], final = done[plan]
         candidates[name] = (plan, final)
     phases["placement and mapping"] = time.perf_counter() - start
@@ -697,6 +710,11 @@ def saturate_and_extract(
         assert value is not None
         return (not value[1].feasible, value[1].total_s)
 
+    if all(v is None for v in candidates.values()):
+        raise CostError(
+            "no candidate plan could be placed and mapped: "
+            + "; ".join(dict.fromkeys(failed.values()))
+        )
     chosen, (best, best_cost) = min(
         ((k, v) for k, v in candidates.items() if v is not None), key=rank
     )

@@ -194,3 +194,31 @@ def test_a_branch_narrowed_to_one_group_runs_on_consecutive_devices_beside_the_o
     # So the two branches fit beside each other (2 + 2 of 6 devices) and run at once.
     mapping = map_machine(plan, summit, cost=placed.cost, devices=placed.devices)
     assert mapping.divided_splits == 1 and mapping.time_s < placed.cost.total_s
+
+
+def test_a_weight_copied_in_two_steps_syncs_its_gradient_in_groups_across_all_its_copies():
+    """A weight replicated 2 then 3 ways (6 copies, as extraction can give it) syncs the
+    gradient of the first Replicate over 3 groups of 2: its groups are placed at the width
+    of the layout the weight is stored in, not at the 2 devices its own output spans."""
+    from pcgopt import Machine, PCGBuilder
+    from pcgopt.extract import iteration_cost
+    from pcgopt.extract.placement import place_plan
+    from pcgopt.extract.plan import mapped_cost
+
+    b = PCGBuilder()
+    x = b.replicate(b.partition(b.input((96, 64), name="x"), dim=0, degree=3), degree=2)
+    w = b.weight((64, 64), name="w")
+    w6 = b.replicate(b.replicate(w, degree=2, name="w.r2"), degree=3, name="w.r6")
+    pcg = b.build(b.matmul(x, w6, name="mm"))
+    summit = Machine.preset("summit")  # one node: 2 sockets of 3 GPUs
+    placed = place_plan(pcg, summit)
+    assert placed.matrix is not None
+    first, second = placed.devices["w.r2"], placed.devices["w.r6"]
+    assert len(first) == 3 and all(len(g) == 2 for g in first)
+    assert sorted(d for g in first for d in g) == list(range(6))
+    assert len(second) == 2 and all(len(g) == 3 for g in second)
+    # The cost model accepts the placement and syncs over those groups.
+    cost = iteration_cost(pcg, summit, devices=placed.devices)
+    assert cost.total_s == pytest.approx(placed.cost.total_s)
+    _, _, mapped = mapped_cost(pcg, summit)
+    assert mapped.feasible

@@ -128,6 +128,32 @@ def test_a_failed_extraction_still_returns_the_best_baseline(monkeypatch):
     assert plan.stats.chosen != "e-graph" and equivalent(MNIST, plan.pcg)
 
 
+def test_a_candidate_that_cannot_be_placed_is_left_out_with_a_warning(monkeypatch):
+    from pcgopt.extract import CostError
+    from pcgopt.extract.baselines import data_parallel
+
+    only = data_parallel(MNIST, TWO_GPUS)
+    mapped_cost = plan_module.mapped_cost
+
+    def only_data_parallel(plan, machine, **kwargs):
+        if plan != only:
+            raise CostError("devices['w.r2'] must be 3 group(s) of 2 devices")
+        return mapped_cost(plan, machine, **kwargs)
+
+    monkeypatch.setattr(plan_module, "mapped_cost", only_data_parallel)
+    with pytest.warns(UserWarning, match="could not be placed and mapped, so it was left out"):
+        plan = saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=4)
+    assert plan.stats.chosen == "data parallel" and plan.pcg == only
+    assert plan.stats.candidates["sequential"] is None
+
+    monkeypatch.setattr(plan_module, "mapped_cost", lambda *a, **k: only_data_parallel(None, 0))
+    with (
+        pytest.warns(UserWarning),
+        pytest.raises(CostError, match="no candidate plan could be placed and mapped: devices"),
+    ):
+        saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=4)
+
+
 def test_candidates_that_are_the_same_plan_are_placed_once(monkeypatch):
     from pcgopt.extract.baselines import data_parallel
 
