@@ -1136,11 +1136,8 @@ def iteration_cost(
             needs_grad[n.name] = bool(n.params["trainable"])
         else:
             needs_grad[n.name] = any(needs_grad[r.node] for r in n.inputs)
-    source_of, stored = source_layouts(pcg)
+    source_of, stored_below = source_layouts(pcg)
     consumers = pcg.consumers()
-
-    def stored_below(name: str) -> tuple[str, ...]:
-        return stored[name]
 
     sparse: dict[str, int | None] = {}
 
@@ -1150,7 +1147,7 @@ def iteration_cost(
         looks rows up (an embedding table), then at most one row per index read."""
         if weight not in sparse:
             rows: int | None = 0
-            for stored in stored_below(weight):
+            for stored in stored_below[weight]:
                 for c, slot in consumers.get(TensorRef(stored), ()):
                     if c in source_of:
                         continue
@@ -1217,7 +1214,7 @@ def iteration_cost(
                     a.add(collective(kind, groups, nbytes, n.name), purpose)
             elif n.op == "replicate" and needs_grad[n.name]:
                 # A replicated trainable weight: every copy must receive the summed gradient.
-                for layout in stored_below(n.name):
+                for layout in stored_below[n.name]:
                     shape = pcg.shape(layout)
                     groups = placement.groups(n, degree, shape.num_shards)
                     nbytes = touched_bytes(source_of[n.name], shape)
@@ -1236,7 +1233,7 @@ def iteration_cost(
         if n.op != "weight":
             continue
         trainable = bool(n.params["trainable"])
-        for layout in dict.fromkeys(stored_below(n.name)):
+        for layout in dict.fromkeys(stored_below[n.name]):
             stored_weight.add(layout)
             size = pcg.shape(layout).shard_nbytes
             weights += size
