@@ -523,6 +523,10 @@ def saturate_and_extract(
     and extract segments of at least ``min_segment_ops`` computing operators separately and
     stitch them, with a DP over the layouts handed across the cuts; None (the default) splits
     when the graph has such cuts, False never does.
+
+    A candidate that the placement or the machine mapping rejects (:class:`CostError`, a
+    bug) is left out with a warning, and the others still compete; if none is left, the
+    :class:`CostError` says why.
     """
     if not isinstance(pcg, PCG):
         raise PCGError(f"saturate_and_extract takes a pcgopt.PCG, got {type(pcg).__name__}")
