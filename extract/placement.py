@@ -347,50 +347,57 @@ class PlanPlacement:
 
 def parallel_nodes(pcg: PCG) -> list[tuple[str, int, int]]:
     """(name, degree, width) of every parallel node that takes a degree: ``width`` is the
-    number of devices it spans (the most shards among its inputs and outputs)."""
-    out = []
+    number of devices its groups cover, the most shards among its inputs and outputs; for a
+    trainable weight's Replicate, the width of the layouts the weight is stored in below it
+    (:func:`~pcgopt.extract.cost.source_layouts`), where the cost model syncs its gradient in
+    groups of its degree (a weight copied 2 then 3 ways: 3 groups of 2), if they all have
+    one width (:func:`_synced_widths`)."""
+    return _parallel_nodes(pcg, _synced_widths(pcg))
+
+
+def _synced_widths(pcg: PCG) -> dict[str, set[int]]:
+    """For each Replicate of a trainable weight: the widths of the layouts below it in which
+    the weight is stored (those its gradient is synced in)."""
+    source_of, stored = source_layouts(pcg)
+    out = {}
     for node in pcg.nodes:
-        if node.spec.kind is OpKind.PARALLEL and "degree" in node.params:
-            width = max(
-                max(s.num_shards for s in pcg.input_shapes(node.name)),
-                max(s.num_shards for s in pcg.output_shapes(node.name)),
-            )
-            out.append((node.name, int(node.params["degree"]), width))
+        source = pcg.node(source_of.get(node.name, node.name))
+        if node.op == "replicate" and source.op == "weight" and source.params["trainable"]:
+            out[node.name] = {pcg.shape(layout).num_shards for layout in stored[node.name]}
     return out
 
 
-def _weight_sync_widths(pcg: PCG, nodes: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
-    """``nodes`` with each Replicate of a trainable weight at the width of the layouts the
-    weight is stored in below it (:func:`~pcgopt.extract.cost.source_layouts`): the cost
-    model syncs its gradient there, in groups of its degree across that width (a weight
-    copied 2 then 3 ways syncs over 3 groups of 2). One stored at several widths is left out:
-    no one list of groups serves them all, and it keeps the default placement."""
-    source_of, stored = source_layouts(pcg)
+def _parallel_nodes(pcg: PCG, synced: Mapping[str, set[int]]) -> list[tuple[str, int, int]]:
     out = []
-    for name, degree, width in nodes:
-        node = pcg.node(name)
-        source = pcg.node(source_of.get(name, name))
-        if node.op == "replicate" and source.op == "weight" and source.params["trainable"]:
-            widths = {pcg.shape(layout).num_shards for layout in stored[name]}
-            if len(widths) > 1:
-                continue
-            width = widths.pop() if widths else width
-        out.append((name, degree, width))
+    for node in pcg.nodes:
+        if node.spec.kind is OpKind.PARALLEL and "degree" in node.params:
+            widths = synced.get(node.name, ())
+            if len(widths) == 1:
+                (width,) = widths
+            else:
+                width = max(
+                    max(s.num_shards for s in pcg.input_shapes(node.name)),
+                    max(s.num_shards for s in pcg.output_shapes(node.name)),
+                )
+            out.append((node.name, int(node.params["degree"]), width))
     return out
 
 
 def _axis_nodes(pcg: PCG) -> list[tuple[str, int, int]]:
     """The parallel nodes whose groups the plan's axes place: those of :func:`parallel_nodes` with
-    a degree above 1 (a weight's Replicates at the width of the layouts below them,
-    :func:`_weight_sync_widths`), less those of a branch narrowed below the plan's width. Such a
-    node is one group on all of its devices, and nothing it is chained to through parallel
-    nodes, up to the compute nodes on either side (a weight's Replicate up to the MatMul reading
-    it), spans more devices. Its group is the block of consecutive devices the machine mapping
-    gives the branch, wherever that block starts, as in the cost model's default placement;
-    naming it by an axis of the wider nodes would scatter it over the hierarchy (a 2-device
-    branch across both sockets of a node) for no gain. A chain that reaches wider nodes keeps
-    the axes: a Combine after a tensor-parallel layer finds its shards where the axes put them."""
-    nodes = _weight_sync_widths(pcg, [n for n in parallel_nodes(pcg) if n[1] > 1])
+    a degree above 1 (a weight's Replicates at the width of the layouts below them), less those
+    of a branch narrowed below the plan's width. Such a node is one group on all of its devices,
+    and nothing it is chained to through parallel nodes, up to the compute nodes on either side
+    (a weight's Replicate up to the MatMul reading it), spans more devices. Its group is the
+    block of consecutive devices the machine mapping gives the branch, wherever that block
+    starts, as in the cost model's default placement; naming it by an axis of the wider nodes
+    would scatter it over the hierarchy (a 2-device branch across both sockets of a node) for no
+    gain. A chain that reaches wider nodes keeps the axes: a Combine after a tensor-parallel
+    layer finds its shards where the axes put them."""
+    # A weight's Replicate stored at several widths is left out: no one list of groups serves
+    # them all, and it keeps the default placement.
+    synced = _synced_widths(pcg)
+    nodes = [n for n in _parallel_nodes(pcg, synced) if n[1] > 1 and len(synced.get(n[0], ())) <= 1]
     width = max((w for _, _, w in nodes), default=0)
     order = pcg.nodes
     own = {
