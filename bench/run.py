@@ -65,7 +65,11 @@ print(json.dumps({
     "feasible": plan.cost.feasible,
     "enodes": plan.stats.num_enodes,
     "stop": plan.stats.stop_reason,
-    "check": plan.check.split(":")[0],
+    "check": (
+        "scaled down" if "scaled down" in plan.check
+        else "full size" if plan.check.startswith("equivalent")
+        else plan.check.split(":")[0]
+    ),
     "seconds": seconds,
     "peak_rss": peak_rss,
 }))
@@ -86,8 +90,8 @@ def main() -> None:
     rows = [
         "| model | nodes | GPUs | data parallel | megatron | sequential | coordinate descent | "
         "branch parallel | joint plan | speedup over best baseline | speedup bound | chosen | "
-        "branches at once | e-nodes | saturation stop | search time | search peak RSS |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "branches at once | e-nodes | saturation stop | search time | search peak RSS | check |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     start = time.perf_counter()
     for name in args.models:
@@ -107,7 +111,7 @@ def main() -> None:
                 f"{speedup:.2f}x | {min(base) / r['bound_s'] if base else float('nan'):.2f}x | "
                 f"{r['chosen']} | {r['divided']} of {r['splits']} splits, "
                 f"saves {ms(r['overlap_s'])} | {r['enodes']:,} | {r['stop']} | "
-                f"{r['seconds']:.1f} s | {r['peak_rss'] / 2**20:.0f} MiB |"
+                f"{r['seconds']:.1f} s | {r['peak_rss'] / 2**20:.0f} MiB | {r['check']} |"
             )
             print(rows[-1], flush=True)
             print("   phases:", {k: round(v, 1) for k, v in r["phases"].items()}, flush=True)
@@ -138,7 +142,10 @@ def main() -> None:
             "candidates and the check. 'speedup bound': the best baseline's time over a bound "
             "on any plan's: the model's compute and optimizer update on one GPU (fused where "
             "cheaper) divided by the GPUs, with no communication at all; only a rewrite that "
-            "lowers the computation itself could beat it.",
+            "lowers the computation itself could beat it. 'check': how the returned plan was "
+            "verified equivalent to the model by the reference evaluator: at full size, on an "
+            "instance of both scaled down (`pcgopt.scaled_down`), or skipped (too large for the "
+            "evaluator even scaled down).",
             "",
             *rows,
             "",

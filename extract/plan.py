@@ -36,6 +36,11 @@ Phases, each timed in :attr:`Plan.stats`:
    they imply;
 6. **check**: the plan is evaluated against the input on random inputs with the reference
    evaluator (:func:`pcgopt.equivalent`), and :class:`PlanCheckError` is raised if they differ.
+   A model too large for the evaluator is checked on a smaller instance of both graphs
+   (:func:`pcgopt.scaled.scaled_down`: every size that can shrink, shrunk consistently; a
+   16-layer MLP of width 8192 becomes one of width 4), and the check is skipped, with a
+   warning, only if even that is too large (models of convolutions and reshapes, whose
+   sizes stay).
 
 The machine defaults to one 8-GPU DGX-H100 node. ``PCGOPT_MACHINE`` overrides it, either a preset
 spec ``NAME[:NODES[:DEVICES_PER_NODE]]`` (e.g. ``summit:2``) or the path of a machine file
@@ -86,6 +91,7 @@ from pcgopt.render import forward_flops
 from pcgopt.render import to_dot as pcg_to_dot
 from pcgopt.rewrite import Rule
 from pcgopt.sbp import sbp_of
+from pcgopt.scaled import ScaleDownError, scaled_down
 from pcgopt.serialize import pcg_to_dict
 
 __all__ = [
@@ -101,12 +107,13 @@ __all__ = [
 #: The machine planned for when none is given and ``PCGOPT_MACHINE`` is not set.
 DEFAULT_MACHINE = "dgx-h100:1"
 
-#: Above this many forward FLOPs the reference evaluator would take minutes; the check is then
-#: skipped with a warning (``Plan.check`` says so).
+#: Above this many forward FLOPs the reference evaluator would take minutes; the check then
+#: runs on a scaled-down instance of the model and the plan (:func:`pcgopt.scaled.scaled_down`),
+#: or, if even that is over, is skipped with a warning (``Plan.check`` says so).
 CHECK_FLOPS_LIMIT = 2e9
 
 #: Above this many source elements (inputs and weights, e.g. DLRM's embedding tables) random
-#: inputs alone would take gigabytes in float64; the check is skipped the same way.
+#: inputs alone would take gigabytes in float64; the check is scaled down or skipped the same way.
 CHECK_ELEMENTS_LIMIT = 5e7
 
 #: Needed e-nodes up to which the exact ILP extractor runs after the greedy one.
@@ -355,29 +362,48 @@ def _mapping(pcg: PCG) -> dict[str, tuple[tuple[int, ...], ...]]:
     return {name: default_groups(degree, width) for name, degree, width in parallel_nodes(pcg)}
 
 
-def _check(model: PCG, plan: PCG, limit: float) -> str:
-    flops = forward_flops(model)
-    elements = sum(model.shape(n.name).numel for n in model.nodes if n.spec.kind is OpKind.SOURCE)
-    message = None
+def _over_limits(pcg: PCG, limit: float) -> str | None:
+    """Why the reference evaluator cannot run ``pcg`` in reasonable time and memory, or None."""
+    flops = forward_flops(pcg)
     if flops > limit:
-        message = (
-            f"skipped: the model needs {flops:.3g} forward FLOPs, over the evaluator's limit of "
-            f"{limit:.3g} (check_flops_limit)"
+        return f"{flops:.3g} forward FLOPs, over the evaluator's limit of {limit:.3g}"
+    elements = sum(pcg.shape(n.name).numel for n in pcg.nodes if n.spec.kind is OpKind.SOURCE)
+    if elements > CHECK_ELEMENTS_LIMIT:
+        return (
+            f"inputs and weights of {elements:.3g} elements, over the evaluator's limit of "
+            f"{CHECK_ELEMENTS_LIMIT:.3g}"
         )
-    elif elements > CHECK_ELEMENTS_LIMIT:
-        message = (
-            f"skipped: the model's inputs and weights hold {elements:.3g} elements, over the "
-            f"evaluator's limit of {CHECK_ELEMENTS_LIMIT:.3g}"
-        )
-    if message is not None:
-        warnings.warn(f"saturate_and_extract: equivalence check {message}", stacklevel=3)
-        return message
+    return None
+
+
+def _check(model: PCG, plan: PCG, limit: float) -> str:
+    """Evaluates ``plan`` against ``model`` on random inputs; too large for the evaluator, both
+    are scaled down together first (:func:`pcgopt.scaled.scaled_down`: the same graphs with
+    smaller sizes). Raises :class:`PlanCheckError` if they differ; returns what was checked."""
+    where = "3 random inputs"
+    over = _over_limits(model, limit)
+    if over is not None:
+        try:
+            small = scaled_down(model, plan)
+        except ScaleDownError as err:
+            why = f"the model needs {over}, and it has no smaller instance: {err}"
+        else:
+            model, plan = small.pcgs
+            still = _over_limits(model, limit)
+            why = f"the model needs {over}, and its smallest instance still {still}"
+            shrunk = ", ".join(f"{a} to {b}" for a, b in small.sizes)
+            where = f"3 random inputs of an instance scaled down from full size ({shrunk})"
+            over = still
+        if over is not None:
+            message = f"skipped: {why} (check_flops_limit)"
+            warnings.warn(f"saturate_and_extract: equivalence check {message}", stacklevel=3)
+            return message
     if not equivalent(model, plan):
         raise PlanCheckError(
-            "the optimized PCG does not compute what the input computes on random inputs; "
+            f"the optimized PCG does not compute what the input computes on {where}; "
             "this is a bug in pcgopt, please report it with the model"
         )
-    return "equivalent to the input on 3 random inputs (reference evaluator)"
+    return f"equivalent to the input on {where} (reference evaluator)"
 
 
 def placed_cost(

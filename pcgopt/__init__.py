@@ -27,6 +27,7 @@ from pcgopt.evaluate import Evaluation, assert_equivalent, equivalent, evaluate,
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.machine import DeviceSpec, Level, Link, Machine, MachineError
 from pcgopt.ops import OPERATORS, OpKind, OpSpec, get_op
+from pcgopt.scaled import ScaledDown, ScaleDownError, scaled_down
 from pcgopt.shapes import DType, ParallelDim, ParallelTensorShape
 from pcgopt.sharded import ShardedArray
 
@@ -58,6 +59,8 @@ __all__ = [
     "ParallelTensorShape",
     "ParameterError",
     "Plan",
+    "ScaleDownError",
+    "ScaledDown",
     "SchemaError",
     "ShapeError",
     "ShardedArray",
@@ -70,6 +73,7 @@ __all__ = [
     "get_op",
     "random_feeds",
     "saturate_and_extract",
+    "scaled_down",
 ]
 
 # The optimizer lives in the top layer (pcgopt.extract); the IR package must not import it at

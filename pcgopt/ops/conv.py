@@ -10,8 +10,8 @@ from numpy.lib.stride_tricks import sliding_window_view
 from pcgopt.errors import ShapeError
 from pcgopt.ops.elementwise import require_float, same_dtype
 from pcgopt.ops.linalg import ACTIVATION_CHOICES, activation_flops, apply_activation
-from pcgopt.ops.params import Param, ParamType
-from pcgopt.ops.spec import AxisKind, ComputeOp, LoopAxis, Signature
+from pcgopt.ops.params import Param, Params, ParamType
+from pcgopt.ops.spec import AxisKind, ComputeOp, LoopAxis, Signature, Sizes
 from pcgopt.shapes import ParallelTensorShape
 
 
@@ -51,6 +51,19 @@ def _windows(x: np.ndarray, kernel, stride, padding, fill: float) -> np.ndarray:
     (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill)
     return sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
+
+
+def _windows_resized(
+    spec: ComputeOp, params: Params, in_sizes: tuple[Sizes, ...], out_sizes: tuple[Sizes, ...]
+) -> Params | None:
+    """A convolution's or pooling's parameters (stride, padding, groups, kernel) fit any batch
+    and channel counts: they still hold when the output's spatial sizes are those they give
+    for the new input's, which decide the windows. Else None: the sizes cannot change so."""
+    try:
+        (out,) = spec.infer_logical(params, tuple(ParallelTensorShape.of(s) for s in in_sizes))
+    except ShapeError:
+        return None
+    return params if out.sizes[2:] == tuple(out_sizes[0][2:]) else None
 
 
 class Conv2D(ComputeOp):
@@ -129,6 +142,9 @@ class Conv2D(ComputeOp):
             (*axes, *spatial), linear_in=(0, 1) if linear else (), notes=(*notes, *spatial_notes)
         )
 
+    def resized_params(self, params, in_sizes, out_sizes):
+        return _windows_resized(self, params, in_sizes, out_sizes)
+
     def reference(self, params, x, w, bias=None):
         return (self._conv(params, x, w, bias, params["groups"]),)
 
@@ -205,6 +221,9 @@ class Pool2D(ComputeOp):
             linear_in=(0,) if params["mode"] == "avg" else (),
             notes=tuple(notes),
         )
+
+    def resized_params(self, params, in_sizes, out_sizes):
+        return _windows_resized(self, params, in_sizes, out_sizes)
 
     def reference(self, params, x):
         fill = -np.inf if params["mode"] == "max" else 0.0

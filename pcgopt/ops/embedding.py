@@ -61,6 +61,7 @@ class Embedding(ComputeOp):
 
     name = "embedding"
     input_names = ("indices", "table")
+    index_inputs = ((0, 1, 0),)
 
     def infer_logical(self, params, inputs):
         idx, table = inputs
@@ -93,6 +94,7 @@ class EmbeddingBag(ComputeOp):
 
     name = "embedding_bag"
     input_names = ("indices", "table")
+    index_inputs = ((0, 1, 0),)
 
     def infer_logical(self, params, inputs):
         idx, table = inputs

@@ -9,7 +9,7 @@ import numpy as np
 
 from pcgopt.errors import ShapeError
 from pcgopt.ops.elementwise import same_dtype
-from pcgopt.ops.params import Param, ParamType
+from pcgopt.ops.params import Param, Params, ParamType
 from pcgopt.ops.spec import AxisKind, ComputeOp, LoopAxis, Signature, SizeRelation
 from pcgopt.shapes import ParallelTensorShape
 
@@ -211,6 +211,11 @@ class Reshape(ComputeOp):
                 if (i, j) != (len(ins), len(outs))
             ]
         return tuple(out)
+
+    def resized_params(self, params, in_sizes, out_sizes):
+        # Its target shape is its output's: any sizes whose runs still multiply out, which
+        # signature_conditions requires.
+        return Params({**params, "shape": tuple(out_sizes[0])})
 
     def reference(self, params, x):
         return (x.reshape(params["shape"]),)

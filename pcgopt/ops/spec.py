@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from pcgopt.errors import ArityError, DegreeError, ShapeError
-from pcgopt.ops.params import Param, Params, canonical_params, normalize_axes
+from pcgopt.ops.params import Param, Params, ParamType, canonical_params, normalize_axes
 from pcgopt.shapes import ParallelTensorShape
 from pcgopt.sharded import ShardedArray
 
@@ -292,6 +292,10 @@ class ComputeOp(OpSpec):
     #: its factorization). Symbolic reasoning about all sizes must not assume one structure,
     #: except where :meth:`signature_conditions` says which size relations keep it.
     size_dependent_signature: ClassVar[bool] = False
+    #: ``(i, j, d)``: the integer values of input ``i`` index dimension ``d`` of input ``j``
+    #: (an embedding's ids and its table's rows), so a smaller instance of the graph
+    #: (:func:`pcgopt.scaled_down`) draws them below that dimension's new size.
+    index_inputs: ClassVar[tuple[tuple[int, int, int], ...]] = ()
 
     def infer_logical(
         self, params: Params, inputs: tuple[ParallelTensorShape, ...]
@@ -315,6 +319,18 @@ class ComputeOp(OpSpec):
         structure does not depend on sizes; None when an operator whose structure does cannot
         say (it is then left out of symbolic reasoning)."""
         return None if self.size_dependent_signature else ()
+
+    def resized_params(
+        self, params: Params, in_sizes: tuple[Sizes, ...], out_sizes: tuple[Sizes, ...]
+    ) -> Params | None:
+        """The parameters under which this operator maps inputs of ``in_sizes`` to outputs of
+        ``out_sizes`` (new sizes, in a smaller instance of its graph: :mod:`pcgopt.scaled`), or
+        None when its sizes cannot change that way. The default: the same parameters, unless
+        its structure depends on its sizes (a convolution's windows) or a parameter holds
+        sizes (a split's parts); an operator that can say (a reshape) overrides it."""
+        if self.size_dependent_signature or any(p.type is ParamType.SHAPE for p in self.params):
+            return None
+        return params
 
     def local(
         self, params: Params, ctx: LocalContext, *blocks: np.ndarray

@@ -424,7 +424,8 @@ def small_pcgs(
     """Valid PCGs of up to ``max_ops`` operator nodes over one or two inputs, mixing compute and
     parallelization operators with the given degrees. The output is the last tensor made."""
     b = PCGBuilder()
-    input_sizes = input_sizes or sizes(2, 2, st.sampled_from((2, 4, 8)))
+    if input_sizes is None:
+        input_sizes = sizes(2, 2, st.sampled_from((2, 4, 8)))
     first = draw(input_sizes)
     tensors = [b.input(first, name="x")]
     if draw(st.booleans()):

@@ -115,6 +115,29 @@ def test_a_plan_that_differs_from_the_input_is_refused(monkeypatch):
         saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=5)
 
 
+def test_a_model_too_large_for_the_evaluator_is_checked_on_a_scaled_down_instance():
+    from pcgopt.extract import data_parallel
+
+    summit = Machine.preset("summit")
+    model = pcgopt.models.build("mlp", batch=256 * summit.num_devices)  # 2.9 TFLOP forward
+    plan = data_parallel(model, summit)
+    verdict = plan_module._check(model, plan, plan_module.CHECK_FLOPS_LIMIT)
+    assert verdict.startswith("equivalent to the input on 3 random inputs of an instance")
+    assert "8192 to 4" in verdict
+    # Two layers' weights exchanged: the small instance tells.
+    swap = {"branch0/fc1/w": "branch0/fc2/w", "branch0/fc2/w": "branch0/fc1/w"}
+    wrong = plan.renamed({n.name: swap.get(n.name, n.name) for n in plan.nodes})
+    with pytest.raises(PlanCheckError, match="scaled down from full size"):
+        plan_module._check(model, wrong, plan_module.CHECK_FLOPS_LIMIT)
+
+
+def test_the_check_is_skipped_with_a_warning_only_when_even_the_small_instance_is_too_large():
+    with pytest.warns(UserWarning, match="equivalence check skipped"):
+        verdict = plan_module._check(MNIST, MNIST, 1.0)  # no instance has under 1 FLOP
+    assert verdict.startswith("skipped: the model needs")
+    assert "smallest instance still" in verdict
+
+
 def test_a_failed_extraction_still_returns_the_best_baseline(monkeypatch):
     from pcgopt.extract import ExtractionError
 

@@ -1,0 +1,422 @@
+"""Smaller instances of PCGs with the same structure, so that plans of full-size models can be
+checked by evaluation.
+
+The reference evaluator runs a 16-layer MLP of width 8192, or a recommendation model with four
+million-row tables, in minutes or not at all. Whether a plan computes what its model computes
+does not depend on those sizes, only on the graph: :func:`scaled_down` gives both graphs (any
+number of PCGs over the same inputs and weights) with every size that can shrink shrunk,
+consistently across them, so that :func:`pcgopt.equivalent` on the small pair checks the
+structure of the large one.
+
+**Which sizes shrink.** The dimensions of all the graphs' tensors are put in classes that must
+keep one size: an input or weight's dimension is the same in every graph (matched by name); a
+parallel operator keeps its input's logical shape; a compute operator's loop axes (its
+:class:`~pcgopt.ops.Signature`) tie the dimensions each indexes. A class gets the smallest
+multiple of the degrees that split any of its dimensions (in any graph) that is at least
+``min_size``; a class already that small keeps its size. An output dimension no axis indexes
+(the axis of a Concat) is derived: shape inference gives its size from the new inputs, and the
+rest of its class (the rows of the weight that reads the concatenation) follows. Input
+dimensions of one node that no axis indexes are tied when they have one size (a fused Linear
+cannot split its contraction, so its signature leaves it out).
+
+**Which stay.** Every dimension of an operator whose structure depends on its sizes (a
+reshape's runs, a convolution's or pooling's windows: ``size_dependent_signature``) or that
+carries sizes among its parameters (a split's part sizes), and of any node the smaller graph
+rejects (it is then rebuilt with that node's dimensions at full size). Integer inputs that
+index a dimension (an embedding's ids, :attr:`~pcgopt.ops.spec.ComputeOp.index_inputs`) are
+drawn below its new size.
+
+>>> from pcgopt import PCGBuilder, equivalent
+>>> def mlp(parallel: bool):
+...     b = PCGBuilder()
+...     x, w = b.input((4096, 8192), name="x"), b.weight((8192, 8192), name="w")
+...     if parallel:  # data parallel on 8 devices
+...         x, w = b.partition(x, dim=0, degree=8), b.replicate(w, degree=8)
+...     y = b.relu(b.matmul(x, w))
+...     return b.build(b.combine(y, dim=0, degree=8) if parallel else y)
+>>> small = scaled_down(mlp(False), mlp(True))
+>>> small.sizes  # (full size, new size) of every class that shrank
+((8192, 4), (4096, 8))
+>>> [p.shape("x").sizes for p in small.pcgs]
+[(8, 4), (8, 4)]
+>>> equivalent(*small.pcgs)
+True
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
+
+from pcgopt.errors import PCGError
+from pcgopt.graph import PCG, Node, TensorRef
+from pcgopt.ops import OpKind
+from pcgopt.ops.params import Params
+from pcgopt.shapes import ParallelTensorShape
+
+__all__ = ["ScaleDownError", "ScaledDown", "scaled_down"]
+
+
+class ScaleDownError(PCGError):
+    """The graphs could not be given consistent smaller sizes (``node``: where it failed)."""
+
+
+@dataclass(frozen=True)
+class ScaledDown:
+    """Smaller instances of the given PCGs, in their order (see the module docstring).
+
+    ``sizes``: ``(full size, new size)`` of every class of dimensions that shrank, distinct
+    pairs in order; ``kept``: the nodes whose dimensions were kept at full size, in order of
+    first appearance, with why (an operator that depends on its sizes, or a rejected rebuild).
+    """
+
+    pcgs: tuple[PCG, ...]
+    sizes: tuple[tuple[int, int], ...]
+    kept: tuple[tuple[str, str], ...]
+
+    def __repr__(self) -> str:
+        shrunk = ", ".join(f"{a}->{b}" for a, b in self.sizes) or "nothing"
+        return f"ScaledDown({len(self.pcgs)} PCGs; sizes {shrunk}; {len(self.kept)} nodes kept)"
+
+
+Key = Hashable  # ("src", name, dim) for a source's dimension, (graph, node, output, dim) else
+
+
+class _Classes:
+    """Union-find over dimension keys."""
+
+    def __init__(self) -> None:
+        self.parent: dict[Key, Key] = {}
+
+    def find(self, key: Key) -> Key:
+        parent = self.parent.setdefault(key, key)
+        while parent != self.parent[parent]:
+            parent = self.parent[parent]
+        while key != parent:  # path compression
+            self.parent[key], key = parent, self.parent[key]
+        return parent
+
+    def union(self, keys: list[Key]) -> None:
+        roots = [self.find(k) for k in keys]
+        for r in roots[1:]:
+            self.parent[r] = roots[0]
+
+
+def _key(g: int, pcg: PCG, ref: TensorRef, dim: int) -> Key:
+    if pcg.node(ref.node).spec.kind is OpKind.SOURCE:
+        return ("src", ref.node, dim)
+    return (g, ref.node, ref.index, dim)
+
+
+def _node_keys(g: int, pcg: PCG, node: Node) -> list[Key]:
+    keys = [_key(g, pcg, ref, d) for ref in node.inputs for d in range(len(pcg.shape(ref).sizes))]
+    for o, shape in enumerate(pcg.output_shapes(node.name)):
+        keys += [_key(g, pcg, TensorRef(node.name, o), d) for d in range(len(shape.sizes))]
+    return keys
+
+
+class _Problem:
+    def __init__(self, pcgs: tuple[PCG, ...], min_size: int, max_rebuilds: int) -> None:
+        self.pcgs, self.min_size, self.max_rebuilds = pcgs, min_size, max_rebuilds
+        self.classes = _Classes()
+        self.full: dict[Key, int] = {}  # every key's full size
+        self.degree: dict[Key, int] = {}  # lcm of the degrees splitting it, in any graph
+        self.derived: set[Key] = set()
+        self.kept: dict[str, str] = {}  # node -> why its dimensions keep their size
+        self.frozen: set[Key] = set()
+        # Size relations of operators whose structure depends on sizes: (node, [(kind, left
+        # keys, right keys)]), each side a product (SizeRelation).
+        self.relations: list[tuple[str, list[tuple[str, list[Key], list[Key]]]]] = []
+        self.new_params: dict[tuple[int, str], Params] = {}
+        for g, pcg in enumerate(pcgs):
+            for node in pcg.nodes:
+                self._read(g, pcg, node)
+
+    def _read(self, g: int, pcg: PCG, node: Node) -> None:
+        outs = pcg.output_shapes(node.name)
+        for o, shape in enumerate(outs):
+            for d, dim in enumerate(shape.dims):
+                key = _key(g, pcg, TensorRef(node.name, o), d)
+                self.full[key] = dim.size
+                self.degree[key] = math.lcm(self.degree.get(key, 1), dim.degree)
+                self.classes.find(key)
+        spec = node.spec
+        if spec.kind is OpKind.SOURCE:
+            return
+        ins = [pcg.shape(ref) for ref in node.inputs]
+        if spec.kind is OpKind.PARALLEL:
+            shapes = [*ins, *outs]
+            if len({s.sizes for s in shapes}) != 1:
+                self.freeze(g, pcg, node, "its inputs and outputs differ in logical shape")
+                return
+            refs = [*node.inputs, *(TensorRef(node.name, o) for o in range(len(outs)))]
+            for d in range(len(outs[0].sizes)):
+                self.classes.union([_key(g, pcg, r, d) for r in refs])
+            return
+        in_sizes, out_sizes = tuple(s.sizes for s in ins), tuple(s.sizes for s in outs)
+        conditions = spec.signature_conditions(node.params, in_sizes, out_sizes)
+        if spec.resized_params(node.params, in_sizes, out_sizes) is None:
+            self.freeze(g, pcg, node, f"{node.op} cannot change its sizes")
+            return
+        # A structure that depends on sizes it cannot state (a convolution's windows): only
+        # the dimensions of its loop axes that all have one size (batch, channels) may change.
+        opaque = conditions is None
+        conditions = conditions or ()
+
+        def key_of(ref: tuple[str, int, int]) -> Key:
+            side, t, d = ref
+            return _key(g, pcg, node.inputs[t] if side == "in" else TensorRef(node.name, t), d)
+
+        if conditions:
+            self.relations.append(
+                (
+                    node.name,
+                    [
+                        (c.kind, [key_of(r) for r in c.left], [key_of(r) for r in c.right])
+                        for c in conditions
+                    ],
+                )
+            )
+        sig = spec.signature(node.params, in_sizes, out_sizes)
+        covered: set[Key] = set()
+        for axis in sig.axes:
+            members = [
+                _key(g, pcg, node.inputs[i], d) for i, d in enumerate(axis.inputs) if d is not None
+            ] + [
+                _key(g, pcg, TensorRef(node.name, o), d)
+                for o, d in enumerate(axis.outputs)
+                if d is not None
+            ]
+            covered.update(members)
+            sizes = {self.full[k] for k in members}  # inputs come first: already read
+            if len(sizes) == 1 and axis.size in (None, *sizes):
+                self.classes.union(members)
+            elif opaque or not conditions:  # else the relations keep the structure
+                self.frozen.update(members)
+                self.kept.setdefault(node.name, f"its axis {axis.name!r} is not its dims' size")
+        # Input dimensions no axis indexes may still have to agree (a fused Linear's
+        # contraction, which its signature leaves out because it cannot be split): those of
+        # one size are tied, which can only constrain more than needed.
+        loose: dict[int, list[Key]] = {}
+        for ref in node.inputs:
+            for d, n in enumerate(pcg.shape(ref).sizes):
+                key = _key(g, pcg, ref, d)
+                if key not in covered:
+                    loose.setdefault(n, []).append(key)
+        for keys in loose.values():
+            if opaque:
+                self.frozen.update(keys)
+                self.kept.setdefault(node.name, f"{node.op}'s windows keep their sizes")
+            else:
+                self.classes.union(keys)
+        if spec.size_dependent_signature:
+            return  # its outputs have the sizes of their classes (a reshape's new shape)
+        for o, shape in enumerate(outs):
+            for d in range(len(shape.sizes)):
+                key = _key(g, pcg, TensorRef(node.name, o), d)
+                if key not in covered:
+                    self.derived.add(key)
+
+    def freeze(self, g: int, pcg: PCG, node: Node, why: str) -> None:
+        self.kept.setdefault(node.name, why)
+        self.frozen.update(_node_keys(g, pcg, node))
+
+    def solve(self) -> ScaledDown:
+        """Sizes per class, derived sizes by a logical pass, then the rebuilt graphs; a node
+        that rejects its new sizes keeps its dimensions at full size, and the graphs are
+        rebuilt again."""
+        for _ in range(self.max_rebuilds + 1):
+            try:
+                return self._attempt()
+            except PCGError as err:
+                where = next(
+                    (g for g, pcg in enumerate(self.pcgs) if err.node and err.node in pcg), None
+                )
+                if where is None:
+                    raise ScaleDownError(f"no smaller instance: {err}", node=err.node) from err
+                pcg = self.pcgs[where]
+                before = len(self.frozen)
+                self.freeze(where, pcg, pcg.node(err.node), f"rejected smaller sizes ({err})")
+                if len(self.frozen) == before:  # kept already: nothing left to keep
+                    raise ScaleDownError(f"no smaller instance: {err}", node=err.node) from err
+        raise ScaleDownError(
+            f"no smaller instance within {self.max_rebuilds} rebuilds (max_rebuilds); "
+            f"{len(self.kept)} nodes kept at full size, first {next(iter(self.kept), None)!r}"
+        )
+
+    def _attempt(self) -> ScaledDown:
+        find = self.classes.find
+        frozen_roots = {find(k) for k in self.frozen}
+        members: dict[Key, list[Key]] = {}
+        for key in self.full:
+            members.setdefault(find(key), []).append(key)
+        value: dict[Key, int] = {}
+        for root, keys in members.items():
+            if root in frozen_roots:
+                continue
+            full = {self.full[k] for k in keys}
+            if len(full) != 1:  # a derived class whose parts already differ: keep it
+                frozen_roots.add(root)
+                continue
+            (n,) = full
+            step = math.lcm(*(self.degree.get(k, 1) for k in keys))
+            value[root] = n if n <= self.min_size else step * math.ceil(self.min_size / step)
+
+        def size(key: Key) -> int:
+            root = find(key)
+            return self.full[key] if root in frozen_roots else value[root]
+
+        # Dependent and derived sizes, repeated while either changes a class: a product of a
+        # size relation sets the class of its one dimension (a reshape's [H] -> [heads, dh]
+        # makes H heads * dh), and a pass over every graph sets the derived ones (the
+        # classes a derivation feeds may be read before it, e.g. a weight's rows).
+        for _ in range(len(members) + 1):
+            changed = self._apply_relations(size, value, frozen_roots)
+            derived_now: dict[Key, tuple[int, str]] = {}
+            for g, pcg in enumerate(self.pcgs):
+                changed |= self._derive(g, pcg, size, value, frozen_roots, derived_now)
+            if not changed:
+                break
+        for name, relations in self.relations:
+            for kind, left, right in relations:
+                a, b = math.prod(map(size, left)), math.prod(map(size, right))
+                ok = {"is1": a == 1, "ge2": a >= 2, "eq": a == b, "ne": a != b}[kind]
+                if not ok:
+                    raise ScaleDownError(
+                        f"its sizes would break a relation its structure needs ({kind})", node=name
+                    )
+        rebuilt = tuple(self._rebuild(g, pcg, size) for g, pcg in enumerate(self.pcgs))
+        pairs = sorted(
+            {(self.full[k], size(k)) for k in self.full if size(k) != self.full[k]},
+            reverse=True,
+        )
+        return ScaledDown(rebuilt, tuple(pairs), tuple(self.kept.items()))
+
+    def _apply_relations(
+        self, size: Callable[[Key], int], value: dict[Key, int], frozen_roots: set[Key]
+    ) -> bool:
+        find = self.classes.find
+        changed = False
+        for _, relations in self.relations:
+            for kind, left, right in relations:
+                if kind != "eq":
+                    continue
+                for one, other in ((left, right), (right, left)):
+                    if len(one) != 1 or len(other) < 2:
+                        continue
+                    root = find(one[0])
+                    if root in frozen_roots or root in {find(k) for k in other}:
+                        continue
+                    n = math.prod(map(size, other))
+                    if value[root] != n:
+                        value[root], changed = n, True
+        return changed
+
+    def _derive(
+        self,
+        g: int,
+        pcg: PCG,
+        size: Callable[[Key], int],
+        value: dict[Key, int],
+        frozen_roots: set[Key],
+        derived_now: dict[Key, tuple[int, str]],
+    ) -> bool:
+        find = self.classes.find
+        sizes: dict[TensorRef, tuple[int, ...]] = {}
+        changed = False
+
+        def sizes_of(ref: TensorRef) -> tuple[int, ...]:
+            if ref in sizes:
+                return sizes[ref]
+            rank = len(pcg.shape(ref).sizes)  # a source
+            return tuple(size(_key(g, pcg, ref, d)) for d in range(rank))
+
+        for node in pcg.nodes:
+            spec = node.spec
+            outs = pcg.output_shapes(node.name)
+            refs = [TensorRef(node.name, o) for o in range(len(outs))]
+            if spec.kind is OpKind.SOURCE:
+                continue  # read where used: a derivation above may have changed its class
+            if spec.kind is OpKind.PARALLEL:
+                for r in refs:
+                    sizes[r] = sizes_of(node.inputs[0])
+                continue
+            ins = tuple(
+                ParallelTensorShape.of(sizes_of(r), pcg.shape(r).dtype) for r in node.inputs
+            )
+            # Outputs at their classes' sizes (what an operator whose parameters hold its
+            # output shape, a reshape, is given); a derived one is corrected below.
+            wanted = tuple(
+                tuple(size(_key(g, pcg, r, d)) for d in range(len(o.sizes)))
+                for r, o in zip(refs, outs, strict=True)
+            )
+            new_in = tuple(s.sizes for s in ins)
+            if new_in == tuple(pcg.shape(r).sizes for r in node.inputs) and wanted == tuple(
+                o.sizes for o in outs
+            ):
+                params = node.params  # kept at full size (a convolution)
+            else:
+                params = spec.resized_params(node.params, new_in, wanted)
+            if params is None:
+                raise ScaleDownError(f"{node.op} cannot take these sizes", node=node.name)
+            self.new_params[g, node.name] = params
+            try:
+                new = spec.infer_logical(params, ins)
+            except PCGError as err:
+                raise err.at_node(node.name, node.op) from None
+            for r, shape in zip(refs, new, strict=True):
+                for d, n in enumerate(shape.sizes):
+                    key = _key(g, pcg, r, d)
+                    if n == size(key):
+                        continue
+                    root = find(key)
+                    seen = derived_now.get(root)
+                    if key not in self.derived or root in frozen_roots or (seen and seen[0] != n):
+                        raise ScaleDownError(
+                            f"dimension {d} of {r} would be {n}, its class {size(key)}",
+                            node=node.name,
+                        )
+                    value[root], derived_now[root], changed = n, (n, node.name), True
+                sizes[r] = shape.sizes
+        return changed
+
+    def _rebuild(self, g: int, pcg: PCG, size: Callable[[Key], int]) -> PCG:
+        bound: dict[str, int] = {}  # integer inputs: new exclusive bound of their values
+        for other_g, other in enumerate(self.pcgs):
+            for node in other.nodes:
+                for i, j, d in getattr(node.spec, "index_inputs", ()):
+                    source = node.inputs[i].node
+                    while other.node(source).spec.kind is OpKind.PARALLEL:
+                        source = other.node(source).inputs[0].node
+                    limit = size(_key(other_g, other, node.inputs[j], d))
+                    bound[source] = min(bound.get(source, limit), limit)
+        nodes = []
+        for node in pcg.nodes:
+            if node.spec.kind is OpKind.SOURCE:
+                shape = pcg.shape(node.name)
+                params = dict(node.params)
+                params["shape"] = tuple(size(("src", node.name, d)) for d in range(shape.rank))
+                if params.get("max_value") is not None and node.name in bound:
+                    params["max_value"] = min(params["max_value"], bound[node.name])
+                node = Node(node.name, node.op, node.inputs, params)
+            elif (g, node.name) in self.new_params:
+                node = Node(node.name, node.op, node.inputs, self.new_params[g, node.name])
+            nodes.append(node)
+        return PCG(nodes, pcg.outputs)
+
+
+def scaled_down(*pcgs: PCG, min_size: int = 4, max_rebuilds: int = 16) -> ScaledDown:
+    """The given PCGs with their sizes shrunk consistently (module docstring): every class of
+    dimensions that must keep one size gets the smallest multiple of its degrees that is at
+    least ``min_size`` (or keeps its size if already that small). A node that rejects its new
+    sizes keeps its dimensions at full size and the graphs are rebuilt, at most
+    ``max_rebuilds`` times. Raises :class:`ScaleDownError` if no consistent smaller instance is
+    found."""
+    if not pcgs:
+        raise ScaleDownError("scaled_down needs at least one PCG")
+    if isinstance(min_size, bool) or not isinstance(min_size, int) or min_size < 1:
+        raise ScaleDownError(f"min_size must be a positive int, got {min_size!r}")
+    if isinstance(max_rebuilds, bool) or not isinstance(max_rebuilds, int) or max_rebuilds < 0:
+        raise ScaleDownError(f"max_rebuilds must be a non-negative int, got {max_rebuilds!r}")
+    return _Problem(tuple(pcgs), min_size, max_rebuilds).solve()

@@ -1,0 +1,160 @@
+"""Smaller instances of a model and its plan (pcgopt.scaled_down): the same graphs, sizes shrunk
+consistently, so that the reference evaluator can check plans of full-size models."""
+
+import inspect
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from pcgopt import (
+    Machine,
+    PCGBuilder,
+    ScaleDownError,
+    equivalent,
+    evaluate,
+    models,
+    scaled_down,
+)
+from pcgopt.extract import data_parallel
+from pcgopt.extract.baselines import megatron
+from pcgopt.ops import OpKind
+from pcgopt.render import forward_flops
+from pcgopt.testing.strategies import sizes, small_pcgs
+
+SUMMIT = Machine.preset("summit")  # one node, 6 GPUs
+
+
+def _full_size(name: str):
+    per_gpu = inspect.signature(models.ZOO[name].builder).parameters["batch"].default
+    return models.build(name, batch=per_gpu * SUMMIT.num_devices)
+
+
+def _elements(pcg) -> int:
+    return sum(pcg.shape(n.name).numel for n in pcg.nodes if n.spec.kind is OpKind.SOURCE)
+
+
+@pytest.mark.parametrize("name", ["mlp", "candle_uno", "dlrm", "xdl", "bert_large", "inception_v3"])
+def test_full_size_models_and_their_baseline_plans_shrink_to_equivalent_small_instances(name):
+    model = _full_size(name)
+    plans = [data_parallel(model, SUMMIT), megatron(model, SUMMIT)]
+    for plan in plans:
+        small = scaled_down(model, plan)
+        small_model, small_plan = small.pcgs
+        # Small enough for the evaluator (saturate_and_extract's limits), far below full size.
+        assert forward_flops(model) > 2e9 or _elements(model) > 5e7
+        assert forward_flops(small_model) < 2e9 and _elements(small_model) < 5e7
+        assert [n.op for n in small_plan.nodes] == [n.op for n in plan.nodes]
+        for node in plan.nodes:  # every split survives
+            for before, after in zip(
+                plan.output_shapes(node.name), small_plan.output_shapes(node.name), strict=True
+            ):
+                assert before.degrees == after.degrees
+        assert equivalent(small_model, small_plan)
+
+
+def test_a_plan_that_computes_something_else_is_caught_at_the_smaller_size():
+    model = _full_size("mlp")
+    plan = data_parallel(model, SUMMIT)
+    # The same plan with two layers' weights exchanged: same shapes, another function.
+    swap = {"branch0/fc1/w": "branch0/fc2/w", "branch0/fc2/w": "branch0/fc1/w"}
+    wrong = plan.renamed({n.name: swap.get(n.name, n.name) for n in plan.nodes})
+    small_model, small_wrong = scaled_down(model, wrong).pcgs
+    assert not equivalent(small_model, small_wrong)
+    assert equivalent(*scaled_down(model, plan).pcgs)
+
+
+def test_what_reads_a_concatenation_takes_its_derived_size():
+    b = PCGBuilder()
+    parts = [b.input((64, 12), name="a"), b.input((64, 20), name="b"), b.input((64, 1), name="c")]
+    y = b.matmul(b.concat(*parts, axis=1, name="cat"), b.weight((33, 16), name="w"))
+    model = b.build(y)
+    small = scaled_down(model, min_size=4)
+    (pcg,) = small.pcgs
+    assert [pcg.shape(x).sizes for x in ("a", "b", "c")] == [(4, 4), (4, 4), (4, 1)]
+    assert pcg.shape("cat").sizes == (4, 9)
+    assert pcg.shape("w").sizes == (9, 4)  # its rows follow the concatenation
+    assert (33, 9) in small.sizes
+
+
+def test_a_reshape_into_heads_keeps_its_runs():
+    b = PCGBuilder()
+    x = b.input((8, 32, 64), name="x")
+    y = b.matmul(x, b.weight((64, 64), name="w"), name="y")
+    heads = b.reshape(y, shape=(8, 32, 8, 8), name="h")
+    model = b.build(b.reshape(b.relu(heads), shape=(8, 32, 64), name="back"))
+    plan_b = PCGBuilder()
+    px = plan_b.partition(plan_b.input((8, 32, 64), name="x"), dim=2, degree=2)
+    w = plan_b.partition(plan_b.weight((64, 64), name="w"), dim=1, degree=2)
+    ph = plan_b.reshape(
+        plan_b.matmul(plan_b.all_gather(px, dim=2, degree=2), w), shape=(8, 32, 8, 8)
+    )
+    plan = plan_b.build(
+        plan_b.combine(plan_b.reshape(plan_b.relu(ph), shape=(8, 32, 64)), dim=2, degree=2)
+    )
+    assert equivalent(model, plan)
+    small_model, small_plan = scaled_down(model, plan).pcgs
+    b_, s_, h_ = small_model.shape("y").sizes
+    *_, nh, dh = small_model.shape("h").sizes
+    assert h_ == nh * dh < 64 and b_ < 8 and s_ < 32  # the run [H] -> [heads, dh] multiplies out
+    assert small_model.shape("back").sizes == (b_, s_, h_)
+    assert small_plan.shape("x").sizes == small_model.shape("x").sizes
+    assert equivalent(small_model, small_plan)
+
+
+def test_embedding_ids_are_drawn_below_the_new_table_size():
+    model = _full_size("dlrm")
+    small_model, _ = scaled_down(model, data_parallel(model, SUMMIT)).pcgs
+    for node in small_model.nodes:
+        if node.op == "embedding_bag":
+            ids, table = node.inputs
+            rows = small_model.shape(table).sizes[0]
+            assert rows < 1_000_000
+            assert small_model.node(ids.node).params["max_value"] <= rows
+
+
+def test_convolution_windows_keep_their_sizes_and_the_result_says_so():
+    model = _full_size("resnext50")
+    small = scaled_down(model, data_parallel(model, SUMMIT))
+    small_model, _ = small.pcgs
+    assert small_model.shape("image").sizes[2:] == model.shape("image").sizes[2:]  # 224 x 224
+    assert small_model.shape("image").sizes[0] < model.shape("image").sizes[0]
+    why = dict(small.kept)
+    assert why["stem/conv"] == "conv2d's windows keep their sizes"
+
+
+def test_bad_arguments_are_named():
+    model = _full_size("mlp")
+    with pytest.raises(ScaleDownError, match="at least one PCG"):
+        scaled_down()
+    with pytest.raises(ScaleDownError, match="min_size must be a positive int"):
+        scaled_down(model, min_size=0)
+    with pytest.raises(ScaleDownError, match="max_rebuilds must be a non-negative int"):
+        scaled_down(model, max_rebuilds=-1)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    small_pcgs(
+        max_ops=6,
+        degrees=(2,),
+        input_sizes=sizes(2, 2, st.sampled_from((8, 12, 16))),
+    )
+)
+def test_any_pcg_shrinks_to_a_valid_pcg_with_the_same_operators_and_splits(pcg):
+    try:
+        small = scaled_down(pcg, min_size=2)
+    except ScaleDownError:
+        return  # no consistent smaller instance: the check would say so and skip
+    (shrunk,) = small.pcgs
+    assert [(n.name, n.op, n.inputs) for n in shrunk.nodes] == [
+        (n.name, n.op, n.inputs) for n in pcg.nodes
+    ]
+    for node in pcg.nodes:
+        for before, after in zip(
+            pcg.output_shapes(node.name), shrunk.output_shapes(node.name), strict=True
+        ):
+            assert before.degrees == after.degrees
+            assert before.copy_degree == after.copy_degree
+            assert all(a <= b for a, b in zip(after.sizes, before.sizes, strict=True))
+    evaluate(shrunk)  # and the evaluator runs it
