@@ -49,6 +49,8 @@ import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+from networkx.utils import UnionFind
+
 from pcgopt.errors import PCGError
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.ops import OpKind
@@ -67,8 +69,9 @@ class ScaledDown:
     """Smaller instances of the given PCGs, in their order (see the module docstring).
 
     ``sizes``: ``(full size, new size)`` of every class of dimensions that shrank, distinct
-    pairs in order; ``kept``: the nodes whose dimensions were kept at full size, in order of
-    first appearance, with why (an operator that depends on its sizes, or a rejected rebuild).
+    pairs, largest full size first; ``kept``: the nodes whose dimensions were kept at full
+    size, in order of first appearance, with why (an operator that depends on its sizes, or a
+    rejected rebuild).
     """
 
     pcgs: tuple[PCG, ...]
@@ -81,26 +84,6 @@ class ScaledDown:
 
 
 Key = Hashable  # ("src", name, dim) for a source's dimension, (graph, node, output, dim) else
-
-
-class _Classes:
-    """Union-find over dimension keys."""
-
-    def __init__(self) -> None:
-        self.parent: dict[Key, Key] = {}
-
-    def find(self, key: Key) -> Key:
-        parent = self.parent.setdefault(key, key)
-        while parent != self.parent[parent]:
-            parent = self.parent[parent]
-        while key != parent:  # path compression
-            self.parent[key], key = parent, self.parent[key]
-        return parent
-
-    def union(self, keys: list[Key]) -> None:
-        roots = [self.find(k) for k in keys]
-        for r in roots[1:]:
-            self.parent[r] = roots[0]
 
 
 def _key(g: int, pcg: PCG, ref: TensorRef, dim: int) -> Key:
@@ -119,7 +102,7 @@ def _node_keys(g: int, pcg: PCG, node: Node) -> list[Key]:
 class _Problem:
     def __init__(self, pcgs: tuple[PCG, ...], min_size: int, max_rebuilds: int) -> None:
         self.pcgs, self.min_size, self.max_rebuilds = pcgs, min_size, max_rebuilds
-        self.classes = _Classes()
+        self.classes = UnionFind()  # of dimension keys
         self.full: dict[Key, int] = {}  # every key's full size
         self.degree: dict[Key, int] = {}  # lcm of the degrees splitting it, in any graph
         self.derived: set[Key] = set()
@@ -140,7 +123,7 @@ class _Problem:
                 key = _key(g, pcg, TensorRef(node.name, o), d)
                 self.full[key] = dim.size
                 self.degree[key] = math.lcm(self.degree.get(key, 1), dim.degree)
-                self.classes.find(key)
+                self.classes[key]
         spec = node.spec
         if spec.kind is OpKind.SOURCE:
             return
@@ -152,7 +135,7 @@ class _Problem:
                 return
             refs = [*node.inputs, *(TensorRef(node.name, o) for o in range(len(outs)))]
             for d in range(len(outs[0].sizes)):
-                self.classes.union([_key(g, pcg, r, d) for r in refs])
+                self.classes.union(*(_key(g, pcg, r, d) for r in refs))
             return
         in_sizes, out_sizes = tuple(s.sizes for s in ins), tuple(s.sizes for s in outs)
         conditions = spec.signature_conditions(node.params, in_sizes, out_sizes)
@@ -191,7 +174,7 @@ class _Problem:
             covered.update(members)
             sizes = {self.full[k] for k in members}  # inputs come first: already read
             if len(sizes) == 1 and axis.size in (None, *sizes):
-                self.classes.union(members)
+                self.classes.union(*members)
             elif opaque or not conditions:  # else the relations keep the structure
                 self.frozen.update(members)
                 self.kept.setdefault(node.name, f"its axis {axis.name!r} is not its dims' size")
@@ -209,7 +192,7 @@ class _Problem:
                 self.frozen.update(keys)
                 self.kept.setdefault(node.name, f"{node.op}'s windows keep their sizes")
             else:
-                self.classes.union(keys)
+                self.classes.union(*keys)
         if spec.size_dependent_signature:
             return  # its outputs have the sizes of their classes (a reshape's new shape)
         for o, shape in enumerate(outs):
@@ -246,7 +229,7 @@ class _Problem:
         )
 
     def _attempt(self) -> ScaledDown:
-        find = self.classes.find
+        find = self.classes.__getitem__
         frozen_roots = {find(k) for k in self.frozen}
         members: dict[Key, list[Key]] = {}
         for key in self.full:
@@ -296,7 +279,7 @@ class _Problem:
     def _apply_relations(
         self, size: Callable[[Key], int], value: dict[Key, int], frozen_roots: set[Key]
     ) -> bool:
-        find = self.classes.find
+        find = self.classes.__getitem__
         changed = False
         for _, relations in self.relations:
             for kind, left, right in relations:
@@ -322,7 +305,7 @@ class _Problem:
         frozen_roots: set[Key],
         derived_now: dict[Key, tuple[int, str]],
     ) -> bool:
-        find = self.classes.find
+        find = self.classes.__getitem__
         sizes: dict[TensorRef, tuple[int, ...]] = {}
         changed = False
 
