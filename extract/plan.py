@@ -112,9 +112,11 @@ DEFAULT_MACHINE = "dgx-h100:1"
 #: or, if even that is over, is skipped with a warning (``Plan.check`` says so).
 CHECK_FLOPS_LIMIT = 2e9
 
-#: Above this many source elements (inputs and weights, e.g. DLRM's embedding tables) random
-#: inputs alone would take gigabytes in float64; the check is scaled down or skipped the same way.
-CHECK_ELEMENTS_LIMIT = 5e7
+#: Above this many tensor elements (every node's outputs, inputs and weights included, in the
+#: model and, counting every copy and partial sum, in the plan) the evaluator would take
+#: gigabytes in float64 and several seconds (a scaled-down Inception-v3 on one Summit node,
+#: 1.3e7 in its plan, takes about 2 s); the check is scaled down or skipped the same way.
+CHECK_ELEMENTS_LIMIT = 2e7
 
 #: Needed e-nodes up to which the exact ILP extractor runs after the greedy one.
 ILP_MAX_ENODES = 3_000
@@ -362,18 +364,29 @@ def _mapping(pcg: PCG) -> dict[str, tuple[tuple[int, ...], ...]]:
     return {name: default_groups(degree, width) for name, degree, width in parallel_nodes(pcg)}
 
 
-def _over_limits(pcg: PCG, limit: float) -> str | None:
-    """Why the reference evaluator cannot run ``pcg`` in reasonable time and memory, or None."""
-    flops = forward_flops(pcg)
+def _over_limits(model: PCG, plan: PCG, limit: float) -> str | None:
+    """Why the reference evaluator cannot check ``plan`` against ``model`` in reasonable time
+    and memory, or None."""
+    flops = forward_flops(model)
     if flops > limit:
-        return f"{flops:.3g} forward FLOPs, over the evaluator's limit of {limit:.3g}"
-    elements = sum(pcg.shape(n.name).numel for n in pcg.nodes if n.spec.kind is OpKind.SOURCE)
+        return (
+            f"{flops:.3g} forward FLOPs, over the evaluator's limit of {limit:.3g} "
+            "(check_flops_limit)"
+        )
+    elements = max(_tensor_elements(model), _tensor_elements(plan))
     if elements > CHECK_ELEMENTS_LIMIT:
         return (
-            f"inputs and weights of {elements:.3g} elements, over the evaluator's limit of "
-            f"{CHECK_ELEMENTS_LIMIT:.3g}"
+            f"tensors of {elements:.3g} elements, over the evaluator's limit of "
+            f"{CHECK_ELEMENTS_LIMIT:.3g} (CHECK_ELEMENTS_LIMIT)"
         )
     return None
+
+
+def _tensor_elements(pcg: PCG) -> int:
+    """Elements of every tensor of ``pcg``, every copy and partial sum counted."""
+    return sum(
+        s.numel * s.copy_degree * s.sum_degree for n in pcg.nodes for s in pcg.output_shapes(n.name)
+    )
 
 
 def _check(model: PCG, plan: PCG, limit: float) -> str:
@@ -381,21 +394,21 @@ def _check(model: PCG, plan: PCG, limit: float) -> str:
     are scaled down together first (:func:`pcgopt.scaled.scaled_down`: the same graphs with
     smaller sizes). Raises :class:`PlanCheckError` if they differ; returns what was checked."""
     where = "3 random inputs"
-    over = _over_limits(model, limit)
+    over = _over_limits(model, plan, limit)
     if over is not None:
         try:
             small = scaled_down(model, plan)
         except ScaleDownError as err:
-            why = f"the model needs {over}, and it has no smaller instance: {err}"
+            why = f"the check needs {over}, and the model has no smaller instance: {err}"
         else:
             model, plan = small.pcgs
-            still = _over_limits(model, limit)
-            why = f"the model needs {over}, and its smallest instance still {still}"
+            still = _over_limits(*small.pcgs, limit)
+            why = f"the check needs {over}, and on the smallest instance still {still}"
             shrunk = ", ".join(f"{a} to {b}" for a, b in small.sizes)
             where = f"3 random inputs of an instance scaled down from full size ({shrunk})"
             over = still
         if over is not None:
-            message = f"skipped: {why} (check_flops_limit)"
+            message = f"skipped: {why}"
             warnings.warn(f"saturate_and_extract: equivalence check {message}", stacklevel=3)
             return message
     if not equivalent(model, plan):

@@ -134,8 +134,23 @@ def test_a_model_too_large_for_the_evaluator_is_checked_on_a_scaled_down_instanc
 def test_the_check_is_skipped_with_a_warning_only_when_even_the_small_instance_is_too_large():
     with pytest.warns(UserWarning, match="equivalence check skipped"):
         verdict = plan_module._check(MNIST, MNIST, 1.0)  # no instance has under 1 FLOP
-    assert verdict.startswith("skipped: the model needs")
-    assert "smallest instance still" in verdict
+    assert verdict.startswith("skipped: the check needs")
+    assert "on the smallest instance still" in verdict and "(check_flops_limit)" in verdict
+
+
+def test_the_check_bounds_tensor_elements_as_well_as_flops():
+    from pcgopt import PCGBuilder
+
+    b = PCGBuilder()
+    wide = b.build(b.relu(b.input((5000, 5000), name="x")))  # 5e7 elements, 2.5e7 FLOPs
+    verdict = plan_module._check(wide, wide, plan_module.CHECK_FLOPS_LIMIT)
+    assert "scaled down from full size (5000 to 4)" in verdict
+    b = PCGBuilder()
+    image = b.input((4, 4, 1200, 1200), name="image")  # a window keeps its spatial sizes
+    pooled = b.build(b.pool2d(image, kernel=3, stride=1, padding=1, mode="max"))
+    with pytest.warns(UserWarning, match="equivalence check skipped"):
+        verdict = plan_module._check(pooled, pooled, plan_module.CHECK_FLOPS_LIMIT)
+    assert "over the evaluator's limit of 2e+07 (CHECK_ELEMENTS_LIMIT)" in verdict
 
 
 def test_a_failed_extraction_still_returns_the_best_baseline(monkeypatch):
