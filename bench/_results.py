@@ -44,3 +44,11 @@ def publish(heading: str, lines: list[str], *, write: bool) -> None:
     print(section)
     if write:
         write_section(heading, section)
+
+
+def check_kind(check: str) -> str:
+    """How a Plan was checked (``Plan.check``), in a table cell: at full size, on a scaled-down
+    instance, skipped or not checked."""
+    if check.startswith("equivalent"):
+        return "scaled down" if "scaled down" in check else "full size"
+    return check.split(":")[0]

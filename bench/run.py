@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from _results import publish, run_child
+from _results import check_kind, publish, run_child
 
 UNITY_MODELS = ("mlp", "bert_large", "dlrm", "xdl", "candle_uno", "resnext50", "inception_v3")
 HEADING = "## Joint optimization (saturate_and_extract)"
@@ -65,11 +65,7 @@ print(json.dumps({
     "feasible": plan.cost.feasible,
     "enodes": plan.stats.num_enodes,
     "stop": plan.stats.stop_reason,
-    "check": (
-        "scaled down" if "scaled down" in plan.check
-        else "full size" if plan.check.startswith("equivalent")
-        else plan.check.split(":")[0]
-    ),
+    "check": plan.check,
     "seconds": seconds,
     "peak_rss": peak_rss,
 }))
@@ -111,10 +107,12 @@ def main() -> None:
                 f"{speedup:.2f}x | {min(base) / r['bound_s'] if base else float('nan'):.2f}x | "
                 f"{r['chosen']} | {r['divided']} of {r['splits']} splits, "
                 f"saves {ms(r['overlap_s'])} | {r['enodes']:,} | {r['stop']} | "
-                f"{r['seconds']:.1f} s | {r['peak_rss'] / 2**20:.0f} MiB | {r['check']} |"
+                f"{r['seconds']:.1f} s | {r['peak_rss'] / 2**20:.0f} MiB | "
+                f"{check_kind(r['check'])} |"
             )
             print(rows[-1], flush=True)
             print("   phases:", {k: round(v, 1) for k, v in r["phases"].items()}, flush=True)
+            print("   check:", r["check"], flush=True)
     total = time.perf_counter() - start
     command = "python bench/run.py" + (
         "" if sys.argv[1:] == [] else " " + " ".join(sys.argv[1:]).replace(" --no-write", "")

@@ -209,6 +209,7 @@ class _Problem:
         """Sizes per class, derived sizes by a logical pass, then the rebuilt graphs; a node
         that rejects its new sizes keeps its dimensions at full size, and the graphs are
         rebuilt again."""
+        self._tie_factors()
         for _ in range(self.max_rebuilds + 1):
             try:
                 return self._attempt()
@@ -227,6 +228,27 @@ class _Problem:
             f"no smaller instance within {self.max_rebuilds} rebuilds (max_rebuilds); "
             f"{len(self.kept)} nodes kept at full size, first {next(iter(self.kept), None)!r}"
         )
+
+    def _tie_factors(self) -> None:
+        """Reshapes of one class into factors of the same sizes (the model's and the plan's
+        [H] -> [heads, dh]) get the same factors: nothing else ties a plan's heads to the
+        model's, and H cannot be two products. Tying equal sizes can only constrain more."""
+        find = self.classes.__getitem__
+        changed = True
+        while changed:
+            changed = False
+            seen: dict[tuple, list[Key]] = {}
+            for _, relations in self.relations:
+                for kind, left, right in relations:
+                    for one, other in ((left, right), (right, left)):
+                        if kind != "eq" or len(one) != 1 or len(other) < 2:
+                            continue
+                        sig = (find(one[0]), tuple(self.full[k] for k in other))
+                        first = seen.setdefault(sig, other)
+                        for a, b in zip(first, other, strict=True):
+                            if find(a) != find(b):
+                                self.classes.union(a, b)
+                                changed = True
 
     def _attempt(self) -> ScaledDown:
         find = self.classes.__getitem__

@@ -158,3 +158,17 @@ def test_any_pcg_shrinks_to_a_valid_pcg_with_the_same_operators_and_splits(pcg):
             assert before.copy_degree == after.copy_degree
             assert all(a <= b for a, b in zip(after.sizes, before.sizes, strict=True))
     evaluate(shrunk)  # and the evaluator runs it
+
+
+def test_a_plan_that_splits_the_heads_more_than_the_model_shrinks_with_it():
+    # Megatron on a DGX-A100 splits BERT-Large's 16 heads 16 ways: the plan's heads stay 16
+    # while nothing splits the model's; both reshape one hidden size [H] -> [heads, dh], so the
+    # model's heads must stay 16 too.
+    model = models.build("bert_large", batch=8)
+    plan = megatron(model, Machine.preset("dgx-a100"))
+    heads = "layer0/attn/q_heads"
+    split = plan.shape(heads).degrees[2]
+    assert split > 4  # above min_size: the plan alone would keep them
+    small_model, small_plan = scaled_down(model, plan).pcgs
+    assert small_model.shape(heads).sizes[2] == small_plan.shape(heads).sizes[2] == split
+    assert equivalent(small_model, small_plan)
