@@ -195,11 +195,16 @@ class _Problem:
                 self.classes.union(*keys)
         if spec.size_dependent_signature:
             return  # its outputs have the sizes of their classes (a reshape's new shape)
+        # An output dimension no axis indexes is derived by shape inference (a Concat's axis);
+        # one of the size of such an input dimension is tied to it as well (a LayerNorm's
+        # normalized dimension), so that all of a model's hidden sizes form one class.
         for o, shape in enumerate(outs):
-            for d in range(len(shape.sizes)):
+            for d, n in enumerate(shape.sizes):
                 key = _key(g, pcg, TensorRef(node.name, o), d)
                 if key not in covered:
                     self.derived.add(key)
+                    if n in loose:
+                        self.classes.union(key, loose[n][0])
 
     def freeze(self, g: int, pcg: PCG, node: Node, why: str) -> None:
         self.kept.setdefault(node.name, why)

@@ -172,3 +172,21 @@ def test_a_plan_that_splits_the_heads_more_than_the_model_shrinks_with_it():
     small_model, small_plan = scaled_down(model, plan).pcgs
     assert small_model.shape(heads).sizes[2] == small_plan.shape(heads).sizes[2] == split
     assert equivalent(small_model, small_plan)
+
+
+def test_a_normalized_dimension_keeps_the_size_of_its_input():
+    # LayerNorm's signature leaves the normalized dimension out (it cannot be split), so its
+    # output's hidden size is derived; it must join its input's class, or the hidden size of
+    # the reshaped branch (heads * dh) and that of the other branch disagree at the add.
+    b = PCGBuilder()
+    back = b.reshape(
+        b.relu(b.reshape(b.input((8, 8, 64), name="x"), shape=(8, 8, 8, 8))), shape=(8, 8, 64)
+    )
+    ln = b.layer_norm(back, b.weight((64,), name="g"), b.weight((64,), name="b"))
+    other = b.layer_norm(
+        b.input((8, 8, 64), name="z"), b.weight((64,), name="g2"), b.weight((64,), name="b2")
+    )
+    small = scaled_down(b.build(b.add(ln, other)))
+    (pcg,) = small.pcgs
+    assert small.kept == ()
+    assert pcg.shape("x").sizes == pcg.shape("z").sizes == (4, 4, 16)  # 16: 4 heads of 4
