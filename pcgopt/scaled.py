@@ -13,18 +13,27 @@ keep one size: an input or weight's dimension is the same in every graph (matche
 parallel operator keeps its input's logical shape; a compute operator's loop axes (its
 :class:`~pcgopt.ops.Signature`) tie the dimensions each indexes. A class gets the smallest
 multiple of the degrees that split any of its dimensions (in any graph) that is at least
-``min_size``; a class already that small keeps its size. An output dimension no axis indexes
-(the axis of a Concat) is derived: shape inference gives its size from the new inputs, and the
-rest of its class (the rows of the weight that reads the concatenation) follows. Input
-dimensions of one node that no axis indexes are tied when they have one size (a fused Linear
-cannot split its contraction, so its signature leaves it out).
+``min_size``; a class already that small keeps its size. Input dimensions of one node that no
+axis indexes are tied when they have one size (a fused Linear cannot split its contraction, so
+its signature leaves it out). An output dimension no axis indexes is derived: shape inference
+gives its size from the new inputs (a Concat's axis), and the rest of its class follows (the
+rows of the weight that reads the concatenation); an input dimension of its size joins it (a
+LayerNorm's normalized dimension).
 
-**Which stay.** Every dimension of an operator whose structure depends on its sizes (a
-reshape's runs, a convolution's or pooling's windows: ``size_dependent_signature``) or that
-carries sizes among its parameters (a split's part sizes), and of any node the smaller graph
-rejects (it is then rebuilt with that node's dimensions at full size). Integer inputs that
-index a dimension (an embedding's ids, :attr:`~pcgopt.ops.spec.ComputeOp.index_inputs`) are
-drawn below its new size.
+**Operators whose structure depends on their sizes.** A reshape states the size relations
+that keep its runs (:meth:`~pcgopt.ops.spec.ComputeOp.signature_conditions`): its output takes
+its classes' sizes (:meth:`~pcgopt.ops.spec.ComputeOp.resized_params` rewrites its target shape),
+and the one dimension of a run becomes the product of the others: [H] -> [heads, dh] makes H
+heads * dh. Reshapes of one class into factors of the same sizes (the model's and the plan's)
+share their factors. A convolution's or pooling's windows fix its spatial sizes: only the
+dimensions of its loop axes that have one size (batch, channels, not grouped ones) shrink.
+
+**Which stay.** Every dimension of an operator whose sizes cannot change
+(:meth:`~pcgopt.ops.spec.ComputeOp.resized_params` is None: a split, whose parameters hold its
+part sizes), and of any node the smaller graph rejects: it is then rebuilt with that node's
+dimensions at full size, at most ``max_rebuilds`` times. Integer inputs that index a dimension
+(an embedding's ids, :attr:`~pcgopt.ops.spec.ComputeOp.index_inputs`) are drawn below its new
+size. :attr:`ScaledDown.kept` names the nodes kept at full size, and why.
 
 >>> from pcgopt import PCGBuilder, equivalent
 >>> def mlp(parallel: bool):
@@ -123,7 +132,7 @@ class _Problem:
                 key = _key(g, pcg, TensorRef(node.name, o), d)
                 self.full[key] = dim.size
                 self.degree[key] = math.lcm(self.degree.get(key, 1), dim.degree)
-                self.classes[key]
+                self.classes[key]  # registers it
         spec = node.spec
         if spec.kind is OpKind.SOURCE:
             return
