@@ -64,6 +64,7 @@ from pcgopt.errors import PCGError
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.ops import OpKind
 from pcgopt.ops.params import Params
+from pcgopt.ops.spec import DimRef, SizeRelation
 from pcgopt.shapes import ParallelTensorShape
 
 __all__ = ["ScaleDownError", "ScaledDown", "scaled_down"]
@@ -101,6 +102,12 @@ def _key(g: int, pcg: PCG, ref: TensorRef, dim: int) -> Key:
     return (g, ref.node, ref.index, dim)
 
 
+def _dim_key(g: int, pcg: PCG, node: Node, ref: DimRef) -> Key:
+    """The key of a dimension of ``node``'s, as a SizeRelation names it."""
+    side, t, d = ref
+    return _key(g, pcg, node.inputs[t] if side == "in" else TensorRef(node.name, t), d)
+
+
 def _node_keys(g: int, pcg: PCG, node: Node) -> list[Key]:
     keys = [_key(g, pcg, ref, d) for ref in node.inputs for d in range(len(pcg.shape(ref).sizes))]
     for o, shape in enumerate(pcg.output_shapes(node.name)):
@@ -117,9 +124,11 @@ class _Problem:
         self.derived: set[Key] = set()
         self.kept: dict[str, str] = {}  # node -> why its dimensions keep their size
         self.frozen: set[Key] = set()
-        # Size relations of operators whose structure depends on sizes: (node, [(kind, left
-        # keys, right keys)]), each side a product (SizeRelation).
-        self.relations: list[tuple[str, list[tuple[str, list[Key], list[Key]]]]] = []
+        # Size relations of operators whose structure depends on sizes (a reshape's runs):
+        # (graph, node, its SizeRelations); and of their "eq" relations, each side of one
+        # dimension with the others whose product it is ([H] -> [heads, dh]).
+        self.relations: list[tuple[int, Node, tuple[SizeRelation, ...]]] = []
+        self.products: list[tuple[Key, list[Key]]] = []
         self.new_params: dict[tuple[int, str], Params] = {}
         for g, pcg in enumerate(pcgs):
             for node in pcg.nodes:
@@ -156,20 +165,17 @@ class _Problem:
         opaque = conditions is None
         conditions = conditions or ()
 
-        def key_of(ref: tuple[str, int, int]) -> Key:
-            side, t, d = ref
-            return _key(g, pcg, node.inputs[t] if side == "in" else TensorRef(node.name, t), d)
-
         if conditions:
-            self.relations.append(
-                (
-                    node.name,
-                    [
-                        (c.kind, [key_of(r) for r in c.left], [key_of(r) for r in c.right])
-                        for c in conditions
-                    ],
-                )
-            )
+            self.relations.append((g, node, conditions))
+            for c in conditions:
+                for one, other in ((c.left, c.right), (c.right, c.left)):
+                    if c.kind == "eq" and len(one) == 1 and len(other) >= 2:
+                        self.products.append(
+                            (
+                                _dim_key(g, pcg, node, one[0]),
+                                [_dim_key(g, pcg, node, r) for r in other],
+                            )
+                        )
         sig = spec.signature(node.params, in_sizes, out_sizes)
         covered: set[Key] = set()
         for axis in sig.axes:
@@ -252,17 +258,12 @@ class _Problem:
         while changed:
             changed = False
             seen: dict[tuple, list[Key]] = {}
-            for _, relations in self.relations:
-                for kind, left, right in relations:
-                    for one, other in ((left, right), (right, left)):
-                        if kind != "eq" or len(one) != 1 or len(other) < 2:
-                            continue
-                        sig = (find(one[0]), tuple(self.full[k] for k in other))
-                        first = seen.setdefault(sig, other)
-                        for a, b in zip(first, other, strict=True):
-                            if find(a) != find(b):
-                                self.classes.union(a, b)
-                                changed = True
+            for one, other in self.products:
+                first = seen.setdefault((find(one), tuple(self.full[k] for k in other)), other)
+                for a, b in zip(first, other, strict=True):
+                    if find(a) != find(b):
+                        self.classes.union(a, b)
+                        changed = True
 
     def _attempt(self) -> ScaledDown:
         find = self.classes.__getitem__
@@ -297,15 +298,21 @@ class _Problem:
                 changed |= self._derive(g, pcg, size, value, frozen_roots, derived_now)
             if not changed:
                 break
-        for name, relations in self.relations:
-            for kind, left, right in relations:
-                a, b = math.prod(map(size, left)), math.prod(map(size, right))
-                ok = {"is1": a == 1, "ge2": a >= 2, "eq": a == b, "ne": a != b}[kind]
-                if not ok:
-                    raise ScaleDownError(
-                        f"its sizes would break a relation its structure needs ({kind})", node=name
-                    )
-        rebuilt = tuple(self._rebuild(g, pcg, size) for g, pcg in enumerate(self.pcgs))
+        for g, node, conditions in self.relations:
+            pcg = self.pcgs[g]
+            outs = [TensorRef(node.name, o) for o in range(len(pcg.output_shapes(node.name)))]
+            new_in, new_out = (
+                [tuple(size(_key(g, pcg, r, d)) for d in range(pcg.shape(r).rank)) for r in refs]
+                for refs in (node.inputs, outs)
+            )
+            broken = [c for c in conditions if not c.holds(new_in, new_out)]
+            if broken:
+                raise ScaleDownError(
+                    f"its sizes would break {broken[0]!r}, which its structure needs",
+                    node=node.name,
+                )
+        bounds = self._index_bounds(size)
+        rebuilt = tuple(self._rebuild(g, pcg, size, bounds) for g, pcg in enumerate(self.pcgs))
         pairs = sorted(
             {(self.full[k], size(k)) for k in self.full if size(k) != self.full[k]},
             reverse=True,
@@ -317,19 +324,13 @@ class _Problem:
     ) -> bool:
         find = self.classes.__getitem__
         changed = False
-        for _, relations in self.relations:
-            for kind, left, right in relations:
-                if kind != "eq":
-                    continue
-                for one, other in ((left, right), (right, left)):
-                    if len(one) != 1 or len(other) < 2:
-                        continue
-                    root = find(one[0])
-                    if root in frozen_roots or root in {find(k) for k in other}:
-                        continue
-                    n = math.prod(map(size, other))
-                    if value[root] != n:
-                        value[root], changed = n, True
+        for one, other in self.products:
+            root = find(one)
+            if root in frozen_roots or root in {find(k) for k in other}:
+                continue
+            n = math.prod(map(size, other))
+            if value[root] != n:
+                value[root], changed = n, True
         return changed
 
     def _derive(
@@ -400,8 +401,9 @@ class _Problem:
                 sizes[r] = shape.sizes
         return changed
 
-    def _rebuild(self, g: int, pcg: PCG, size: Callable[[Key], int]) -> PCG:
-        bound: dict[str, int] = {}  # integer inputs: new exclusive bound of their values
+    def _index_bounds(self, size: Callable[[Key], int]) -> dict[str, int]:
+        """Integer inputs that index a dimension: the new exclusive bound of their values."""
+        bound: dict[str, int] = {}
         for other_g, other in enumerate(self.pcgs):
             for node in other.nodes:
                 for i, j, d in getattr(node.spec, "index_inputs", ()):
@@ -410,6 +412,9 @@ class _Problem:
                         source = other.node(source).inputs[0].node
                     limit = size(_key(other_g, other, node.inputs[j], d))
                     bound[source] = min(bound.get(source, limit), limit)
+        return bound
+
+    def _rebuild(self, g: int, pcg: PCG, size: Callable[[Key], int], bound: dict[str, int]) -> PCG:
         nodes = []
         for node in pcg.nodes:
             if node.spec.kind is OpKind.SOURCE:
