@@ -25,8 +25,14 @@ that keep its runs (:meth:`~pcgopt.ops.spec.ComputeOp.signature_conditions`): it
 its classes' sizes (:meth:`~pcgopt.ops.spec.ComputeOp.resized_params` rewrites its target shape),
 and the one dimension of a run becomes the product of the others: [H] -> [heads, dh] makes H
 heads * dh. Reshapes of one class into factors of the same sizes (the model's and the plan's)
-share their factors. A convolution's or pooling's windows fix its spatial sizes: only the
-dimensions of its loop axes that have one size (batch, channels, not grouped ones) shrink.
+share their factors. A convolution or a pooling keeps its kernel, stride, padding and groups:
+its batch and (ungrouped) channels shrink as loop axes, the dimensions its windows slide along
+(:attr:`~pcgopt.ops.spec.ComputeOp.window_inputs`) take what their own classes take, and its
+output's spatial sizes are derived from them. The classes of windowed dimensions that nothing
+derives (an image's height and width) get the smallest size under which every graph still
+builds, found by bisection between ``min_size`` and the full size (Inception-v3's 299 x 299
+images become 75 x 75, the least its windows fit; a spatial split's degree must still divide).
+A global pooling stays global (its window follows its input).
 
 **Which stay.** Every dimension of an operator whose sizes cannot change
 (:meth:`~pcgopt.ops.spec.ComputeOp.resized_params` is None: a split, whose parameters hold its
@@ -122,6 +128,8 @@ class _Problem:
         self.full: dict[Key, int] = {}  # every key's full size
         self.degree: dict[Key, int] = {}  # lcm of the degrees splitting it, in any graph
         self.derived: set[Key] = set()
+        self.windows: set[Key] = set()  # dimensions a window slides along (window_inputs)
+        self.window_outputs: set[Key] = set()  # and the output dimensions derived from them
         self.kept: dict[str, str] = {}  # node -> why its dimensions keep their size
         self.frozen: set[Key] = set()
         # Size relations of operators whose structure depends on sizes (a reshape's runs):
@@ -160,8 +168,9 @@ class _Problem:
         if spec.resized_params(node.params, in_sizes, out_sizes) is None:
             self.freeze(g, pcg, node, f"{node.op} cannot change its sizes")
             return
-        # A structure that depends on sizes it cannot state (a convolution's windows): only
-        # the dimensions of its loop axes that all have one size (batch, channels) may change.
+        # A structure that depends on sizes it cannot state (a convolution's windows): the
+        # dimensions of its loop axes that all have one size (batch, channels) may change, and
+        # those its windows slide along; the rest (a kernel's) keep their sizes.
         opaque = conditions is None
         conditions = conditions or ()
 
@@ -177,19 +186,26 @@ class _Problem:
                             )
                         )
         sig = spec.signature(node.params, in_sizes, out_sizes)
+        windows = {_key(g, pcg, node.inputs[i], d) for i, dims in spec.window_inputs for d in dims}
+        self.windows |= windows
         covered: set[Key] = set()
         for axis in sig.axes:
-            members = [
-                _key(g, pcg, node.inputs[i], d) for i, d in enumerate(axis.inputs) if d is not None
-            ] + [
+            axis_outputs = [
                 _key(g, pcg, TensorRef(node.name, o), d)
                 for o, d in enumerate(axis.outputs)
                 if d is not None
             ]
+            members = [
+                _key(g, pcg, node.inputs[i], d) for i, d in enumerate(axis.inputs) if d is not None
+            ] + axis_outputs
             covered.update(members)
             sizes = {self.full[k] for k in members}  # inputs come first: already read
             if len(sizes) == 1 and axis.size in (None, *sizes):
                 self.classes.union(*members)
+            elif windows.intersection(members):
+                # Windows that do not overlap but stride (a 1x1 convolution of stride 2): the
+                # output's size along them is derived from the input's.
+                covered.difference_update(axis_outputs)
             elif opaque or not conditions:  # else the relations keep the structure
                 self.frozen.update(members)
                 self.kept.setdefault(node.name, f"its axis {axis.name!r} is not its dims' size")
@@ -200,15 +216,16 @@ class _Problem:
         for ref in node.inputs:
             for d, n in enumerate(pcg.shape(ref).sizes):
                 key = _key(g, pcg, ref, d)
-                if key not in covered:
+                if key not in covered and key not in windows:
                     loose.setdefault(n, []).append(key)
         for keys in loose.values():
             if opaque:
                 self.frozen.update(keys)
-                self.kept.setdefault(node.name, f"{node.op}'s windows keep their sizes")
+                if not windows:  # (a kernel's sizes are its windows', not the node's)
+                    self.kept.setdefault(node.name, f"{node.op}'s sizes fix its structure")
             else:
                 self.classes.union(*keys)
-        if spec.size_dependent_signature:
+        if spec.size_dependent_signature and not windows:
             return  # its outputs have the sizes of their classes (a reshape's new shape)
         # An output dimension no axis indexes is derived by shape inference (a Concat's axis);
         # one of the size of such an input dimension is tied to it as well (a LayerNorm's
@@ -218,7 +235,9 @@ class _Problem:
                 key = _key(g, pcg, TensorRef(node.name, o), d)
                 if key not in covered:
                     self.derived.add(key)
-                    if n in loose:
+                    if windows:
+                        self.window_outputs.add(key)
+                    if n in loose and not windows:  # (not a kernel's size)
                         self.classes.union(key, loose[n][0])
 
     def freeze(self, g: int, pcg: PCG, node: Node, why: str) -> None:
@@ -228,8 +247,37 @@ class _Problem:
     def solve(self) -> ScaledDown:
         """Sizes per class, derived sizes by a logical pass, then the rebuilt graphs; a node
         that rejects its new sizes keeps its dimensions at full size, and the graphs are
-        rebuilt again."""
+        rebuilt again. Then, if windows slide along some dimensions, a small size for their
+        free classes (an image's height and width) under which the graphs still build (the
+        full size always does): doubling from ``min_size`` in steps of every degree that
+        splits a windowed dimension or its output (their sizes must stay divisible), then
+        bisecting below the first that builds."""
         self._tie_factors()
+        best = self._rebuilding()
+        find = self.classes.__getitem__
+        free = {find(k) for k in self.windows} - {find(k) for k in self.derived | self.frozen}
+        full = max((self.full[k] for k in self.full if find(k) in free), default=0)
+        spatial = {find(k) for k in self.windows | self.window_outputs}
+        step = math.lcm(*(d for k, d in self.degree.items() if find(k) in spatial))
+        lo, hi = 0, step * math.ceil(self.min_size / step)
+        while hi < full:
+            try:
+                best = self._attempt(window_size=hi)
+                break
+            except PCGError:
+                lo, hi = hi, hi * 2
+        else:
+            return best
+        lo += 1  # the last size that failed, or none
+        while lo < hi:
+            mid = (lo + hi) // 2
+            try:
+                best, hi = self._attempt(window_size=mid), mid
+            except PCGError:
+                lo = mid + 1
+        return best
+
+    def _rebuilding(self) -> ScaledDown:
         for _ in range(self.max_rebuilds + 1):
             try:
                 return self._attempt()
@@ -265,9 +313,12 @@ class _Problem:
                         self.classes.union(a, b)
                         changed = True
 
-    def _attempt(self) -> ScaledDown:
+    def _attempt(self, window_size: int | None = None) -> ScaledDown:
+        """One instance: every free class at its smallest size, the classes of dimensions
+        windows slide along at ``window_size`` (None: their full size), the rest derived."""
         find = self.classes.__getitem__
         frozen_roots = {find(k) for k in self.frozen}
+        windowed = {find(k) for k in self.windows} - {find(k) for k in self.derived}
         members: dict[Key, list[Key]] = {}
         for key in self.full:
             members.setdefault(find(key), []).append(key)
@@ -281,7 +332,11 @@ class _Problem:
                 continue
             (n,) = full
             step = math.lcm(*(self.degree.get(k, 1) for k in keys))
-            value[root] = n if n <= self.min_size else step * math.ceil(self.min_size / step)
+            if root in windowed:
+                small = n if window_size is None else step * math.ceil(window_size / step)
+                value[root] = min(n, small)
+            else:
+                value[root] = n if n <= self.min_size else step * math.ceil(self.min_size / step)
 
         def size(key: Key) -> int:
             root = find(key)

@@ -113,14 +113,49 @@ def test_embedding_ids_are_drawn_below_the_new_table_size():
             assert small_model.node(ids.node).params["max_value"] <= rows
 
 
-def test_convolution_windows_keep_their_sizes_and_the_result_says_so():
+def test_images_shrink_to_the_least_size_the_windows_fit():
+    model = _full_size("inception_v3")  # 299 x 299 images; its windows need at least 75
+    small = scaled_down(model, data_parallel(model, SUMMIT))
+    small_model, small_plan = small.pcgs
+    assert small_model.shape("image").sizes[2:] == (75, 75)
+    conv = small_model.node("conv1a/conv")  # kernels, strides and paddings stay
+    assert conv.params == model.node("conv1a/conv").params
+    assert small_model.shape(conv.inputs[1]).sizes[2:] == model.shape(conv.inputs[1]).sizes[2:]
+    assert "conv1a/conv" not in dict(small.kept)
+    assert equivalent(small_model, small_plan)
+
+
+def test_a_global_pooling_stays_global_and_grouped_channels_stay():
     model = _full_size("resnext50")
     small = scaled_down(model, data_parallel(model, SUMMIT))
-    small_model, _ = small.pcgs
-    assert small_model.shape("image").sizes[2:] == model.shape("image").sizes[2:]  # 224 x 224
-    assert small_model.shape("image").sizes[0] < model.shape("image").sizes[0]
+    small_model, small_plan = small.pcgs
+    assert small_model.shape("image").sizes[2:] < model.shape("image").sizes[2:]
+    pool = "head/avgpool"
+    assert (
+        small_model.node(pool).params["kernel"]
+        == small_model.shape(small_model.node(pool).inputs[0]).sizes[2:]
+    )
+    assert small_model.output_shapes(pool)[0].sizes[2:] == (1, 1)
     why = dict(small.kept)
-    assert why["stem/conv"] == "conv2d's windows keep their sizes"
+    assert why["stage0/block0/conv2/conv"] == "its axis 'group' is not its dims' size"
+    assert equivalent(small_model, small_plan)
+
+
+def test_a_spatial_split_keeps_a_size_its_degree_divides():
+    def pooled(split: bool):
+        b = PCGBuilder()
+        x = b.input((8, 4, 640, 640), name="image")
+        if split:  # spatial parallelism: windows of 2 x 2 that do not overlap
+            x = b.partition(x, dim=2, degree=4)
+        y = b.pool2d(x, kernel=2, stride=2, mode="avg")
+        return b.build(b.combine(y, dim=2, degree=4) if split else y)
+
+    small = scaled_down(pooled(False), pooled(True))
+    model, plan = small.pcgs
+    height, width = model.shape("image").sizes[2:]
+    assert height == 8  # 4 would leave 2 pooled rows, which 4 devices cannot split
+    assert width < 640
+    assert equivalent(model, plan)
 
 
 def test_bad_arguments_are_named():

@@ -56,14 +56,14 @@ def _windows(x: np.ndarray, kernel, stride, padding, fill: float) -> np.ndarray:
 def _windows_resized(
     spec: ComputeOp, params: Params, in_sizes: tuple[Sizes, ...], out_sizes: tuple[Sizes, ...]
 ) -> Params | None:
-    """A convolution's or pooling's parameters (stride, padding, groups, kernel) fit any batch
-    and channel counts: they still hold when the output's spatial sizes are those they give
-    for the new input's, which decide the windows. Else None: the sizes cannot change so."""
+    """A convolution's or pooling's parameters (stride, padding, groups, kernel) fit any batch,
+    channel counts and spatial sizes the windows fit: the output's spatial sizes are then what
+    they give for the new input's (its ``window_inputs``). None where they do not fit."""
     try:
-        (out,) = spec.infer_logical(params, tuple(ParallelTensorShape.of(s) for s in in_sizes))
+        spec.infer_logical(params, tuple(ParallelTensorShape.of(s) for s in in_sizes))
     except ShapeError:
         return None
-    return params if out.sizes[2:] == tuple(out_sizes[0][2:]) else None
+    return params
 
 
 class Conv2D(ComputeOp):
@@ -78,6 +78,7 @@ class Conv2D(ComputeOp):
     """
 
     size_dependent_signature = True
+    window_inputs = ((0, (2, 3)),)
     name = "conv2d"
     input_names = ("x", "w", "bias")
     optional_inputs = 1
@@ -177,6 +178,7 @@ class Pool2D(ComputeOp):
     as zeros (PyTorch's default), which keeps it linear."""
 
     size_dependent_signature = True
+    window_inputs = ((0, (2, 3)),)
     name = "pool2d"
     input_names = ("x",)
     params = (
@@ -223,6 +225,12 @@ class Pool2D(ComputeOp):
         )
 
     def resized_params(self, params, in_sizes, out_sizes):
+        (kh, kw), (oh, ow) = params["kernel"], out_sizes[0][2:]
+        global_pool = params["padding"] == (0, 0) and self._stride(params) == (kh, kw)
+        if global_pool and (oh, ow) == (1, 1) and tuple(in_sizes[0][2:]) != (kh, kw):
+            # A global pooling (one window over the whole input, a classifier head's)
+            # stays global: its window follows the input's new size.
+            params = Params({**params, "kernel": tuple(in_sizes[0][2:]), "stride": None})
         return _windows_resized(self, params, in_sizes, out_sizes)
 
     def reference(self, params, x):

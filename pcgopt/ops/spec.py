@@ -296,6 +296,10 @@ class ComputeOp(OpSpec):
     #: (an embedding's ids and its table's rows), so a smaller instance of the graph
     #: (:func:`pcgopt.scaled_down`) draws them below that dimension's new size.
     index_inputs: ClassVar[tuple[tuple[int, int, int], ...]] = ()
+    #: ``(i, dims)``: dimensions of input ``i`` that a window slides along (a convolution's
+    #: height and width). A smaller instance of the graph may give them any size the windows
+    #: still fit; the output's sizes along them follow by shape inference.
+    window_inputs: ClassVar[tuple[tuple[int, tuple[int, ...]], ...]] = ()
 
     def infer_logical(
         self, params: Params, inputs: tuple[ParallelTensorShape, ...]

@@ -146,10 +146,10 @@ def test_the_check_bounds_tensor_elements_as_well_as_flops():
     verdict = plan_module._check(wide, wide, plan_module.CHECK_FLOPS_LIMIT)
     assert "scaled down from full size (5000 to 4)" in verdict
     b = PCGBuilder()
-    image = b.input((4, 4, 1200, 1200), name="image")  # a window keeps its spatial sizes
-    pooled = b.build(b.pool2d(image, kernel=3, stride=1, padding=1, mode="max"))
+    x = b.input((5000, 5000), name="x")  # a split's parameters hold its sizes: they stay
+    halves = b.build(*(b.relu(h) for h in b.split(x, axis=0, sizes=(2500, 2500))))
     with pytest.warns(UserWarning, match="equivalence check skipped"):
-        verdict = plan_module._check(pooled, pooled, plan_module.CHECK_FLOPS_LIMIT)
+        verdict = plan_module._check(halves, halves, plan_module.CHECK_FLOPS_LIMIT)
     assert "over the evaluator's limit of 2e+07 (CHECK_ELEMENTS_LIMIT)" in verdict
 
 
