@@ -39,7 +39,7 @@ Phases, each timed in :attr:`Plan.stats`:
    A model too large for the evaluator is checked on a smaller instance of both graphs
    (:func:`pcgopt.scaled.scaled_down`: every size that can shrink, shrunk consistently; a
    16-layer MLP of width 8192 becomes one of width 4), and the check is skipped, with a
-   warning, only if even that is too large (grouped convolutions keep their channels).
+   warning, only if even that is too large (an image shrinks only to what its windows fit).
 
 The machine defaults to one 8-GPU DGX-H100 node. ``PCGOPT_MACHINE`` overrides it, either a preset
 spec ``NAME[:NODES[:DEVICES_PER_NODE]]`` (e.g. ``summit:2``) or the path of a machine file

@@ -25,14 +25,18 @@ that keep its runs (:meth:`~pcgopt.ops.spec.ComputeOp.signature_conditions`): it
 its classes' sizes (:meth:`~pcgopt.ops.spec.ComputeOp.resized_params` rewrites its target shape),
 and the one dimension of a run becomes the product of the others: [H] -> [heads, dh] makes H
 heads * dh. Reshapes of one class into factors of the same sizes (the model's and the plan's)
-share their factors. A convolution or a pooling keeps its kernel, stride, padding and groups:
-its batch and (ungrouped) channels shrink as loop axes, the dimensions its windows slide along
-(:attr:`~pcgopt.ops.spec.ComputeOp.window_inputs`) take what their own classes take, and its
-output's spatial sizes are derived from them. The classes of windowed dimensions that nothing
-derives (an image's height and width) get the smallest size under which every graph still
-builds, found by bisection between ``min_size`` and the full size (Inception-v3's 299 x 299
-images become 75 x 75, the least its windows fit; a spatial split's degree must still divide).
-A global pooling stays global (its window follows its input).
+share their factors.
+
+**Convolutions and poolings** keep their kernel, stride, padding and number of groups. Their
+batch and channels shrink as loop axes; a grouped convolution's channels to multiples of its
+groups, and its weight's channels per group to the quotient (an axis of a fixed size keeps it,
+and the one input dimension of each group's share follows). The dimensions their windows slide
+along (:attr:`~pcgopt.ops.spec.ComputeOp.window_inputs`) take what their own classes take, and
+the output's spatial sizes are derived from them; a global pooling stays global. The classes
+of windowed dimensions that nothing derives (an image's height and width) get the least size
+under which every graph still builds, at least ``min_size``: doubling from it in steps of the
+degrees of any spatial split, then bisecting (Inception-v3's 299 x 299 images become 75 x 75,
+the least its windows fit).
 
 **Which stay.** Every dimension of an operator whose sizes cannot change
 (:meth:`~pcgopt.ops.spec.ComputeOp.resized_params` is None: a split, whose parameters hold its
@@ -137,6 +141,8 @@ class _Problem:
         # dimension with the others whose product it is ([H] -> [heads, dh]).
         self.relations: list[tuple[int, Node, tuple[SizeRelation, ...]]] = []
         self.products: list[tuple[Key, list[Key]]] = []
+        # (a group's share, the whole, the number of groups): a weight's channels per group.
+        self.quotients: list[tuple[Key, Key, int]] = []
         self.new_params: dict[tuple[int, str], Params] = {}
         for g, pcg in enumerate(pcgs):
             for node in pcg.nodes:
@@ -189,6 +195,7 @@ class _Problem:
         windows = {_key(g, pcg, node.inputs[i], d) for i, dims in spec.window_inputs for d in dims}
         self.windows |= windows
         covered: set[Key] = set()
+        grouped: list[tuple[list[Key], int, int]] = []  # (dimensions, groups, full size)
         for axis in sig.axes:
             axis_outputs = [
                 _key(g, pcg, TensorRef(node.name, o), d)
@@ -202,6 +209,13 @@ class _Problem:
             sizes = {self.full[k] for k in members}  # inputs come first: already read
             if len(sizes) == 1 and axis.size in (None, *sizes):
                 self.classes.union(*members)
+            elif len(sizes) == 1 and axis.size and max(sizes) % axis.size == 0:
+                # A fixed number of groups (a grouped convolution's): its dimensions shrink to
+                # multiples of it, and each group's share (a weight's channels) with them.
+                self.classes.union(*members)
+                for k in members:
+                    self.degree[k] = math.lcm(self.degree.get(k, 1), axis.size)
+                grouped.append((members, axis.size, max(sizes)))
             elif windows.intersection(members):
                 # Windows that do not overlap but stride (a 1x1 convolution of stride 2): the
                 # output's size along them is derived from the input's.
@@ -218,6 +232,14 @@ class _Problem:
                 key = _key(g, pcg, ref, d)
                 if key not in covered and key not in windows:
                     loose.setdefault(n, []).append(key)
+        for members, groups, n in grouped:
+            share = loose.get(n // groups, [])
+            if len(share) == 1:  # else which dimension is the share is not known: keep all
+                self.quotients.append((share[0], members[0], groups))
+                del loose[n // groups]
+            else:
+                self.frozen.update(members)
+                self.kept.setdefault(node.name, f"its groups' shares are not known: {share}")
         for keys in loose.values():
             if opaque:
                 self.frozen.update(keys)
@@ -259,7 +281,7 @@ class _Problem:
         full = max((self.full[k] for k in self.full if find(k) in free), default=0)
         spatial = {find(k) for k in self.windows | self.window_outputs}
         step = math.lcm(*(d for k, d in self.degree.items() if find(k) in spatial))
-        lo, hi = 0, step * math.ceil(self.min_size / step)
+        lo, hi = self.min_size - 1, step * math.ceil(self.min_size / step)
         while hi < full:
             try:
                 best = self._attempt(window_size=hi)
@@ -385,6 +407,11 @@ class _Problem:
                 continue
             n = math.prod(map(size, other))
             if value[root] != n:
+                value[root], changed = n, True
+        for share, whole, groups in self.quotients:
+            root = find(share)
+            n = size(whole) // groups
+            if root not in frozen_roots and value[root] != n:
                 value[root], changed = n, True
         return changed
 
