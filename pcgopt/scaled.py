@@ -36,7 +36,9 @@ the output's spatial sizes are derived from them; a global pooling stays global.
 of windowed dimensions that nothing derives (an image's height and width) get the least size
 under which every graph still builds, at least ``min_size``: doubling from it in steps of the
 degrees of any spatial split, then bisecting (Inception-v3's 299 x 299 images become 75 x 75,
-the least its windows fit).
+the least its windows fit). Windows may then rest on padding (ResNeXt-50's last stages run at
+1 x 1), which checks less of them; but a plan's windows are its model's unless split, and only
+windows that do not overlap are split, along sizes their degrees still divide.
 
 **Which stay.** Every dimension of an operator whose sizes cannot change
 (:meth:`~pcgopt.ops.spec.ComputeOp.resized_params` is None: a split, whose parameters hold its
@@ -195,7 +197,7 @@ class _Problem:
         windows = {_key(g, pcg, node.inputs[i], d) for i, dims in spec.window_inputs for d in dims}
         self.windows |= windows
         covered: set[Key] = set()
-        grouped: list[tuple[list[Key], int, int]] = []  # (dimensions, groups, full size)
+        grouped: list[tuple[list[Key], int, int, str]] = []  # dims, groups, full size, axis
         for axis in sig.axes:
             axis_outputs = [
                 _key(g, pcg, TensorRef(node.name, o), d)
@@ -215,7 +217,7 @@ class _Problem:
                 self.classes.union(*members)
                 for k in members:
                     self.degree[k] = math.lcm(self.degree.get(k, 1), axis.size)
-                grouped.append((members, axis.size, max(sizes)))
+                grouped.append((members, axis.size, max(sizes), axis.name))
             elif windows.intersection(members):
                 # Windows that do not overlap but stride (a 1x1 convolution of stride 2): the
                 # output's size along them is derived from the input's.
@@ -232,14 +234,14 @@ class _Problem:
                 key = _key(g, pcg, ref, d)
                 if key not in covered and key not in windows:
                     loose.setdefault(n, []).append(key)
-        for members, groups, n in grouped:
+        for members, groups, n, axis_name in grouped:
             share = loose.get(n // groups, [])
             if len(share) == 1:  # else which dimension is the share is not known: keep all
                 self.quotients.append((share[0], members[0], groups))
                 del loose[n // groups]
             else:
                 self.frozen.update(members)
-                self.kept.setdefault(node.name, f"its groups' shares are not known: {share}")
+                self.kept.setdefault(node.name, f"its axis {axis_name!r} has no one share")
         for keys in loose.values():
             if opaque:
                 self.frozen.update(keys)
