@@ -136,6 +136,7 @@ class _Problem:
         self.derived: set[Key] = set()
         self.windows: set[Key] = set()  # dimensions a window slides along (window_inputs)
         self.window_outputs: set[Key] = set()  # and the output dimensions derived from them
+        self.windowed: set[Key] = set()  # roots of the windowed classes nothing derives (solve)
         self.kept: dict[str, str] = {}  # node -> why its dimensions keep their size
         self.frozen: set[Key] = set()
         # Size relations of operators whose structure depends on sizes (a reshape's runs):
@@ -277,9 +278,11 @@ class _Problem:
         splits a windowed dimension or its output (their sizes must stay divisible), then
         bisecting below the first that builds."""
         self._tie_factors()
-        best = self._rebuilding()
         find = self.classes.__getitem__
-        free = {find(k) for k in self.windows} - {find(k) for k in self.derived | self.frozen}
+        # Classes of windowed dimensions that nothing derives (the classes are final here).
+        self.windowed = {find(k) for k in self.windows} - {find(k) for k in self.derived}
+        best = self._rebuilding()
+        free = self.windowed - {find(k) for k in self.frozen}
         full = max((self.full[k] for k in self.full if find(k) in free), default=0)
         spatial = {find(k) for k in self.windows | self.window_outputs}
         step = math.lcm(*(d for k, d in self.degree.items() if find(k) in spatial))
@@ -342,7 +345,6 @@ class _Problem:
         windows slide along at ``window_size`` (None: their full size), the rest derived."""
         find = self.classes.__getitem__
         frozen_roots = {find(k) for k in self.frozen}
-        windowed = {find(k) for k in self.windows} - {find(k) for k in self.derived}
         members: dict[Key, list[Key]] = {}
         for key in self.full:
             members.setdefault(find(key), []).append(key)
@@ -356,7 +358,7 @@ class _Problem:
                 continue
             (n,) = full
             step = math.lcm(*(self.degree.get(k, 1) for k in keys))
-            if root in windowed:
+            if root in self.windowed:
                 small = n if window_size is None else step * math.ceil(window_size / step)
                 value[root] = min(n, small)
             else:
