@@ -75,7 +75,7 @@ def run(model_names: Sequence[str], node_counts: Sequence[int]) -> tuple[list[st
             for label, baseline in BASELINES.items():
                 t0 = time.perf_counter()
                 plan = baseline(pcg, machine)
-                cost = iteration_cost(plan, machine)
+                cost = iteration_cost(plan, machine, optimizer=models.ZOO[name].optimizer)
                 print(
                     f"{name} x{nodes} {label}: {time.perf_counter() - t0:.2f} s",
                     file=sys.stderr,
@@ -100,11 +100,13 @@ def write_section(table: Sequence[str], command: str, seconds: float) -> None:
             "",
             "Unity's seven models, full size, on Summit nodes (6 V100 each), weak scaling: the "
             "global batch is Unity's per-GPU minibatch times the GPUs. Costs are "
-            "`pcgopt.extract.cost.iteration_cost` (Adam; no overlap of communication and "
-            "computation); communication bytes are summed over all devices. Plan: `dpD` data "
-            "parallel degree, `tpT` Megatron tensor-parallel degree (kept inside a node; "
-            "Megatron falls back to data parallelism when a model has no column/row dense "
-            "pair). Sequential: single-device fusions, then the cheaper of the two.",
+            "`pcgopt.extract.cost.iteration_cost` with the optimizer Unity trains each model "
+            "with (section 6.1: Adam for BERT-Large, plain SGD for the others; no overlap of "
+            "communication and computation); communication bytes are summed over all devices. "
+            "Plan: `dpD` data parallel degree, `tpT` Megatron tensor-parallel degree (kept "
+            "inside a node; Megatron falls back to data parallelism when a model has no "
+            "column/row dense pair). Sequential: single-device fusions, then the cheaper of "
+            "the two.",
             "",
             *table,
             "",

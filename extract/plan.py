@@ -238,7 +238,7 @@ class Plan:
             f"  predicted {c.total_s * 1e3:.4g} ms per training iteration "
             f"(input as given: {self.input_cost.total_s * 1e3:.4g} ms, {self.speedup:.3g}x); "
             f"compute {c.compute_s * 1e3:.4g} ms, communication {c.comm_s * 1e3:.4g} ms "
-            f"({c.comm_bytes / 2**20:.4g} MiB), update {c.update_s * 1e3:.4g} ms"
+            f"({c.comm_bytes / 2**20:.4g} MiB), update {c.update_s * 1e3:.4g} ms ({c.optimizer})"
             + (
                 f"; branches at once save {c.overlap_s * 1e3:.4g} ms (machine mapping)"
                 if c.overlap_s
@@ -314,6 +314,7 @@ class Plan:
                 "compute_s": c.compute_s,
                 "comm_s": c.comm_s,
                 "update_s": c.update_s,
+                "optimizer": c.optimizer,
                 "comm_bytes": c.comm_bytes,
                 "comm_bytes_per_level": dict(c.comm_bytes_per_level),
                 "memory_per_device": c.memory_per_device,

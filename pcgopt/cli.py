@@ -116,8 +116,12 @@ def _equivalent(args: argparse.Namespace) -> int:
 
 def _optimize(args: argparse.Namespace) -> int:
     # The optimizer is the top layer; the CLI loads it only for this command.
+    from pcgopt.extract.cost import OPTIMIZERS
     from pcgopt.extract.plan import default_machine, machine_from_spec, saturate_and_extract
 
+    optimizer = args.optimizer or (ZOO[args.model].optimizer if args.model in ZOO else "adam")
+    if optimizer not in OPTIMIZERS:
+        raise UsageError(f"--optimizer: unknown {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
     pcg = load_model(args.model, small=args.small, overrides=args.set)
     machine = machine_from_spec(args.machine) if args.machine else default_machine()
     plan = saturate_and_extract(
@@ -126,6 +130,7 @@ def _optimize(args: argparse.Namespace) -> int:
         time_budget_s=args.budget,
         check=not args.no_check,
         progress=not args.quiet,
+        optimizer=optimizer,
     )
     print(plan.explain(max_rows=args.rows))
     if args.json:
@@ -217,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
         "JSON/YAML file (default: $PCGOPT_MACHINE, else one dgx-h100 node)",
     )
     p.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
+    p.add_argument(
+        "--optimizer",
+        metavar="NAME",
+        help="the training optimizer the update is costed for: sgd, momentum or adam (default: "
+        "the one the zoo model's source trains it with, e.g. sgd for dlrm; adam for files)",
+    )
     p.add_argument("--small", action="store_true", help="the zoo model's small test variant")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--rows", type=int, default=30, help="node rows to explain (default 30)")

@@ -85,6 +85,18 @@ def test_optimize_a_zoo_model_writes_the_plan(tmp_path, capsys):
     assert d.read_text().startswith("digraph")
 
 
+def test_optimize_costs_the_update_of_the_optimizer_the_model_is_trained_with(tmp_path, capsys):
+    j = tmp_path / "plan.json"
+    argv = ["optimize", "dlrm", "--small", "--machine", "summit:1:2", "--budget", "5", "--quiet"]
+    assert main([*argv, "--json", str(j), "--no-check"]) == 0
+    assert "ms (sgd)" in capsys.readouterr().out  # Unity trains DLRM with SGD
+    assert json.loads(j.read_text())["cost"]["optimizer"] == "sgd"
+    assert main([*argv, "--json", str(j), "--no-check", "--optimizer", "adam"]) == 0
+    assert json.loads(j.read_text())["cost"]["optimizer"] == "adam"
+    assert main([*argv, "--optimizer", "lamb"]) == 2
+    assert "--optimizer: unknown 'lamb'; valid: sgd, momentum, adam" in capsys.readouterr().err
+
+
 def test_optimize_names_a_bad_machine(capsys):
     assert main(["optimize", "mnist_mlp", "--machine", "summit:two"]) == 2
     assert "machine spec 'summit:two'" in capsys.readouterr().err

@@ -27,13 +27,17 @@ from pcgopt.models.vision import inception_v3, resnext50, vgg13
 
 @dataclass(frozen=True)
 class ModelEntry:
-    """A zoo model: its builder, the keyword sizes of its small variant, and where it is from."""
+    """A zoo model: its builder, the keyword sizes of its small variant, where it is from, and
+    the optimizer its source trains it with (a name in ``pcgopt.extract.cost.OPTIMIZERS``;
+    Unity section 6.1: Adam for BERT-Large, plain SGD for its other models; "adam" where the
+    source does not say)."""
 
     name: str
     builder: Callable[..., PCG]
     small: Mapping[str, Any]
     source: str
     paper_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    optimizer: str = "adam"
 
     def build(self, *, small: bool = False, **kwargs: Any) -> PCG:
         args = {**(self.small if small else {}), **kwargs}
@@ -52,6 +56,7 @@ _ENTRIES = (
         mlp,
         {"batch": 4, "in_features": 6, "hidden": 8, "layers_per_branch": 2},
         "Unity section 6 (MLP, 16 x 8192)",
+        optimizer="sgd",
     ),
     ModelEntry(
         "bert_large",
@@ -78,12 +83,14 @@ _ENTRIES = (
             "top": (5, 2),
         },
         "Unity section 6 (DLRM)",
+        optimizer="sgd",
     ),
     ModelEntry(
         "xdl",
         xdl,
         {"batch": 4, "tables": (10, 7, 5), "embedding_dim": 4, "bag_size": 2, "widths": (6, 2)},
         "Unity section 6 (XDL)",
+        optimizer="sgd",
     ),
     ModelEntry(
         "candle_uno",
@@ -97,6 +104,7 @@ _ENTRIES = (
             "feature_sizes": {"cell.rnaseq": 5, "drug.descriptors": 7, "drug.fingerprints": 3},
         },
         "Unity section 6 (CANDLE-Uno)",
+        optimizer="sgd",
     ),
     ModelEntry(
         "resnext50",
@@ -111,12 +119,14 @@ _ENTRIES = (
             "num_classes": 5,
         },
         "Unity section 6 (ResNeXt-50)",
+        optimizer="sgd",
     ),
     ModelEntry(
         "inception_v3",
         inception_v3,
         {"batch": 1, "image": 75, "width": 1 / 32, "num_classes": 5},
         "Unity section 6 (Inception-v3)",
+        optimizer="sgd",
     ),
     ModelEntry(
         "vgg13",

@@ -82,3 +82,12 @@ def test_sizes_are_keywords():
     assert sum(1 for n in g.nodes if n.op == "batch_matmul") == 2
     with pytest.raises(KeyError, match="the zoo has: mnist_mlp"):
         build("gpt5")
+
+
+def test_each_model_names_the_optimizer_its_source_trains_it_with():
+    from pcgopt.extract.cost import OPTIMIZERS
+
+    assert {entry.optimizer for entry in ZOO.values()} <= set(OPTIMIZERS)
+    # Unity section 6.1: Adam for BERT-Large, SGD for its other six models.
+    assert ZOO["bert_large"].optimizer == "adam"
+    assert all(ZOO[n].optimizer == "sgd" for n in ("mlp", "dlrm", "xdl", "candle_uno"))
