@@ -18,18 +18,17 @@ this costs, with the same cost model and optimizer as the search (weak scaling, 
 from __future__ import annotations
 
 import argparse
-import inspect
 import itertools
-import sys
 import time
 import warnings
 
 from _results import publish
+from baselines import per_gpu_batch
 
-from pcgopt import Machine, models
+from pcgopt import Machine, OpKind, models
 from pcgopt.extract.baselines import data_parallel
 from pcgopt.extract.branches import branch_parallel, lower_degrees
-from pcgopt.extract.cost import collective_cost, iteration_cost
+from pcgopt.extract.cost import CostBreakdown, collective_cost, iteration_cost
 from pcgopt.extract.layerwise import dense_layers, strategies_for
 from pcgopt.extract.plan import mapped_cost
 from pcgopt.graph import PCG
@@ -42,11 +41,10 @@ def ms(seconds: float) -> str:
 
 
 def weak_scaled(name: str, gpus: int) -> PCG:
-    per_gpu = inspect.signature(models.ZOO[name].builder).parameters["batch"].default
-    return models.build(name, batch=per_gpu * gpus)
+    return models.build(name, batch=per_gpu_batch(name) * gpus)
 
 
-def costliest_transfer(cost) -> str:
+def costliest_transfer(cost: CostBreakdown) -> str:
     node = max(cost.per_node.values(), key=lambda c: c.comm_forward_s + c.comm_backward_s)
     return f"{node.name} {ms(node.comm_forward_s + node.comm_backward_s)}"
 
@@ -70,7 +68,7 @@ def recommendation(name: str, nodes: int) -> list[str]:
             degrees = {
                 n.name: (k if n.op == "embedding_bag" else width)
                 for n in pcg.nodes
-                if n.spec.kind.name == "COMPUTE"
+                if n.spec.kind is OpKind.COMPUTE
             }
             _, _, cost = mapped_cost(
                 lower_degrees(pcg, target, degrees), target, optimizer=optimizer
@@ -138,25 +136,17 @@ def main() -> None:
         "| model | nodes | plan | predicted time | where the time goes | costliest transfer |",
         "|---|---|---|---|---|---|",
     ]
-    for part in (
-        *(
-            lambda name=name, nodes=nodes: recommendation(name, nodes)
-            for name in ("dlrm", "xdl")
-            for nodes in (1, 4, 8)
-        ),
-        lambda: mlp_assignments(2),
-        lambda: mlp_assignments(4),
-        lambda: inception(8),
-    ):
-        new = part()
+    parts = [(recommendation, name, nodes) for name in ("dlrm", "xdl") for nodes in (1, 4, 8)]
+    parts += [(mlp_assignments, 2), (mlp_assignments, 4), (inception, 8)]
+    for make, *part_args in parts:
+        new = make(*part_args)
         rows += new
         print(*new, sep="\n", flush=True)
     total = time.perf_counter() - start
-    command = "python bench/gaps.py" + ("" if len(sys.argv) == 1 else " --no-write")
     publish(
         HEADING,
         [
-            f"Command: `{command}` ({total:.0f} s on the development machine).",
+            f"Command: `python bench/gaps.py` ({total:.0f} s on the development machine).",
             "",
             "Plans an expert would try where the joint plan falls short of Unity's speedup "
             "(bench/run.py), costed like the search's candidates: weak scaling, Summit, the "
