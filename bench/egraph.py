@@ -11,10 +11,13 @@ budget bounds: the "call" column is the whole ``saturate`` call.
     python bench/egraph.py                               # every model, updates bench/RESULTS.md
     python bench/egraph.py --models mnist_mlp bert_large --devices 64 --no-write
     python bench/egraph.py --split --models bert_large   # by segments, its own section
+    python bench/egraph.py --split --levels --models bert_large   # whole levels, two degrees
 
 ``--split`` saturates with :func:`pcgopt.egraph.saturate_split`: the distinct segments once,
 joined into the whole model's e-graph (the e-node counts are the joined e-graph's; the join's
-time is in the export column).
+time is in the export column). ``--levels`` restricts the degrees to those of whole levels of
+the machine (:meth:`pcgopt.Machine.level_degrees`) and adds the opt-in ``layouts`` rules
+(layouts of two degrees), in a section of its own.
 """
 
 from __future__ import annotations
@@ -29,11 +32,12 @@ from collections.abc import Sequence
 from _results import write_section
 
 from pcgopt import Machine, models
-from pcgopt.egraph import Budget, saturate, saturate_split, warm_up
+from pcgopt.egraph import Budget, saturate, saturate_split, shipped_presets, warm_up
 from pcgopt.extract.baselines import data_parallel, megatron, unity_figure_2b
 
 HEADING = "## E-graph saturation"
 SPLIT_HEADING = "## Split e-graph saturation"
+LEVELS_HEADING = "## Split e-graph saturation on whole levels, with layouts of two degrees"
 MACHINES = {8: ("dgx-a100", 1, 8), 64: ("dgx-a100", 4, None)}
 
 
@@ -42,12 +46,23 @@ def machine_for(devices: int) -> Machine:
     return Machine.preset(name, nodes=nodes, devices_per_node=per_node)
 
 
-def one(model: str, small: bool, devices: int, seconds: float, split: bool = False) -> dict:
+def one(
+    model: str, small: bool, devices: int, seconds: float, split: bool = False, levels: bool = False
+) -> dict:
     machine = machine_for(devices)
     pcg = models.build(model, small=small)
-    load_s = warm_up(pcgs=[pcg])  # once per process, outside the budget (as documented)
+    options: dict = {}
+    if levels:
+        options = {
+            "degrees": machine.level_degrees(),
+            "presets": (*shipped_presets([pcg]), "layouts"),
+        }
+    # Once per process, outside the budget (as documented).
+    load_s = warm_up(pcgs=[pcg], presets=options.get("presets"))
     t0 = time.perf_counter()
-    sat = (saturate_split if split else saturate)(pcg, machine, budget=Budget(seconds=seconds))
+    sat = (saturate_split if split else saturate)(
+        pcg, machine, budget=Budget(seconds=seconds), **options
+    )
     total = time.perf_counter() - t0
     contains = {}
     plans = (
@@ -83,7 +98,11 @@ def one(model: str, small: bool, devices: int, seconds: float, split: bool = Fal
 
 
 def run(
-    model_names: Sequence[str], devices: Sequence[int], seconds: float, split: bool = False
+    model_names: Sequence[str],
+    devices: Sequence[int],
+    seconds: float,
+    split: bool = False,
+    levels: bool = False,
 ) -> list[dict]:
     out = []
     for name in model_names:
@@ -91,6 +110,7 @@ def run(
             for d in devices:
                 cmd = [sys.executable, __file__, "--one", name, str(int(small)), str(d)]
                 cmd += ["--seconds", str(seconds)] + (["--split"] if split else [])
+                cmd += ["--levels"] if levels else []
                 proc = subprocess.run(cmd, capture_output=True, text=True)
                 if proc.returncode:
                     row = {
@@ -138,21 +158,27 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--split", action="store_true", help="saturate by segments (saturate_split)"
     )
     parser.add_argument(
+        "--levels",
+        action="store_true",
+        help="degrees of whole levels of the machine only, with the layouts rules",
+    )
+    parser.add_argument(
         "--one", nargs=3, metavar=("MODEL", "SMALL", "DEVICES"), help=argparse.SUPPRESS
     )
     args = parser.parse_args(argv)
     if args.one:
         model, small, devices = args.one
-        print(json.dumps(one(model, small == "1", int(devices), args.seconds, args.split)))
+        row = one(model, small == "1", int(devices), args.seconds, args.split, args.levels)
+        print(json.dumps(row))
         return
     start = time.perf_counter()
-    rows = run(args.models, args.devices, args.seconds, args.split)
+    rows = run(args.models, args.devices, args.seconds, args.split, args.levels)
     lines = table(rows)
     print("\n".join(lines))
     if args.no_write:
         return
     command = "python bench/egraph.py " + " ".join(sys.argv[1:] if argv is None else argv)
-    heading = SPLIT_HEADING if args.split else HEADING
+    heading = LEVELS_HEADING if args.levels else SPLIT_HEADING if args.split else HEADING
     how = (
         "`saturate_split`: the distinct segments (Unity's graph splitting, at least 24 "
         "computing operators each) saturated together, every cut handed on unsplit and in "
@@ -162,6 +188,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.split
         else ""
     )
+    if args.levels:
+        how += (
+            "Degrees of whole levels of the machine only (`Machine.level_degrees()`: 8 on "
+            "one node of 8 GPUs; 4, 16 and 64 on four nodes of 16), and the opt-in `layouts` "
+            "rules (Partition and Replicate of two degrees) with the shipped ones. "
+        )
     section = "\n".join(
         [
             heading,

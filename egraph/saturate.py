@@ -224,7 +224,8 @@ WITHOUT_ALGEBRA = "/parallel"
 
 def shipped_presets(pcgs: Sequence[PCG] = ()) -> tuple[str, ...]:
     """The shipped rule files (by preset, :data:`pcgopt.rules.SHIPPED`) that can rewrite
-    ``pcgs``; all of them when no PCG is given. The matrix rules always can. Every rule of
+    ``pcgs``; all of them when no PCG is given, except the opt-in ones
+    (:data:`pcgopt.rules.OPT_IN`). The matrix rules always can. Every rule of
     another preset has a tensor of its minimum rank (:data:`pcgopt.rules.families.MIN_RANK`)
     on each side, and no rule of a lower preset builds such a tensor, so that preset's rules
     can match only where a PCG already has one: a rank-2 model (an MLP, DLRM) saturates
@@ -239,14 +240,15 @@ def shipped_presets(pcgs: Sequence[PCG] = ()) -> tuple[str, ...]:
     GPUs its Megatron plan was out of reach within 4 GB with them, and in the e-graph in 14
     iterations without them). Their parallel and cleanup rules (a replicated weight's
     transpose) stay."""
-    from pcgopt.rules import SHIPPED
+    from pcgopt.rules import OPT_IN, SHIPPED
     from pcgopt.rules.families import MIN_RANK
 
+    default = tuple(p for p in SHIPPED if p not in OPT_IN)
     if not pcgs:
-        return tuple(SHIPPED)
+        return default
     ranks = (s.rank for pcg in pcgs for n in pcg.nodes for s in pcg.output_shapes(n.name))
     rank = max(ranks, default=0)
-    presets = tuple(p for p in SHIPPED if MIN_RANK[p] <= rank)
+    presets = tuple(p for p in default if MIN_RANK[p] <= rank)
     if any(_computes_low_rank_data(pcg) for pcg in pcgs):
         return presets
     return tuple(p + WITHOUT_ALGEBRA if MIN_RANK[p] == 0 else p for p in presets)
@@ -285,7 +287,12 @@ def _load_shipped_base(presets: tuple[str, ...]) -> _Base:
 
 
 def _serves(loaded: tuple[str, ...], wanted: tuple[str, ...]) -> bool:
-    """Whether the rules of selection ``loaded`` include those of ``wanted``."""
+    """Whether the rules of selection ``loaded`` include those of ``wanted``, and no opt-in
+    rules that ``wanted`` leaves out (they change what saturation finds, not only its time)."""
+    from pcgopt.rules import OPT_IN
+
+    if any(p in OPT_IN and p not in wanted for p in loaded):
+        return False
     return all(p in loaded or p.partition("/")[0] in loaded for p in wanted)
 
 
@@ -311,14 +318,19 @@ def _shipped_base(presets: tuple[str, ...]) -> _Base:
         return base
 
 
-def warm_up(rules: Sequence[Rule] | None = None, pcgs: Sequence[PCG] = ()) -> float:
+def warm_up(
+    rules: Sequence[Rule] | None = None,
+    pcgs: Sequence[PCG] = (),
+    presets: Sequence[str] | None = None,
+) -> float:
     """Translates and loads the shipped rules now, if ``rules`` is None and they are not loaded
     yet (once per process; seconds, see the README), so that a caller's time budget for
     :func:`saturate` can leave that time out. ``pcgs``: the PCGs to be saturated, when known:
-    only the rule files that can rewrite them are loaded (:func:`shipped_presets`). Returns
+    only the rule files that can rewrite them are loaded (:func:`shipped_presets`).
+    ``presets``: the shipped rule files to load instead (as for :func:`saturate`). Returns
     the seconds it took (0 when already done; custom rules are translated by each
     :func:`saturate` call)."""
-    presets = shipped_presets(pcgs)
+    presets = shipped_presets(pcgs) if presets is None else _check_presets(presets)
     if rules is not None or _loaded_superset(presets) is not None:
         return 0.0
     start = time.perf_counter()
@@ -349,9 +361,28 @@ def warm_up_in_background(
     return done
 
 
-def _base(rules: Sequence[Rule] | None, pcgs: Sequence[PCG]) -> _Base:
+def _check_presets(presets: Sequence[str]) -> tuple[str, ...]:
+    from pcgopt.rules import SHIPPED
+
+    if isinstance(presets, str):
+        raise TypeError(f"presets must be a sequence of names, got the string {presets!r}")
+    for p in presets:
+        name, slash, part = str(p).partition("/")
+        if name not in SHIPPED or (slash and slash + part != WITHOUT_ALGEBRA):
+            raise ValueError(
+                f"presets: no shipped rule file {p!r}; valid: {sorted(SHIPPED)}, or "
+                f"'<name>{WITHOUT_ALGEBRA}' for one without its algebraic rules"
+            )
+    return tuple(presets)
+
+
+def _base(
+    rules: Sequence[Rule] | None, pcgs: Sequence[PCG], presets: Sequence[str] | None = None
+) -> _Base:
     if rules is None:
-        return _shipped_base(shipped_presets(pcgs))
+        return _shipped_base(shipped_presets(pcgs) if presets is None else tuple(presets))
+    if presets is not None:
+        raise ValueError("give rules or presets, not both")
     return _Base(language(), rules)
 
 
@@ -482,7 +513,11 @@ def _source_prefix(j: int, problems: Sequence[_Problem]) -> str:
 
 
 def _start(
-    base: _Base, problems: Sequence[_Problem], machine: Machine, budget: Budget
+    base: _Base,
+    problems: Sequence[_Problem],
+    machine: Machine,
+    budget: Budget,
+    degrees: Sequence[int],
 ) -> egg.EGraph:
     eg = base.egraph
     programs: list[tuple[str, str, bool]] = []  # (what, program, whether a seed)
@@ -513,7 +548,6 @@ def _start(
             )
             programs.append((what, program, True))
     eg.parse_and_run_program("(push)")
-    degrees = legal_degrees(machine.num_devices)
     setup = [
         *(f"(legal {d})" for d in degrees),
         f"(device_budget {machine.num_devices})",
@@ -664,6 +698,8 @@ def saturate(
     budget: Budget | None = None,
     progress: bool = False,
     seeds: Sequence[PCG] = (),
+    degrees: Sequence[int] | None = None,
+    presets: Sequence[str] | None = None,
 ) -> Saturation:
     """Saturates ``pcg`` with the verified rules (default: the shipped set) for ``machine``
     (its device count bounds the devices any tensor may span; its divisors above 1 are the
@@ -673,9 +709,30 @@ def saturate(
     shapes), e.g. plans of another search, added before the rules run with their outputs in the
     input's e-classes, so that rewrites apply to them too and extraction can mix their parts
     with the rest. They are trusted, not proved: give only plans built by sound lowerings, and
-    check what is extracted (``saturate_and_extract`` checks its plan against the input)."""
+    check what is extracted (``saturate_and_extract`` checks its plan against the input).
+
+    ``degrees``: the only degrees rewrites may choose (each a divisor of the device count
+    above 1; e.g. :meth:`Machine.level_degrees`, the degrees of whole levels of the machine),
+    instead of every divisor: fewer degrees, a smaller e-graph per iteration.
+    ``presets``: the shipped rule files to use (:data:`pcgopt.rules.SHIPPED`; default
+    :func:`shipped_presets`, those that can rewrite the PCG). ``"layouts"`` is never chosen
+    by default: its rules relate layouts of two degrees (a bias copied ``dp*tp`` times, or
+    ``tp`` times on ``dp`` copies), which a plan combining data and tensor parallelism needs,
+    and they grow the e-graph by every pair of degrees.
+
+    >>> from pcgopt import models
+    >>> shipped_presets([models.build("bert_large", small=True)]) + ("layouts",)
+    ('matrix/parallel', 'transformer', 'layouts')
+    """
     (sat,) = saturate_together(
-        [pcg], machine, rules=rules, budget=budget, progress=progress, seeds=[seeds]
+        [pcg],
+        machine,
+        rules=rules,
+        budget=budget,
+        progress=progress,
+        seeds=[seeds],
+        degrees=degrees,
+        presets=presets,
     )
     return sat
 
@@ -690,6 +747,8 @@ def saturate_together(
     seeds: Sequence[Sequence[PCG]] | None = None,
     export_scale: float = 1.0,
     started: float | None = None,
+    degrees: Sequence[int] | None = None,
+    presets: Sequence[str] | None = None,
 ) -> list[Saturation]:
     """:func:`saturate` for several PCGs at once (``seeds[j]``: those of ``pcgs[j]``), in one
     e-graph under one ``budget``: egglog's fixed cost of a run (copying the e-graph of the
@@ -703,7 +762,8 @@ def saturate_together(
     copies, :func:`~pcgopt.egraph.saturate_split`) cost this many times a plain export, in time
     and memory; saturation leaves room for them in the budget. ``started``: when the caller's
     time budget began (``time.perf_counter()``; default: when this call began), so that its
-    own work before this call counts; loading the rules (once per process) does not."""
+    own work before this call counts; loading the rules (once per process) does not.
+    ``degrees``, ``presets``: as for :func:`saturate`."""
     t0 = time.perf_counter() if started is None else started
     pcgs = tuple(pcgs)
     seeds = tuple(tuple(s) for s in (seeds if seeds is not None else [()] * len(pcgs)))
@@ -723,16 +783,19 @@ def saturate_together(
         raise TypeError(f"saturate needs a pcgopt.Machine, got {type(machine).__name__}")
     problems: list[_Problem] = list(zip(pcgs, seeds, strict=True))
     budget = budget or Budget()
+    legal = legal_degrees(machine.num_devices, degrees)
+    if presets is not None:
+        presets = _check_presets(presets)
     loading = time.perf_counter()
-    base = _base(rules, _every_pcg(problems))
+    base = _base(rules, _every_pcg(problems), presets)
     t0 += time.perf_counter() - loading  # once per process (warm_up), not this call's work
     fit: int | None = None
     reason: StopReason | None = None
     if budget.isolate:
-        fit, reason = _probe_in_child(problems, machine, budget, rules, export_scale)
+        fit, reason = _probe_in_child(problems, machine, budget, base, legal, export_scale)
         t0 = time.perf_counter()  # the probe had its own budget
     bar = Progress(budget.iterations, "saturate") if progress else None
-    eg = _start(base, problems, machine, budget)
+    eg = _start(base, problems, machine, budget, legal)
     try:
         outcome: _Outcome | None = None
         if fit is None:
@@ -742,7 +805,7 @@ def saturate_together(
                 # deterministic, so replaying gives the same e-graph).
                 fit = len(state.history)
                 eg.parse_and_run_program("(pop)")
-                eg = _start(base, problems, machine, budget)
+                eg = _start(base, problems, machine, budget, legal)
             elif reason is StopReason.TIME and budget.speculate and state.history:
                 outcome, stop = _speculate(
                     _Speculation(base, problems, budget, t0, export_scale),
@@ -1009,12 +1072,12 @@ def _probe_worker(
     problems: Sequence[_Problem],
     machine: Machine,
     budget: Budget,
-    rules,
+    base: _Base,
+    degrees: Sequence[int],
     export_scale: float,
     conn,
 ) -> None:
-    base = _base(rules, _every_pcg(problems))
-    _start(base, problems, machine, budget)
+    _start(base, problems, machine, budget, degrees)
 
     def report(stats: IterationStats) -> None:
         conn.send(("iteration", stats.iteration, stats.enodes))
@@ -1027,7 +1090,8 @@ def _probe_in_child(
     problems: Sequence[_Problem],
     machine: Machine,
     budget: Budget,
-    rules: Sequence[Rule] | None,
+    base: _Base,
+    degrees: Sequence[int],
     export_scale: float = 1.0,
 ) -> tuple[int, StopReason | None]:
     """Runs the iterations in a child process under hard time and memory limits; returns how
@@ -1036,7 +1100,7 @@ def _probe_in_child(
     parent, child = ctx.Pipe(duplex=False)
     proc = ctx.Process(
         target=_probe_worker,
-        args=(problems, machine, budget, rules, export_scale, child),
+        args=(problems, machine, budget, base, degrees, export_scale, child),
     )
     proc.start()
     child.close()

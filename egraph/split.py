@@ -66,6 +66,8 @@ def saturate_split(
     seeds: Sequence[PCG] = (),
     min_ops: int = MIN_SEGMENT_OPS,
     layouts: Callable[[ParallelTensorShape], Sequence[ParallelTensorShape]] | None = None,
+    degrees: Sequence[int] | None = None,
+    presets: Sequence[str] | None = None,
 ) -> Saturation:
     """:func:`~pcgopt.egraph.saturate` for a deep model: its distinct segments of at least
     ``min_ops`` computing operators are saturated together and their e-graphs joined into the
@@ -75,7 +77,8 @@ def saturate_split(
     budget are per distinct segment; its seconds cover cutting the model and the join too
     (``export_seconds`` includes the join; saturation stops early enough to leave it
     :data:`JOIN_SECONDS_PER_ENODE` per joined e-node). A model that does not split into two
-    segments is saturated whole."""
+    segments is saturated whole. ``degrees``, ``presets``: as for
+    :func:`~pcgopt.egraph.saturate` (the default cut layouts use only ``degrees``)."""
     if not isinstance(pcg, PCG):
         raise TypeError(f"saturate_split needs a PCG, got {type(pcg).__name__}")
     started = time.perf_counter()  # cutting the model into segments is in the time budget
@@ -90,12 +93,14 @@ def saturate_split(
             progress=progress,
             seeds=[seeds],
             started=started,
+            degrees=degrees,
+            presets=presets,
         )[0]
     if layouts is None:
-        degrees = legal_degrees(machine.num_devices)
+        legal = legal_degrees(machine.num_devices, degrees)
 
         def layouts(shape: ParallelTensorShape) -> Sequence[ParallelTensorShape]:
-            return cut_layouts(shape, degrees)
+            return cut_layouts(shape, legal)
 
     seeds = [s for s in dict.fromkeys(seeds) if s != pcg]
     problems = segment_problems(pcg, segments, seeds, layouts)
@@ -115,6 +120,8 @@ def saturate_split(
         seeds=[key[1] for key in distinct],
         export_scale=1 + JOIN_SECONDS_PER_ENODE * copies / EXPORT_SECONDS_PER_ENODE,
         started=started,
+        degrees=degrees,
+        presets=presets,
     )
     t0 = time.perf_counter()
     by_key = {key: sat.egraph for key, sat in zip(distinct, sats, strict=True)}

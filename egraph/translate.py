@@ -604,6 +604,12 @@ class _Builder:
                 # Only degrees are chosen (among the machine's legal ones); a shape is not.
                 raise Untranslatable(f"the new side chooses {s!r}, a parameter of a shape")
             self.query.append(f"(legal k_{s})")
+        # A degree the new side computes from matched ones (``replicate(x, degree=k*j)``)
+        # must be one the machine allows too: 3*3 on 48 devices is not a divisor.
+        for term in {t for e in self.result for t in walk(e) if isinstance(t, Term)}:
+            degree = term.params.get("degree")
+            if isinstance(get_op(term.op), ParallelOp) and isinstance(degree, Prod):
+                self.query.append(f"(legal {_egg_int(degree, self.sizes)})")
 
         # the new side: shapes, guards, construction
         shapes: dict[Expr, list[SymShape]] = {}
@@ -729,9 +735,23 @@ def translate_rule(lang: Language, rule: Rule) -> Iterator[TranslatedRule | tupl
         yield TranslatedRule(name, rule.name, direction, kind, text)
 
 
-def legal_degrees(num_devices: int) -> list[int]:
-    """Degrees a rewrite may choose: the divisors of the device count above 1."""
-    return [d for d in range(2, num_devices + 1) if num_devices % d == 0]
+def legal_degrees(num_devices: int, degrees: Sequence[int] | None = None) -> list[int]:
+    """Degrees a rewrite may choose: by default the divisors of the device count above 1;
+    else ``degrees``, checked to be such divisors (:class:`ValueError` naming the first that
+    is not, and the valid ones)."""
+    valid = [d for d in range(2, num_devices + 1) if num_devices % d == 0]
+    if degrees is None:
+        return valid
+    chosen = list(degrees)
+    for d in chosen:
+        if isinstance(d, bool) or not isinstance(d, int) or d not in valid:
+            raise ValueError(
+                f"degrees: {d!r} is not a degree of a machine of {num_devices} devices; "
+                f"valid: the divisors above 1, {valid}"
+            )
+    if not chosen:
+        raise ValueError(f"degrees must name at least one of {valid}")
+    return sorted(set(chosen))
 
 
 __all__ = [

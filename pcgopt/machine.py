@@ -422,6 +422,21 @@ class Machine:
         """The count of every level, outermost first (P^2's system hierarchy)."""
         return tuple(level.count for level in self.levels)
 
+    def level_degrees(self) -> tuple[int, ...]:
+        """The degrees that take whole levels of the hierarchy: the products of the counts of
+        any levels, above 1, ascending. P^2 places each parallelism axis on levels of the
+        machine; a search restricted to these degrees (``saturate(..., degrees=...)``) keeps
+        Megatron's tensor parallelism within a node and data parallelism across nodes, and
+        leaves out splits of a node into parts.
+
+        >>> Machine.preset("dgx-a100", nodes=4).level_degrees()
+        (4, 16, 64)
+        """
+        products = {1}
+        for count in self.counts:
+            products |= {p * count for p in products}
+        return tuple(sorted(p for p in products if p > 1))
+
     def coordinates(self, device: int) -> tuple[int, ...]:
         """The unit of each level (outermost first) that holds ``device``.
 

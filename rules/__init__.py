@@ -4,7 +4,9 @@
 for all parallel degrees: ``rules.json`` (matrices; ``python -m pcgopt.rules generate``) and
 ``rules_transformer.json`` (dense layers, LayerNorm, elementwise operators, embedding lookups,
 collectives and attention on rank-3 and rank-4 tensors; ``python -m pcgopt.rules generate
---preset transformer``). See
+--preset transformer``) and ``rules_layouts.json`` (Partition and Replicate of two degrees
+``k`` and ``j``, ranks 1 to 4; ``--preset layouts``; used by saturation only when asked,
+:data:`OPT_IN`). See
 :mod:`pcgopt.rules.generate` for how they are found and :mod:`pcgopt.rules.families` for what
 each preset enumerates.
 
@@ -26,8 +28,19 @@ RULES_FILE = Path(__file__).with_name("rules.json")
 #: The shipped rule file of the transformer preset (rank-3 and rank-4 tensors).
 TRANSFORMER_RULES_FILE = Path(__file__).with_name("rules_transformer.json")
 
+#: The shipped rule file of the layouts preset (layouts of two degrees, ranks 1 to 4).
+LAYOUTS_RULES_FILE = Path(__file__).with_name("rules_layouts.json")
+
 #: Every shipped rule file, by the preset that writes it.
-SHIPPED = {"matrix": RULES_FILE, "transformer": TRANSFORMER_RULES_FILE}
+SHIPPED = {
+    "matrix": RULES_FILE,
+    "transformer": TRANSFORMER_RULES_FILE,
+    "layouts": LAYOUTS_RULES_FILE,
+}
+
+#: Shipped rule files that saturation uses only when asked (``saturate(..., presets=...)``):
+#: the layouts of two degrees, which grow the e-graph by every pair of degrees.
+OPT_IN = frozenset({"layouts"})
 
 
 def load_records(path: Path | None = None) -> list[tuple[Rule, dict[str, Any]]]:
@@ -49,4 +62,12 @@ def load(path: Path | None = None) -> list[Rule]:
     return [rule for rule, _ in load_records(path)]
 
 
-__all__ = ["RULES_FILE", "SHIPPED", "TRANSFORMER_RULES_FILE", "load", "load_records"]
+__all__ = [
+    "LAYOUTS_RULES_FILE",
+    "OPT_IN",
+    "RULES_FILE",
+    "SHIPPED",
+    "TRANSFORMER_RULES_FILE",
+    "load",
+    "load_records",
+]

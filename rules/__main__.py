@@ -69,7 +69,8 @@ def _generate(args: argparse.Namespace) -> int:
         f"  dropped: {s.not_general} only well-formed at the enumeration's sizes, "
         f"{s.pruned_renaming} equal up to renaming, {s.pruned_implied} implied by smaller rules, "
         f"{s.pruned_redundant} proved but implied by the other proved rules, "
-        f"{s.too_large} over the family's operator limit; "
+        f"{s.too_large} over the family's operator limit, "
+        f"{s.not_two_degrees} without both degrees (second_degree only); "
         f"{s.implication_exhausted} implication searches ran out of work and kept their candidate"
     )
     print(

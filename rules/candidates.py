@@ -168,6 +168,10 @@ def lift(
     example = {letters[v, d]: n for v in used for d, n in enumerate(shapes[v].sizes)}
     memo: dict[Expr, Expr] = {}
     floats: dict[str, dict[float, Sym]] = {}
+    degree_syms: dict[int, IntExpr] = {config.degree: Sym("k")}
+    if config.second_degree is not None:
+        degree_syms[config.second_degree] = Sym("j")
+        degree_syms[config.degree * config.second_degree] = Prod((Sym("k"), Sym("j")))
 
     def logical_sizes(e: Expr) -> tuple[int, ...]:
         return infer_side((e,), instance_of(config)[0])[0].sizes
@@ -179,8 +183,8 @@ def lift(
             return memo[e]
         args = tuple(go(a) for a in e.args)
         params = dict(e.params)
-        if isinstance(OPERATORS[e.op], ParallelOp) and params.get("degree") == config.degree:
-            params["degree"] = Sym("k")
+        if isinstance(OPERATORS[e.op], ParallelOp) and params.get("degree") in degree_syms:
+            params["degree"] = degree_syms[params["degree"]]
         if e.op == "split":
             params["sizes"] = _split_sizes(e, args)
         if e.op == "reshape":

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -128,10 +129,33 @@ class Config:
     #: (None: the highest rank of the data inputs, else 2). An embedding's ids are [B, S] and
     #: its output [B, S, H]: 3 lets its hidden dimension be split.
     split_rank: int | None = None
+    #: A second degree ``j`` (lifted to the symbol ``j``, and ``degree * j`` to ``k*j``): the
+    #: parallel operators are enumerated at ``degree``, at ``j`` and at their product, and only
+    #: rules relating two degrees are kept (``replicate(replicate(x, degree=k), degree=j) =
+    #: replicate(x, degree=k*j)``). A plan that is data-parallel across nodes and
+    #: tensor-parallel within each composes two degrees; rules of one degree cannot relate
+    #: the orders in which a plan and the e-graph compose them. None: one degree.
+    second_degree: int | None = None
+
+    def __post_init__(self) -> None:
+        j = self.second_degree
+        if j is not None and (j < 2 or j == self.degree or math.gcd(j, self.degree) != 1):
+            # Coprime degrees keep k, j and k*j apart in the lift (2 and 4 would read 4 as j
+            # or as k*k).
+            raise ValueError(
+                f"Config.second_degree must be at least 2 and coprime to degree "
+                f"{self.degree}, got {j!r}"
+            )
+
+    def degrees(self) -> tuple[int, ...]:
+        """The degrees the parallel operators are enumerated at."""
+        if self.second_degree is None:
+            return (self.degree,)
+        return (self.degree, self.second_degree, self.degree * self.second_degree)
 
     def variants(self) -> list[Variant]:
         """The operator variants, in a fixed order."""
-        k = self.degree
+        ks = self.degrees()
         # Axes of the data tensors: (0, 1) for the default matrices, (0, 1, 2) for 3-D
         # activations (a transformer's [batch, sequence, hidden]).
         data_rank = max((s.shape.rank for s in self.inputs if s.cls == "data"), default=2)
@@ -169,18 +193,22 @@ class Config:
             "embedding": [Variant("embedding")],
             "concat": [Variant("concat", (("axis", a),)) for a in axes],
             "split": [Variant("split", (("axis", a), ("sizes", "concat"))) for a in axes],
-            "partition": [Variant("partition", (("dim", d), ("degree", k))) for d in axes],
-            "combine": [Variant("combine", (("dim", d), ("degree", k))) for d in axes],
-            "replicate": [Variant("replicate", (("degree", k),))],
-            "reduce": [Variant("reduce", (("degree", k),))],
-            "stack_partial": [Variant("stack_partial")],
-            "all_reduce": [Variant("all_reduce", (("degree", k),))],
-            "all_gather": [Variant("all_gather", (("dim", d), ("degree", k))) for d in axes],
-            "reduce_scatter": [
-                Variant("reduce_scatter", (("dim", d), ("degree", k))) for d in axes
+            "partition": [
+                Variant("partition", (("dim", d), ("degree", k))) for k in ks for d in axes
             ],
-            "discard_copies": [Variant("discard_copies", (("degree", k),))],
-            "to_partial": [Variant("to_partial", (("degree", k),))],
+            "combine": [Variant("combine", (("dim", d), ("degree", k))) for k in ks for d in axes],
+            "replicate": [Variant("replicate", (("degree", k),)) for k in ks],
+            "reduce": [Variant("reduce", (("degree", k),)) for k in ks],
+            "stack_partial": [Variant("stack_partial")],
+            "all_reduce": [Variant("all_reduce", (("degree", k),)) for k in ks],
+            "all_gather": [
+                Variant("all_gather", (("dim", d), ("degree", k))) for k in ks for d in axes
+            ],
+            "reduce_scatter": [
+                Variant("reduce_scatter", (("dim", d), ("degree", k))) for k in ks for d in axes
+            ],
+            "discard_copies": [Variant("discard_copies", (("degree", k),)) for k in ks],
+            "to_partial": [Variant("to_partial", (("degree", k),)) for k in ks],
         }
         unknown = sorted(set(self.ops) - set(table))
         if unknown:

@@ -175,6 +175,24 @@ RESHAPE_MERGE_ONE = Config(
     inputs=(_x("x1", (2, 4, 2, 4)),),
 )
 
+#: Layouts of two degrees (``layouts`` preset): Partition and Replicate at degrees 2, 3 and 6,
+#: lifted to ``k``, ``j`` and ``k*j``, on one tensor of each rank a model uses (1: biases and
+#: LayerNorm's gamma and beta; 2: weights; 3 and 4: activations and attention). A plan that
+#: is data-parallel over ``dp`` devices and tensor-parallel over ``tp`` copies a bias
+#: ``dp*tp`` times and splits a weight ``tp`` ways on ``dp`` copies; the e-graph composes the
+#: same layouts in other orders (``replicate(replicate(b, degree=dp), degree=tp)``), and these
+#: rules are what relate them.
+LAYOUTS = tuple(
+    Config(
+        max_ops=2,
+        degree=2,
+        second_degree=3,
+        ops=("partition", "replicate"),
+        inputs=(_x("x1", (6,) * rank),),
+    )
+    for rank in (1, 2, 3, 4)
+)
+
 PRESETS: dict[str, tuple[Config, ...]] = {
     "matrix": (Config(),),
     "transformer": (
@@ -191,10 +209,11 @@ PRESETS: dict[str, tuple[Config, ...]] = {
         BIAS_ADD_ONE,
         LINEAR_ACTIVATION,
     ),
+    "layouts": LAYOUTS,
 }
 
 #: What a preset's rule names start with (:func:`pcgopt.rules.generate.merge`).
-NAME_PREFIX = {"matrix": "", "transformer": "tf_"}
+NAME_PREFIX = {"matrix": "", "transformer": "tf_", "layouts": "ly_"}
 
 #: The lowest rank a preset's rules must touch to be kept (ranks below are another preset's).
-MIN_RANK = {"matrix": 0, "transformer": 3}
+MIN_RANK = {"matrix": 0, "transformer": 3, "layouts": 0}

@@ -19,13 +19,14 @@ from __future__ import annotations
 import hashlib
 import json
 import pickle
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pcgopt.progress import Progress
-from pcgopt.rewrite import Rule, dump_rules
+from pcgopt.rewrite import Rule, Sym, Term, dump_rules, walk
 from pcgopt.rules.candidates import (
     Candidate,
     candidates,
@@ -55,6 +56,8 @@ class Stats:
     candidates: int = 0
     not_general: int = 0
     too_large: int = 0
+    #: With ``Config.second_degree``: candidates without both ``k`` and ``j`` (not kept).
+    not_two_degrees: int = 0
     pruned_renaming: int = 0
     pruned_implied: int = 0
     pruned_redundant: int = 0
@@ -331,9 +334,19 @@ def generate(
         cands = small
     stats.candidates = len(cands)
     plain: dict[str, Rule] = {}
+    two_degree_seen: set[str] = set()
     for c in cands:
         rule = lift(c, config)
-        if generalizes(rule):
+        if config.second_degree is not None and not _two_degrees(rule):
+            # k, j or k*j alone is an instance of a one-degree rule, and k with k*j one of a
+            # rule in k and j (j := k*j).
+            stats.not_two_degrees += 1
+        elif config.second_degree is not None and _swapped_key(rule) in two_degree_seen:
+            # k and j swapped: the same rule.
+            stats.pruned_renaming += 1
+        elif generalizes(rule):
+            if config.second_degree is not None:
+                two_degree_seen.add(_swapped_key(rule, swap=False))
             plain[c.text] = rule
         else:
             stats.not_general += 1
@@ -396,6 +409,29 @@ def generate(
     found_with = {lifted[c.text].name: c.size for c in proved}
     verified = {r.name: r for r in lifted.values() if r.name in verdicts}
     return Generated(rules, verdicts, stats, found_with, verified)
+
+
+def _two_degrees(rule: Rule) -> bool:
+    """Whether a rule's parallel operators have both degree symbols ``k`` and ``j``."""
+    degrees = {
+        t.params["degree"]
+        for side in (rule.lhs, rule.rhs)
+        for e in side
+        for t in walk(e)
+        if isinstance(t, Term) and "degree" in t.params
+    }
+    return Sym("k") in degrees and Sym("j") in degrees
+
+
+_SWAP = {"k*j": "k*j", "k": "j", "j": "k"}
+
+
+def _swapped_key(rule: Rule, swap: bool = True) -> str:
+    """The rule's sides, in a fixed order, with ``k`` and ``j`` swapped (or not)."""
+    text = "|".join(sorted((repr(rule.lhs), repr(rule.rhs))))
+    if not swap:
+        return text
+    return re.sub(r"degree=(k\*j|k|j)\b", lambda m: "degree=" + _SWAP[m.group(1)], text)
 
 
 def rule_rank(rule: Rule) -> int:
@@ -463,6 +499,7 @@ def _generator(config: Config) -> dict:
         **size,
         **limit,
         "degree": config.degree,
+        **({} if config.second_degree is None else {"second_degree": config.second_degree}),
         "ops": list(config.ops),
         "inputs": {s.name: repr(s.shape) for s in config.inputs},
         "file_version": FILE_VERSION,
