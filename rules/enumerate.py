@@ -139,7 +139,7 @@ class Config:
 
     def __post_init__(self) -> None:
         j = self.second_degree
-        if j is not None and (j < 2 or j == self.degree or math.gcd(j, self.degree) != 1):
+        if j is not None and (j < 2 or math.gcd(j, self.degree) != 1):
             # Coprime degrees keep k, j and k*j apart in the lift (2 and 4 would read 4 as j
             # or as k*k).
             raise ValueError(

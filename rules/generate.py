@@ -334,19 +334,20 @@ def generate(
         cands = small
     stats.candidates = len(cands)
     plain: dict[str, Rule] = {}
+    two_degrees = config.second_degree is not None
     two_degree_seen: set[str] = set()
     for c in cands:
         rule = lift(c, config)
-        if config.second_degree is not None and not _two_degrees(rule):
+        if two_degrees and not _two_degrees(rule):
             # k, j or k*j alone is an instance of a one-degree rule, and k with k*j one of a
             # rule in k and j (j := k*j).
             stats.not_two_degrees += 1
-        elif config.second_degree is not None and _swapped_key(rule) in two_degree_seen:
+        elif two_degrees and _sides_key(rule, swap_degrees=True) in two_degree_seen:
             # k and j swapped: the same rule.
             stats.pruned_renaming += 1
         elif generalizes(rule):
-            if config.second_degree is not None:
-                two_degree_seen.add(_swapped_key(rule, swap=False))
+            if two_degrees:
+                two_degree_seen.add(_sides_key(rule, swap_degrees=False))
             plain[c.text] = rule
         else:
             stats.not_general += 1
@@ -426,10 +427,10 @@ def _two_degrees(rule: Rule) -> bool:
 _SWAP = {"k*j": "k*j", "k": "j", "j": "k"}
 
 
-def _swapped_key(rule: Rule, swap: bool = True) -> str:
-    """The rule's sides, in a fixed order, with ``k`` and ``j`` swapped (or not)."""
+def _sides_key(rule: Rule, *, swap_degrees: bool) -> str:
+    """The rule's sides in a fixed order, with the degrees ``k`` and ``j`` swapped or not."""
     text = "|".join(sorted((repr(rule.lhs), repr(rule.rhs))))
-    if not swap:
+    if not swap_degrees:
         return text
     return re.sub(r"degree=(k\*j|k|j)\b", lambda m: "degree=" + _SWAP[m.group(1)], text)
 
