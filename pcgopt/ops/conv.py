@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 from numpy.lib.stride_tricks import sliding_window_view
 
 from pcgopt.errors import ShapeError
+from pcgopt.ops.arrays import is_concrete
 from pcgopt.ops.elementwise import require_float, same_dtype
 from pcgopt.ops.linalg import ACTIVATION_CHOICES, activation_flops, apply_activation
 from pcgopt.ops.params import Param, Params, ParamType
@@ -51,6 +53,34 @@ def _windows(x: np.ndarray, kernel, stride, padding, fill: float) -> np.ndarray:
     (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill)
     return sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
+
+
+def _conv_jax(params: Params, x: Any, w: Any, groups: int) -> Any:
+    """The convolution on JAX arrays: ``lax.conv_general_dilated``, NCHW and OIHW."""
+    from jax import lax
+
+    (ph, pw) = params["padding"]
+    return lax.conv_general_dilated(
+        x,
+        w,
+        window_strides=tuple(params["stride"]),
+        padding=((ph, ph), (pw, pw)),
+        dimension_numbers=("NCHW", "OIHW", "NCHW"),
+        feature_group_count=groups,
+    )
+
+
+def _pool_jax(mode: str, x: Any, kernel, stride, padding) -> Any:
+    """Pooling on JAX arrays: ``lax.reduce_window``; padding counts as -inf for max and as
+    zeros for the average, as in :func:`_windows`."""
+    from jax import lax
+
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    pads = ((0, 0), (0, 0), (ph, ph), (pw, pw))
+    if mode == "max":
+        return lax.reduce_window(x, -float("inf"), lax.max, (1, 1, kh, kw), (1, 1, sh, sw), pads)
+    summed = lax.reduce_window(x, 0.0, lax.add, (1, 1, kh, kw), (1, 1, sh, sw), pads)
+    return summed / (kh * kw)
 
 
 def _windows_resized(
@@ -155,6 +185,11 @@ class Conv2D(ComputeOp):
 
     @staticmethod
     def _conv(params, x, w, bias, groups):
+        if not is_concrete(x, w):
+            y = _conv_jax(params, x, w, groups)
+            if bias is not None:
+                y = y + bias[None, :, None, None]
+            return apply_activation(params["activation"], y)
         n = x.shape[0]
         o, cg, kh, kw = w.shape
         win = _windows(x, (kh, kw), params["stride"], params["padding"], 0.0)
@@ -234,6 +269,9 @@ class Pool2D(ComputeOp):
         return _windows_resized(self, params, in_sizes, out_sizes)
 
     def reference(self, params, x):
+        if not is_concrete(x):
+            stride, padding = self._stride(params), params["padding"]
+            return (_pool_jax(params["mode"], x, params["kernel"], stride, padding),)
         fill = -np.inf if params["mode"] == "max" else 0.0
         if np.issubdtype(x.dtype, np.integer) and params["mode"] == "max":
             fill = np.iinfo(x.dtype).min

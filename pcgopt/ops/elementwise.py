@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import math
 from abc import abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
 from pcgopt.errors import ShapeError
+from pcgopt.ops.arrays import array_module
 from pcgopt.ops.params import Param, ParamType
-from pcgopt.ops.spec import AxisKind, ComputeOp, LoopAxis, Signature
+from pcgopt.ops.spec import AxisKind, ComputeOp, LocalContext, LoopAxis, Signature
 from pcgopt.shapes import ParallelTensorShape
 from pcgopt.sharded import ShardedArray, to_blocks
 
@@ -69,7 +70,7 @@ class ReLU(UnaryElementwise):
     name = "relu"
 
     def fn(self, params, x):
-        return np.maximum(x, 0)
+        return array_module(x).maximum(x, 0)
 
 
 class GELU(UnaryElementwise):
@@ -79,7 +80,8 @@ class GELU(UnaryElementwise):
     flops_per_element = 8
 
     def fn(self, params, x):
-        return 0.5 * x * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
+        xp = array_module(x)
+        return 0.5 * x * (1.0 + xp.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x**3)))
 
 
 class Sigmoid(UnaryElementwise):
@@ -89,7 +91,8 @@ class Sigmoid(UnaryElementwise):
     flops_per_element = 4
 
     def fn(self, params, x):
-        return 0.5 * (1.0 + np.tanh(0.5 * x))  # the same function, without overflow in exp
+        # The same function as 1 / (1 + exp(-x)), without overflow in exp.
+        return 0.5 * (1.0 + array_module(x).tanh(0.5 * x))
 
 
 class Tanh(UnaryElementwise):
@@ -99,13 +102,49 @@ class Tanh(UnaryElementwise):
     flops_per_element = 4
 
     def fn(self, params, x):
-        return np.tanh(x)
+        return array_module(x).tanh(x)
 
 
-def dropout_mask(rate: float, seed: int, sizes: tuple[int, ...]) -> np.ndarray:
-    """The kept-and-rescaled mask of a dropout: 1/(1-rate) where kept, 0 where dropped."""
-    rng = np.random.default_rng([0xD409, seed, *sizes])
-    return np.where(rng.random(sizes) >= rate, 1.0 / (1.0 - rate), 0.0)
+def dropout_mask(
+    rate: float,
+    seed: int,
+    sizes: tuple[int, ...],
+    starts: tuple[Any, ...] | None = None,
+    block: tuple[int, ...] | None = None,
+    xp: Any = None,
+) -> Any:
+    """The kept-and-rescaled mask of a dropout over a tensor of ``sizes``: 1/(1-rate) where an
+    element is kept, 0 where it is dropped; with ``starts`` and ``block``, only the block of that
+    size starting there (``starts`` may be traced JAX values; the mask is then a JAX array).
+
+    Whether an element is kept depends only on ``seed`` and the element's row-major position
+    in the whole tensor: a 32-bit integer hash of the two (the ``lowbias32`` mixer), read as a
+    uniform number in [0, 1) and kept when it is at least ``rate``. So any block of the tensor
+    computes its own part of the mask, on any device, without the whole mask (a counter-based
+    random stream, as Megatron-LM's model-parallel RNG provides). Positions are taken modulo
+    2**32. ``xp``: the array namespace to compute in (default: JAX's if a start is traced,
+    else numpy's)."""
+    if xp is None:
+        xp = array_module(*starts) if starts is not None else np
+    block = tuple(sizes) if block is None else tuple(block)
+    starts = (0,) * len(sizes) if starts is None else tuple(starts)
+    u32 = xp.uint32
+    position = xp.zeros(block, dtype=u32)
+    stride = 1
+    for k in range(len(sizes) - 1, -1, -1):
+        shape = [1] * len(block)
+        shape[k] = block[k]
+        index = xp.arange(block[k], dtype=u32).reshape(shape) + xp.asarray(starts[k]).astype(u32)
+        position = position + index * u32(stride % 2**32)
+        stride *= sizes[k]
+    h = position ^ u32((seed * 0x85EBCA77 + 0xD409) % 2**32)
+    h = h ^ (h >> u32(16))
+    h = h * u32(0x7FEB352D)
+    h = h ^ (h >> u32(15))
+    h = h * u32(0x846CA68B)
+    h = h ^ (h >> u32(16))
+    uniform = (h >> u32(8)).astype(xp.float32) * (1.0 / 2**24)
+    return xp.where(uniform >= rate, 1.0 / (1.0 - rate), 0.0)
 
 
 class Dropout(UnaryElementwise):
@@ -128,7 +167,16 @@ class Dropout(UnaryElementwise):
         return super().infer_logical(params, inputs)
 
     def fn(self, params, x):
-        return x * dropout_mask(params["rate"], params["seed"], x.shape)
+        xp = array_module(x)
+        mask = dropout_mask(params["rate"], params["seed"], x.shape, xp=xp)
+        return x * (mask if xp is np else mask.astype(x.dtype))
+
+    def local(self, params, ctx: LocalContext, x):
+        # A block's mask is the whole tensor's mask at the block's position.
+        sizes = ctx.global_in_sizes[0]
+        starts = tuple(ctx.offset(f"d{k}") for k in range(len(sizes)))
+        mask = dropout_mask(params["rate"], params["seed"], sizes, starts, x.shape)
+        return (x * mask.astype(x.dtype),)
 
     def evaluate(self, params, inputs, outputs):
         (x,) = inputs

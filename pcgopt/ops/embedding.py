@@ -5,10 +5,10 @@ rows it holds and contributes zeros for the others. That is DLRM's model-paralle
 from __future__ import annotations
 
 import math
-
-import numpy as np
+from typing import Any
 
 from pcgopt.errors import EvaluationError, ShapeError
+from pcgopt.ops.arrays import array_module, is_concrete
 from pcgopt.ops.spec import AxisKind, ComputeOp, LocalContext, LoopAxis, Signature
 from pcgopt.shapes import ParallelTensorShape
 
@@ -42,18 +42,20 @@ def _gather_bytes(inputs, outputs, per_shard: bool) -> int:
     return moved + int(rows * width * table.dtype.itemsize)
 
 
-def _lookup(indices: np.ndarray, table: np.ndarray, first_row: int, total_rows: int) -> np.ndarray:
+def _lookup(indices: Any, table: Any, first_row: Any, total_rows: int) -> Any:
     """Rows ``indices`` of the full table, given the block ``table`` that starts at
-    ``first_row``; rows outside the block contribute zeros."""
-    if indices.size and (indices.min() < 0 or indices.max() >= total_rows):
+    ``first_row``; rows outside the block contribute zeros. On numpy values, indices outside
+    the table are an error; traced JAX values cannot be checked here."""
+    xp = array_module(indices, table, first_row)
+    if is_concrete(indices) and indices.size and (indices.min() < 0 or indices.max() >= total_rows):
         raise EvaluationError(
             f"embedding index out of range: values must lie in [0, {total_rows}), got "
             f"[{indices.min()}, {indices.max()}]"
         )
     local = indices - first_row
     inside = (local >= 0) & (local < table.shape[0])
-    rows = table[np.where(inside, local, 0)]
-    return np.where(inside[..., None], rows, np.zeros((), dtype=table.dtype))
+    rows = table[xp.where(inside, local, 0)]
+    return xp.where(inside[..., None], rows, xp.zeros((), dtype=table.dtype))
 
 
 class Embedding(ComputeOp):

@@ -8,6 +8,7 @@ import math
 import numpy as np
 
 from pcgopt.errors import ShapeError
+from pcgopt.ops.arrays import array_module
 from pcgopt.ops.elementwise import same_dtype
 from pcgopt.ops.params import Param, Params, ParamType
 from pcgopt.ops.spec import AxisKind, ComputeOp, LoopAxis, Signature, SizeRelation
@@ -59,7 +60,7 @@ class Concat(ComputeOp):
         return 2 * inputs[i].shard_nbytes
 
     def reference(self, params, *xs):
-        return (np.concatenate(xs, axis=params["axis"]),)
+        return (array_module(*xs).concatenate(xs, axis=params["axis"]),)
 
 
 class Split(ComputeOp):
@@ -99,7 +100,7 @@ class Split(ComputeOp):
 
     def reference(self, params, x):
         cuts = np.cumsum(params["sizes"])[:-1]
-        return tuple(np.split(x, cuts, axis=params["axis"]))
+        return tuple(array_module(x).split(x, cuts.tolist(), axis=params["axis"]))
 
 
 class Transpose(ComputeOp):
@@ -125,7 +126,7 @@ class Transpose(ComputeOp):
         return Signature(axes, linear_in=(0,))
 
     def reference(self, params, x):
-        return (np.transpose(x, params["perm"]).copy(),)
+        return (array_module(x).transpose(x, params["perm"]).copy(),)
 
 
 def reshape_groups(a: tuple[int, ...], b: tuple[int, ...]) -> list[tuple[range, range]]:

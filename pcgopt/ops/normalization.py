@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-
 from pcgopt.errors import ShapeError
+from pcgopt.ops.arrays import array_module
 from pcgopt.ops.elementwise import require_float, same_dtype
 from pcgopt.ops.params import Param, ParamType
 from pcgopt.ops.spec import AxisKind, ComputeOp, LoopAxis, Signature
@@ -54,7 +53,7 @@ class BatchNorm(ComputeOp):
 
     def reference(self, params, x, scale, bias, mean, var):
         shape = (1, -1) + (1,) * (x.ndim - 2)
-        inv = scale / np.sqrt(var + params["eps"])
+        inv = scale / array_module(var).sqrt(var + params["eps"])
         return ((x - mean.reshape(shape)) * inv.reshape(shape) + bias.reshape(shape),)
 
     def count_flops(self, params, in_sizes, out_sizes):
@@ -98,7 +97,7 @@ class LayerNorm(ComputeOp):
         axes = tuple(range(x.ndim - params["normalized_dims"], x.ndim))
         mean = x.mean(axis=axes, keepdims=True)
         var = ((x - mean) ** 2).mean(axis=axes, keepdims=True)
-        return ((x - mean) / np.sqrt(var + params["eps"]) * gamma + beta,)
+        return ((x - mean) / array_module(x).sqrt(var + params["eps"]) * gamma + beta,)
 
     def count_flops(self, params, in_sizes, out_sizes):
         return 8 * math.prod(out_sizes[0])
@@ -125,7 +124,7 @@ class Softmax(ComputeOp):
         return Signature(axes, notes=((0, params["axis"], why),))
 
     def reference(self, params, x):
-        z = np.exp(x - x.max(axis=params["axis"], keepdims=True))
+        z = array_module(x).exp(x - x.max(axis=params["axis"], keepdims=True))
         return (z / z.sum(axis=params["axis"], keepdims=True),)
 
     def count_flops(self, params, in_sizes, out_sizes):

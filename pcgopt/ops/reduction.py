@@ -6,8 +6,6 @@ from __future__ import annotations
 import math
 from typing import ClassVar
 
-import numpy as np
-
 from pcgopt.errors import ShapeError
 from pcgopt.ops.elementwise import require_float
 from pcgopt.ops.params import Param, ParamType
@@ -90,4 +88,4 @@ class ReduceMax(AxisReduction):
     linear = False
 
     def reference(self, params, x):
-        return (np.max(x, axis=params["axes"], keepdims=params["keepdims"]),)
+        return (x.max(axis=params["axes"], keepdims=params["keepdims"]),)

@@ -1,0 +1,736 @@
+"""Plans that run: a PCG lowered to a JAX ``shard_map`` program and a training step on N devices.
+
+``pip install 'pcgopt[jax]'``. On a machine without accelerators, JAX runs N virtual devices on
+the CPU when ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` is set before it loads
+(``pcgopt run`` sets it).
+
+**The program.** :func:`lower` lays every tensor of the plan out on a device mesh
+(:mod:`pcgopt.lower.layout`) and builds one SPMD function, run by ``jax.shard_map`` on every
+device of the mesh, in which each node becomes what it means on one device:
+
+==================  =================================================================
+Partition           the local block: ``lax.dynamic_slice`` at the device's block index
+Combine             ``lax.all_gather`` (tiled) over the axes of the joined blocks
+Replicate, Discard  nothing: a tensor is the same on every device off its own axes
+Reduce              ``lax.psum`` over the axes of the summed partial sums
+ToPartial           the value on the first device of the new axes, zeros elsewhere
+StackPartial        input ``i`` on the devices at index ``i`` of the new axes
+AllReduce           ``lax.psum``
+AllGather           ``lax.all_gather`` (tiled)
+ReduceScatter       ``lax.psum_scatter`` (tiled)
+AllToAll            ``lax.all_to_all`` (tiled)
+compute operators   the operator's own semantics on the local blocks
+                    (``OpSpec.local``, run on JAX arrays; :mod:`pcgopt.ops.arrays`)
+==================  =================================================================
+
+Graph inputs and weights enter the program already in the layout the plan stores them in (the
+Partitions and Replicates right after a source: the data loader delivers the input split, a
+weight is kept split), as ``shard_map`` arguments with that ``PartitionSpec``. A weight's
+gradient is then what ``jax.grad`` through ``shard_map`` gives: summed over the devices that
+hold copies of it (the backward of Replicate on a weight, the plan's gradient
+synchronization) and kept split where the weight is split.
+
+**Devices.** The mesh has one axis per prime factor of its size (:class:`DeviceGrid`), named
+after the machine's levels when the plan spans the whole machine. Its size is the plan's width
+(its widest tensor), or a multiple of it when three splits pairwise share tensors (more
+devices than the widest tensor then hold copies); :attr:`Lowered.mesh` says which. Tensors
+narrower than the mesh are held, and computed, by every device off their axes: a branch that the
+machine mapping runs on a block of devices beside another branch runs here on all devices, one
+branch after the other (SPMD has one program; masking would not make them concurrent either).
+The results are the same; only the time differs, and :meth:`Lowered.collectives` shows what
+moves.
+
+**Training.** The loss is the mean of the model's output (the sum of the means, with several
+outputs): the zoo's models and most imported graphs end before their loss, and the IR has no
+loss operators yet. :meth:`Lowered.train_step` differentiates it with ``jax.value_and_grad``
+through the sharded program and updates the weights with the optimizer the plan was costed with
+(``optax``: ``sgd``, ``momentum`` = SGD with momentum 0.9, ``adam``). A plan costed with
+gradient accumulation over ``m`` micro-batches runs the forward and backward of each
+micro-batch (a slice of every data input's dimension 0) inside the program, accumulates the
+local gradients, and synchronizes them once.
+
+**Checks.** :meth:`Lowered.compare` runs the first step's loss and gradients against
+:func:`reference_loss_and_grads` (the model evaluated by plain ``jax.numpy``, one device, no
+parallel operators) and the forward against :func:`pcgopt.evaluate`; :meth:`Lowered.collectives`
+reads the collectives XLA compiled for the training step and sets them beside the cost model's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from pcgopt.errors import PCGError
+from pcgopt.evaluate import random_feeds
+from pcgopt.extract.cost import OPTIMIZERS, source_layouts
+from pcgopt.graph import PCG, TensorRef
+from pcgopt.lower.layout import (
+    DeviceGrid,
+    LayoutAssignment,
+    LayoutError,
+    MeshLayout,
+    assign_layouts,
+)
+from pcgopt.ops import OpKind
+from pcgopt.ops.spec import LocalContext, axis_degrees
+
+try:
+    import jax
+    import jax.numpy as jnp
+    from jax import lax
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+except ImportError as err:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "pcgopt.lower.jax runs plans on JAX, an optional extra: pip install 'pcgopt[jax]'"
+    ) from err
+
+__all__ = [
+    "Lowered",
+    "LoweringError",
+    "TrainState",
+    "lower",
+    "reference_loss_and_grads",
+]
+
+#: The learning rate of :meth:`Lowered.train_step` unless given.
+DEFAULT_LEARNING_RATE = 1e-3
+
+
+class LoweringError(PCGError):
+    """A plan that cannot be lowered to JAX as asked (too few devices, an unknown optimizer,
+    inputs that do not fit); the message says what would be valid."""
+
+
+# --- The per-device program ------------------------------------------------------------------
+
+
+def _linear_index(axes: Sequence[str], grid: DeviceGrid) -> Any:
+    """This device's block index along ``axes`` (major first), traced."""
+    index: Any = 0
+    for a in axes:
+        index = index * grid.axis_size(a) + lax.axis_index(a)
+    return index
+
+
+def _slice(x: Any, dim: int, axes: Sequence[str], grid: DeviceGrid, typed: bool) -> Any:
+    """Partition: this device's block of ``dim``, one of ``prod(axes)``. ``typed``: the program
+    tracks which axes values vary along (``check_vma``); a value the same along ``axes`` then
+    gets as its gradient the blocks' gradients gathered (an all-gather), not their sum."""
+    if not axes:
+        return x
+    parts = math.prod(grid.axis_size(a) for a in axes)
+    size = x.shape[dim] // parts
+    index = _linear_index(axes, grid) * size
+    if not typed:
+        return lax.dynamic_slice_in_dim(x, index, size, axis=dim)
+    varying = _varying(x)
+    if all(a in varying for a in axes):
+        return lax.dynamic_slice_in_dim(x, index, size, axis=dim)
+    if any(a in varying for a in axes):
+        x = lax.pcast(x, tuple(a for a in axes if a not in varying), to="varying")
+        return lax.dynamic_slice_in_dim(x, index, size, axis=dim)
+    return _block_of_copy(x, dim, tuple(axes), index, size)
+
+
+@partial(jax.custom_vjp, nondiff_argnums=(1, 2, 4))
+def _block_of_copy(x: Any, dim: int, axes: tuple[str, ...], index: Any, size: int) -> Any:
+    """The block at ``index`` of ``x``, which every device along ``axes`` holds whole."""
+    return lax.dynamic_slice_in_dim(x, index, size, axis=dim)
+
+
+def _block_of_copy_fwd(x: Any, dim: int, axes: tuple[str, ...], index: Any, size: int) -> Any:
+    return _block_of_copy(x, dim, axes, index, size), index
+
+
+def _block_of_copy_bwd(dim: int, axes: tuple[str, ...], size: int, index: Any, ct: Any) -> Any:
+    # Every device holds x whole, so its gradient is the blocks' gradients side by side.
+    gathered = lax.all_gather(ct, _named(axes), axis=dim, tiled=True, to="invarying")
+    return gathered, None
+
+
+_block_of_copy.defvjp(_block_of_copy_fwd, _block_of_copy_bwd)
+
+
+def _varying(x: Any) -> frozenset[str]:
+    """The mesh axes ``x`` is typed as varying along inside ``shard_map``."""
+    return frozenset(jax.typeof(x).manual_axis_type.varying)
+
+
+def _named(axes: Sequence[str]) -> str | tuple[str, ...]:
+    return axes[0] if len(axes) == 1 else tuple(axes)
+
+
+@dataclass(frozen=True)
+class _Slot:
+    """A ``shard_map`` argument: ``source`` as stored in the layout of node ``node``."""
+
+    source: str
+    node: str
+    spec: Any  # PartitionSpec
+
+
+class _Program:
+    """The SPMD body of a PCG on a layout assignment (module docstring)."""
+
+    def __init__(self, pcg: PCG, assignment: LayoutAssignment, *, typed: bool = True) -> None:
+        self.pcg = pcg
+        self.typed = typed
+        self.assignment = assignment
+        self.grid = assignment.grid
+        source_of, _ = source_layouts(pcg)
+        self.source_of = source_of
+        self.slots = tuple(
+            _Slot(src, node, P(*assignment.layout(node).spec()))
+            for node, src in assignment.stored.items()
+        )
+        self.outputs = pcg.outputs
+        self.copy_axes = _copy_axes(pcg, assignment)
+
+    def layout(self, ref: TensorRef | str) -> MeshLayout:
+        return self.assignment.layout(ref)
+
+    def run(self, *local: Any) -> dict[TensorRef, Any]:
+        """Every tensor's local block on this device, from the slots' local blocks."""
+        values: dict[TensorRef, Any] = {}
+        for slot, value in zip(self.slots, local, strict=True):
+            values[TensorRef(slot.node)] = self._copies(slot.node, value)
+        for node in self.pcg.nodes:
+            ref = TensorRef(node.name)
+            if ref in values or node.name in self.source_of:
+                continue  # loaded, or a layout of a source that only its chain reads
+            with jax.named_scope(node.name.replace("/", ".")):
+                if node.spec.kind is OpKind.COMPUTE:
+                    outs = self._compute(node, [values[r] for r in node.inputs])
+                else:
+                    outs = (self._parallel(node, [values[r] for r in node.inputs]),)
+            for i, v in enumerate(outs):
+                values[TensorRef(node.name, i)] = v
+        return values
+
+    def _copies(self, name: str, x: Any) -> Any:
+        """``x`` as copies that its readers use apart (a Replicate's output, a weight as
+        loaded): typed as varying along the axes they vary along, once, so that their
+        gradients meet in one sum, the backward of Replicate."""
+        if not self.typed:
+            return x
+        axes = tuple(a for a in self.copy_axes.get(name, ()) if a not in _varying(x))
+        return lax.pcast(x, _named(axes), to="varying") if axes else x
+
+    def _compute(self, node: Any, blocks: list[Any]) -> tuple[Any, ...]:
+        spec, pcg = node.spec, self.pcg
+        shapes = pcg.input_shapes(node.name)
+        outs = pcg.output_shapes(node.name)
+        sig = spec.signature(
+            node.params, tuple(s.sizes for s in shapes), tuple(o.sizes for o in outs)
+        )
+        degrees = axis_degrees(spec, sig, shapes)
+        offsets: dict[str, Any] = {}
+        for ax in sig.axes:
+            if degrees[ax.name] == 1:
+                continue
+            i, d = next((i, d) for i, d in enumerate(ax.inputs) if d is not None)
+            axes = self.layout(node.inputs[i]).dims[d]
+            extent = ax.size or shapes[i].sizes[d]
+            offsets[ax.name] = _linear_index(axes, self.grid) * (extent // degrees[ax.name])
+        ctx = LocalContext(
+            offsets, tuple(o.block_sizes for o in outs), tuple(s.sizes for s in shapes)
+        )
+        result = spec.local(node.params, ctx, *blocks)
+        return tuple(
+            jnp.asarray(r).astype(_dtype(o.dtype.value)) for r, o in zip(result, outs, strict=True)
+        )
+
+    def _parallel(self, node: Any, xs: list[Any]) -> Any:
+        grid, typed = self.grid, self.typed
+        before = self.layout(node.inputs[0])
+        after = self.layout(node.name)
+        if node.op == "stack_partial":
+            new = after.partial[len(before.partial) :]
+            return jnp.stack(xs)[_linear_index(new, grid)]
+        (x,) = xs
+        # The primitive steps, fused where one collective does two (module docstring).
+        dims = [list(d) for d in before.dims]
+        partial = list(before.partial)
+        steps = list(node.spec.steps(node.params))
+        k = 0
+        while k < len(steps):
+            kind, dim, degree = steps[k]
+            nxt = steps[k + 1] if k + 1 < len(steps) else None
+            if kind in ("reduce", "combine"):
+                own = partial if kind == "reduce" else dims[dim]
+                freed = _tail(own, degree, grid)
+                del own[len(own) - len(freed) :]
+                axes = _named(freed)
+                if nxt is not None and nxt[0] == "partition" and _reuses(after, dims, nxt, freed):
+                    if kind == "reduce":
+                        x = lax.psum_scatter(x, axes, scatter_dimension=nxt[1], tiled=True)
+                    else:
+                        x = lax.all_to_all(x, axes, nxt[1], dim, tiled=True)
+                    dims[nxt[1]] += freed
+                    k += 2
+                    continue
+                # Followed by Replicate: the result is copies, which get their own gradients
+                # (an AllReduce's backward is an all-reduce, an AllGather's a reduce-scatter);
+                # alone, it is one tensor every device holds (a Combine's backward is a slice).
+                copies = nxt is not None and nxt[0] == "replicate"
+                if kind == "reduce":
+                    x = lax.psum(x, axes)
+                    if copies and typed:
+                        x = lax.pcast(x, axes, to="varying")
+                elif typed:
+                    to = "varying" if copies else "invarying"
+                    x = lax.all_gather(x, axes, axis=dim, tiled=True, to=to)
+                else:
+                    x = lax.all_gather(x, axes, axis=dim, tiled=True)
+            elif kind == "partition":
+                new = _head(after.dims[dim][len(dims[dim]) :], degree, grid)
+                x = _slice(x, dim, new, grid, typed)
+                dims[dim] += new
+            elif kind == "replicate" and node.op == "replicate":
+                x = self._copies(node.name, x)
+            elif kind == "to_partial":
+                new = _head(after.partial[len(partial) :], degree, grid)
+                x = jnp.where(_linear_index(new, grid) == 0, x, jnp.zeros_like(x))
+                partial += new
+            k += 1
+        return x
+
+
+def _copy_axes(pcg: PCG, assignment: LayoutAssignment) -> dict[str, tuple[str, ...]]:
+    """For every Replicate and every source as loaded: the mesh axes its readers' outputs are
+    split or summed along and it is not, in grid order (where its copies are used apart)."""
+    readers: dict[str, set[str]] = {}
+    for node in pcg.nodes:
+        for r in node.inputs:
+            readers.setdefault(r.node, set()).add(node.name)
+    out = {}
+    for node in pcg.nodes:
+        if node.op != "replicate" and node.name not in assignment.stored:
+            continue
+        own = set(assignment.layout(node.name).axes)
+        used: set[str] = set()
+        for reader in readers.get(node.name, ()):
+            for i in range(len(pcg.output_shapes(reader))):
+                used.update(assignment.layout(TensorRef(reader, i)).axes)
+        out[node.name] = tuple(a for a in assignment.grid.names if a in used - own)
+    return out
+
+
+def _tail(axes: list[str], degree: int, grid: DeviceGrid) -> list[str]:
+    """The trailing axes whose sizes multiply to ``degree``."""
+    product, k = 1, len(axes)
+    while product < degree:
+        k -= 1
+        product *= grid.axis_size(axes[k])
+    return axes[k:]
+
+
+def _head(axes: Sequence[str], degree: int, grid: DeviceGrid) -> list[str]:
+    """The leading axes whose sizes multiply to ``degree``."""
+    product, k = 1, 0
+    while product < degree:
+        product *= grid.axis_size(axes[k])
+        k += 1
+    return list(axes[:k])
+
+
+def _reuses(after: MeshLayout, dims: list[list[str]], step: tuple, freed: list[str]) -> bool:
+    """Whether the split ``step`` puts its blocks on the axes just freed (a fused collective)."""
+    _, dim, _ = step
+    return list(after.dims[dim][len(dims[dim]) : len(dims[dim]) + len(freed)]) == freed
+
+
+_DTYPES = {"f16": "float16", "bf16": "bfloat16", "f32": "float32", "f64": "float64"}
+_DTYPES |= {"i32": "int32", "i64": "int64"}
+
+
+def _dtype(name: str) -> Any:
+    """The JAX dtype of a PCG dtype name; 64-bit types are 32-bit unless JAX runs with x64."""
+    return jax.dtypes.canonicalize_dtype(np.dtype(_DTYPES[name]))
+
+
+# --- The lowered plan --------------------------------------------------------------------------
+
+
+class TrainState(NamedTuple):
+    """What a training step carries: the trainable weights (each a global ``jax.Array`` in the
+    layout the plan stores it in), the optimizer's state, and the step count."""
+
+    params: dict[str, Any]
+    opt_state: Any
+    step: int
+
+
+def _optax() -> Any:
+    try:
+        import optax
+    except ImportError:  # pragma: no cover - exercised only without the extra
+        raise LoweringError(
+            "training steps use optax, part of the optional extra: pip install 'pcgopt[jax]'"
+        ) from None
+    return optax
+
+
+def optimizer_transform(name: str, learning_rate: float) -> Any:
+    """The optax transformation of an optimizer the cost model knows (``OPTIMIZERS``)."""
+    optax = _optax()
+    if name == "sgd":
+        return optax.sgd(learning_rate)
+    if name == "momentum":
+        return optax.sgd(learning_rate, momentum=0.9)
+    if name == "adam":
+        return optax.adam(learning_rate)
+    raise LoweringError(f"unknown optimizer {name!r}; valid: {', '.join(OPTIMIZERS)}")
+
+
+def _loss_terms(pcg: PCG) -> tuple[TensorRef, ...]:
+    """The outputs the loss averages: the floating-point ones."""
+    terms = tuple(r for r in pcg.outputs if not pcg.shape(r).dtype.is_integer)
+    if not terms:
+        raise LoweringError(
+            "the model has no floating-point output to take the mean of as its loss "
+            f"(outputs: {', '.join(f'{r} {pcg.shape(r)}' for r in pcg.outputs)})"
+        )
+    return terms
+
+
+@dataclass(frozen=True, eq=False)
+class Lowered:
+    """A plan as a JAX program on ``mesh`` (module docstring). Build it with :func:`lower`.
+
+    ``pcg``: the plan; ``assignment``: every tensor's layout on the mesh; ``optimizer``,
+    ``learning_rate``, ``micro_batches``: the training step's; ``plan``: the
+    :class:`~pcgopt.extract.plan.Plan` it came from, if any (its cost model is what
+    :meth:`collectives` compares against)."""
+
+    pcg: PCG
+    assignment: LayoutAssignment
+    mesh: Any
+    optimizer: str
+    learning_rate: float
+    micro_batches: int
+    plan: Any = None
+    _program: _Program = field(init=False, repr=False)
+    _cache: dict[str, Any] = field(init=False, repr=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_program", _Program(self.pcg, self.assignment))
+
+    def __repr__(self) -> str:
+        axes = ", ".join(f"{n}={s}" for n, s in self.mesh.shape.items())
+        return (
+            f"Lowered({len(self.pcg.nodes)} nodes on a mesh of {self.mesh.size} devices ({axes}); "
+            f"{self.optimizer}, {self.micro_batches} micro-batch"
+            f"{'es' if self.micro_batches > 1 else ''})"
+        )
+
+    # -- sources ----------------------------------------------------------------------------
+
+    @property
+    def weight_names(self) -> tuple[str, ...]:
+        """Trainable weights: what the training step updates."""
+        return tuple(n.name for n in self.pcg.nodes if n.op == "weight" and n.params["trainable"])
+
+    @property
+    def input_names(self) -> tuple[str, ...]:
+        """Graph inputs and buffers (weights that are not trained): what each step is fed."""
+        trained = set(self.weight_names)
+        return tuple(
+            n.name for n in self.pcg.nodes if n.spec.kind is OpKind.SOURCE and n.name not in trained
+        )
+
+    def sharding(self, source: str) -> Any:
+        """The ``NamedSharding`` a source is kept in: its first stored layout."""
+        for slot in self._program.slots:
+            if slot.source == source:
+                return NamedSharding(self.mesh, slot.spec)
+        if source in self.pcg and self.pcg.node(source).spec.kind is OpKind.SOURCE:
+            return NamedSharding(self.mesh, P())  # read by nothing
+        raise LoweringError(f"{source!r} is not an input or weight of the plan")
+
+    def random_sources(self, seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Random ``(inputs, weights)`` as :func:`pcgopt.evaluate` draws them (float32)."""
+        feeds = random_feeds(self.pcg, seed, np.float32)
+        weights = {k: feeds[k] for k in self.weight_names}
+        inputs = {k: feeds[k] for k in self.input_names}
+        return inputs, weights
+
+    def _placed(self, values: Mapping[str, Any], names: Sequence[str], what: str) -> dict[str, Any]:
+        missing = [n for n in names if n not in values]
+        unknown = sorted(set(values) - set(names))
+        if missing or unknown:
+            raise LoweringError(
+                f"{what}: "
+                + (f"missing {', '.join(map(repr, missing))}" if missing else "")
+                + ("; " if missing and unknown else "")
+                + (f"not {what} of the plan: {', '.join(map(repr, unknown))}" if unknown else "")
+                + f" ({what} of the plan: {', '.join(names) or 'none'})"
+            )
+        out = {}
+        for name in names:
+            value = values[name]
+            shape = self.pcg.shape(name)
+            if tuple(np.shape(value)) != shape.sizes:
+                raise LoweringError(
+                    f"{what} {name!r} has shape {tuple(np.shape(value))}, expected {shape.sizes}"
+                )
+            out[name] = jax.device_put(
+                jnp.asarray(value, _dtype(shape.dtype.value)), self.sharding(name)
+            )
+        return out
+
+    def _args(self, sources: Mapping[str, Any]) -> list[Any]:
+        return [sources[slot.source] for slot in self._program.slots]
+
+    def _mapped(
+        self, body: Callable[..., Any], out_specs: Any, *, typed: bool = True
+    ) -> Callable[..., Any]:
+        return jax.shard_map(
+            body,
+            mesh=self.mesh,
+            in_specs=tuple(slot.spec for slot in self._program.slots),
+            out_specs=out_specs,
+            check_vma=typed,
+        )
+
+    # -- forward and loss -------------------------------------------------------------------
+
+    def _local_loss(self, values: Mapping[TensorRef, Any]) -> Any:
+        """The loss on every device: each output's local sum, summed over the devices it
+        varies along, less the copies among them, over its size."""
+        total: Any = 0.0
+        grid = self.assignment.grid
+        for ref in _loss_terms(self.pcg):
+            layout = self._program.layout(ref)
+            s = jnp.sum(values[ref].astype(jnp.float32))
+            varying = _varying(s)
+            axes = tuple(a for a in grid.names if a in varying)
+            if axes:
+                s = lax.psum(s, _named(axes))
+            copies = math.prod(grid.axis_size(a) for a in axes if a not in layout.axes)
+            total = total + s / (self.pcg.shape(ref).numel * copies)
+        return total
+
+    def forward(self, inputs: Mapping[str, Any], weights: Mapping[str, Any]) -> tuple[Any, ...]:
+        """The plan's outputs (logical values, as global ``jax.Array``s) on these inputs and
+        weights (logical values: numpy or JAX arrays, by name)."""
+        if "forward" not in self._cache:
+            program = _Program(self.pcg, self.assignment, typed=False)
+            specs = []
+            for ref in program.outputs:
+                lay = program.layout(ref)
+                specs.append(P(_named(lay.partial) if lay.partial else None, *lay.spec()))
+
+            def body(*local: Any) -> tuple[Any, ...]:
+                values = program.run(*local)
+                return tuple(values[r][None] for r in program.outputs)
+
+            mapped = self._mapped(body, tuple(specs), typed=False)
+            self._cache["forward"] = jax.jit(
+                lambda sources: tuple(y.sum(axis=0) for y in mapped(*self._args(sources)))
+            )
+        sources = {
+            **self._placed(inputs, self.input_names, "inputs"),
+            **self._placed(weights, self.weight_names, "weights"),
+        }
+        return self._cache["forward"](sources)
+
+    def _loss_fn(self) -> Callable[[dict[str, Any], dict[str, Any]], Any]:
+        if "loss_fn" not in self._cache:
+            program = self._program
+            mapped = self._mapped(lambda *local: self._local_loss(program.run(*local)), P())
+
+            def loss_fn(params: dict[str, Any], others: dict[str, Any]) -> Any:
+                return mapped(*self._args({**others, **params}))
+
+            self._cache["loss_fn"] = loss_fn
+        return self._cache["loss_fn"]
+
+    def loss_and_grads(
+        self, inputs: Mapping[str, Any], weights: Mapping[str, Any]
+    ) -> tuple[Any, dict[str, Any]]:
+        """The loss and the gradient of every trainable weight (global arrays in the weights'
+        stored layouts), as one training step computes them."""
+        if "grad" not in self._cache:
+            self._cache["grad"] = jax.jit(self._value_and_grad())
+        params = self._placed(weights, self.weight_names, "weights")
+        others = self._placed(inputs, self.input_names, "inputs")
+        return self._cache["grad"](params, others)
+
+    def _value_and_grad(self) -> Callable[..., Any]:
+        if self.micro_batches == 1:
+            return jax.value_and_grad(self._loss_fn())
+        return self._accumulated()
+
+    def _accumulated(self) -> Callable[..., Any]:
+        raise LoweringError("gradient accumulation is not lowered yet")
+
+    # -- training ---------------------------------------------------------------------------
+
+    def init(self, weights: Mapping[str, Any]) -> TrainState:
+        """The training state for these (logical) weights."""
+        params = self._placed(weights, self.weight_names, "weights")
+        opt = optimizer_transform(self.optimizer, self.learning_rate)
+        return TrainState(params, opt.init(params), 0)
+
+    def _step_fn(self) -> Callable[..., Any]:
+        if "step" not in self._cache:
+            opt = optimizer_transform(self.optimizer, self.learning_rate)
+            value_and_grad = self._value_and_grad()
+            optax = _optax()
+
+            def step(params: dict[str, Any], opt_state: Any, others: dict[str, Any]) -> Any:
+                loss, grads = value_and_grad(params, others)
+                updates, opt_state = opt.update(grads, opt_state, params)
+                return optax.apply_updates(params, updates), opt_state, loss
+
+            self._cache["step"] = jax.jit(step, donate_argnums=(0, 1))
+        return self._cache["step"]
+
+    def train_step(self, state: TrainState, inputs: Mapping[str, Any]) -> tuple[TrainState, Any]:
+        """One training step: forward, loss, backward through the sharded program, the plan's
+        gradient synchronization and the optimizer update. Returns the new state and the loss.
+        ``state``'s buffers are donated to the new state."""
+        others = self._placed(inputs, self.input_names, "inputs")
+        params, opt_state, loss = self._step_fn()(state.params, state.opt_state, others)
+        return TrainState(params, opt_state, state.step + 1), loss
+
+    def compiled_text(self) -> str:
+        """XLA's compiled HLO of the training step (after its SPMD and collective passes)."""
+        if "hlo" not in self._cache:
+            inputs, weights = self.random_sources()
+            state = self.init(weights)
+            others = self._placed(inputs, self.input_names, "inputs")
+            lowered = self._step_fn().lower(state.params, state.opt_state, others)
+            self._cache["hlo"] = lowered.compile().as_text()
+        return self._cache["hlo"]
+
+
+# --- Lowering ------------------------------------------------------------------------------------
+
+
+def _width(pcg: PCG) -> int:
+    return max(s.num_shards for n in pcg.nodes for s in pcg.output_shapes(n.name))
+
+
+def _grid(devices: int, machine: Any) -> DeviceGrid:
+    if machine is not None and machine.num_devices == devices:
+        return DeviceGrid.from_levels([(lv.name, lv.count) for lv in machine.levels])
+    return DeviceGrid.flat(devices)
+
+
+def _assign(pcg: PCG, available: int, machine: Any) -> LayoutAssignment:
+    """Layouts on the smallest mesh that serves the plan: its width, or a multiple of it."""
+    width = _width(pcg)
+    if width > available:
+        raise LoweringError(
+            f"the plan spans {width} devices and JAX has {available}: on a CPU, set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={width} before JAX loads "
+            "(pcgopt run --devices N does)"
+        )
+    first: LayoutError | None = None
+    for size in range(width, available + 1, width):
+        try:
+            return assign_layouts(pcg, _grid(size, machine))
+        except LayoutError as err:
+            if err.node is not None:
+                raise  # not a question of devices
+            first = first or err
+    assert first is not None
+    raise LoweringError(f"{first} (JAX has {available} devices)") from first
+
+
+def lower(
+    plan_or_pcg: Any,
+    devices: Sequence[Any] | int | None = None,
+    *,
+    optimizer: str | None = None,
+    learning_rate: float = DEFAULT_LEARNING_RATE,
+    micro_batches: int | None = None,
+) -> Lowered:
+    """The plan (a :class:`~pcgopt.extract.plan.Plan` or a PCG) as a JAX program
+    (module docstring). ``devices``: the JAX devices to run on, or how many of
+    ``jax.devices()`` (default: as many as the plan needs). ``optimizer`` and
+    ``micro_batches`` default to the plan's cost model's (a bare PCG: Adam, 1)."""
+    from pcgopt.extract.plan import Plan
+
+    if isinstance(plan_or_pcg, Plan):
+        plan, pcg, machine = plan_or_pcg, plan_or_pcg.pcg, plan_or_pcg.machine
+        optimizer = optimizer or plan.cost.optimizer
+        micro_batches = micro_batches or plan.cost.micro_batches
+    elif isinstance(plan_or_pcg, PCG):
+        plan, pcg, machine = None, plan_or_pcg, None
+    else:
+        raise LoweringError(f"lower takes a Plan or a PCG, got {type(plan_or_pcg).__name__}")
+    optimizer = optimizer or "adam"
+    if optimizer not in OPTIMIZERS:
+        raise LoweringError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    micro_batches = micro_batches or 1
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        raise LoweringError(f"micro_batches must be a positive integer, got {micro_batches!r}")
+    if not learning_rate > 0:
+        raise LoweringError(f"learning_rate must be > 0, got {learning_rate!r}")
+    if devices is None:
+        available = list(jax.devices())
+    elif isinstance(devices, int) and not isinstance(devices, bool):
+        if devices < 1 or devices > len(jax.devices()):
+            raise LoweringError(
+                f"devices={devices}: JAX has {len(jax.devices())} devices (on a CPU, set "
+                f"XLA_FLAGS=--xla_force_host_platform_device_count={max(devices, 1)} before "
+                "JAX loads)"
+            )
+        available = list(jax.devices())[:devices]
+    else:
+        available = list(devices)
+    _loss_terms(pcg)
+    assignment = _assign(pcg, len(available), machine)
+    grid = assignment.grid
+    mesh = Mesh(
+        np.array(available[: grid.size], dtype=object).reshape(grid.shape),
+        grid.names,
+        axis_types=(jax.sharding.AxisType.Auto,) * len(grid.names),
+    )
+    return Lowered(pcg, assignment, mesh, optimizer, learning_rate, micro_batches, plan)
+
+
+# --- The unsharded model ------------------------------------------------------------------------
+
+
+def reference_values(pcg: PCG, sources: Mapping[str, Any]) -> dict[TensorRef, Any]:
+    """Every tensor of ``pcg`` as a logical value computed by plain ``jax.numpy`` (each
+    operator's reference semantics; parallel operators change nothing logically)."""
+    values: dict[TensorRef, Any] = {}
+    for node in pcg.nodes:
+        if node.spec.kind is OpKind.SOURCE:
+            values[TensorRef(node.name)] = sources[node.name]
+            continue
+        outs = node.spec.reference(node.params, *(values[r] for r in node.inputs))
+        for i, v in enumerate(outs):
+            values[TensorRef(node.name, i)] = v
+    return values
+
+
+def reference_loss_and_grads(
+    pcg: PCG, inputs: Mapping[str, Any], weights: Mapping[str, Any]
+) -> tuple[Any, dict[str, Any]]:
+    """The loss (module docstring) and its gradient in every weight of ``weights``, computed
+    by plain ``jax.numpy`` on one device: the unsharded model a lowered plan must agree with."""
+    terms = _loss_terms(pcg)
+
+    def loss(params: dict[str, Any], others: dict[str, Any]) -> Any:
+        values = reference_values(pcg, {**others, **params})
+        return sum(jnp.mean(values[r].astype(jnp.float32)) for r in terms)
+
+    cast = {
+        k: jnp.asarray(v, _dtype(pcg.shape(k).dtype.value))
+        for k, v in {**inputs, **weights}.items()
+    }
+    params = {k: cast[k] for k in weights}
+    others = {k: cast[k] for k in inputs}
+    return jax.jit(jax.value_and_grad(loss))(params, others)
