@@ -15,7 +15,7 @@ of a device's buffer and ``p`` devices per group::
     all-reduce          2 (p-1) n      per group (ring)
     all-gather            (p-1) n      per group, n the gathered result
     reduce-scatter        (p-1) n      per group, n the input (p results)
-    all-to-all            (p-1) n      per group, n the buffer
+    all-to-all            (p-1) n      per group, n the buffer (all of a tuple's operands)
     collective-permute        n        per source-target pair
 
 >>> text = ('%ar = (f32[64,512]{1,0}, f32[]) all-reduce(%a, %b), channel_id=1, '
@@ -147,6 +147,8 @@ def _groups(line: str, axis_sizes: Mapping[str, int] | None) -> tuple[int, int, 
 
 def _scope(op_name: str) -> tuple[str, str]:
     """(named scope inside ``shard_map``, phase) from an HLO op_name."""
+    # A combined collective's op_name lists its parts' names, joined by ':'.
+    op_name = op_name.split(":")[0]
     phase = "backward" if "transpose(" in op_name else "forward"
     _, found, rest = op_name.partition("shard_map/")
     if not found:
@@ -175,6 +177,14 @@ def compiled_collectives(
         p, groups, axes = _groups(line, axis_sizes)
         op = _OP_NAME.search(line)
         scope, phase = _scope(op.group(1) if op else "")
+        if kind == "all-to-all" and len(shapes) > 1:
+            # Tuple form: operand i goes to participant i; together they are one buffer.
+            total = sum(_nbytes(dtype, dims) for dtype, dims in shapes)
+            pieces = ", ".join(f"{dtype}[{dims}]" for dtype, dims in shapes)
+            out.append(
+                CompiledCollective(kind, f"({pieces})", total, p, groups, axes, scope, phase)
+            )
+            continue
         for dtype, dims in shapes:
             nbytes = _nbytes(dtype, dims)
             if kind == "reduce-scatter":

@@ -67,8 +67,15 @@ import numpy as np
 
 from pcgopt.errors import PCGError
 from pcgopt.evaluate import random_feeds
-from pcgopt.extract.cost import OPTIMIZERS, source_layouts
+from pcgopt.extract.cost import OPTIMIZERS, iteration_cost, source_layouts
 from pcgopt.graph import PCG, TensorRef
+from pcgopt.lower.collectives import (
+    CollectiveComparison,
+    PlannedCollective,
+    compare_collectives,
+    planned_collectives,
+)
+from pcgopt.lower.hlo import compiled_collectives
 from pcgopt.lower.layout import (
     DeviceGrid,
     LayoutAssignment,
@@ -76,6 +83,7 @@ from pcgopt.lower.layout import (
     MeshLayout,
     assign_layouts,
 )
+from pcgopt.machine import Machine
 from pcgopt.ops import OpKind
 from pcgopt.ops.spec import LocalContext, axis_degrees
 
@@ -190,7 +198,39 @@ class _Program:
             for node, src in assignment.stored.items()
         )
         self.outputs = pcg.outputs
-        self.copy_axes = _copy_axes(pcg, assignment)
+        # Where copies are used apart: found by tracing once (probe) before the real traces.
+        self.copy_axes: dict[str, tuple[str, ...]] = {}
+        self._record: dict[TensorRef, frozenset[str]] | None = None
+
+    def probe(self, mesh: Any) -> None:
+        """Traces the program once, without running it, to find along which axes the readers
+        of every Replicate and every loaded source vary (JAX types a value as varying along
+        every axis any of its operands varies along); their copies are then typed varying
+        along those axes at once, where they are made, so that each gets one sum of its
+        copies' gradients rather than one per reader."""
+        if not self.typed:
+            return
+        seen: dict[TensorRef, frozenset[str]] = {}
+
+        def body(*local: Any) -> Any:
+            self._record = seen
+            try:
+                self.run(*local)
+            finally:
+                self._record = None
+            return jnp.zeros(())
+
+        mapped = jax.shard_map(
+            body, mesh=mesh, in_specs=tuple(s.spec for s in self.slots), out_specs=P()
+        )
+        args = [
+            jax.ShapeDtypeStruct(
+                self.pcg.shape(s.source).sizes, _dtype(self.pcg.shape(s.source).dtype.value)
+            )
+            for s in self.slots
+        ]
+        jax.eval_shape(mapped, *args)
+        self.copy_axes = _copy_axes(self.pcg, self.assignment, seen)
 
     def layout(self, ref: TensorRef | str) -> MeshLayout:
         return self.assignment.layout(ref)
@@ -211,6 +251,8 @@ class _Program:
                     outs = (self._parallel(node, [values[r] for r in node.inputs]),)
             for i, v in enumerate(outs):
                 values[TensorRef(node.name, i)] = v
+                if self._record is not None:
+                    self._record[TensorRef(node.name, i)] = _varying(v)
         return values
 
     def _copies(self, name: str, x: Any) -> Any:
@@ -302,9 +344,11 @@ class _Program:
         return x
 
 
-def _copy_axes(pcg: PCG, assignment: LayoutAssignment) -> dict[str, tuple[str, ...]]:
-    """For every Replicate and every source as loaded: the mesh axes its readers' outputs are
-    split or summed along and it is not, in grid order (where its copies are used apart)."""
+def _copy_axes(
+    pcg: PCG, assignment: LayoutAssignment, varying: Mapping[TensorRef, frozenset[str]]
+) -> dict[str, tuple[str, ...]]:
+    """For every Replicate and every source as loaded: the mesh axes its readers' outputs vary
+    along (``varying``, as traced) and it is not split or summed along, in grid order."""
     readers: dict[str, set[str]] = {}
     for node in pcg.nodes:
         for r in node.inputs:
@@ -317,7 +361,7 @@ def _copy_axes(pcg: PCG, assignment: LayoutAssignment) -> dict[str, tuple[str, .
         used: set[str] = set()
         for reader in readers.get(node.name, ()):
             for i in range(len(pcg.output_shapes(reader))):
-                used.update(assignment.layout(TensorRef(reader, i)).axes)
+                used.update(varying.get(TensorRef(reader, i), ()))
         out[node.name] = tuple(a for a in assignment.grid.names if a in used - own)
     return out
 
@@ -420,7 +464,9 @@ class Lowered:
     _cache: dict[str, Any] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_program", _Program(self.pcg, self.assignment))
+        program = _Program(self.pcg, self.assignment)
+        program.probe(self.mesh)
+        object.__setattr__(self, "_program", program)
 
     def __repr__(self) -> str:
         axes = ", ".join(f"{n}={s}" for n, s in self.mesh.shape.items())
@@ -600,6 +646,29 @@ class Lowered:
         others = self._placed(inputs, self.input_names, "inputs")
         params, opt_state, loss = self._step_fn()(state.params, state.opt_state, others)
         return TrainState(params, opt_state, state.step + 1), loss
+
+    def planned_collectives(self) -> tuple[PlannedCollective, ...]:
+        """The cost model's collectives for this plan, with their SPMD forms: the plan's own
+        cost if lowered from a Plan, else :func:`~pcgopt.extract.cost.iteration_cost` on a
+        node of the mesh's size (one DGX-H100 node of that many GPUs)."""
+        if self.plan is not None:
+            cost = self.plan.cost
+        else:
+            cost = iteration_cost(
+                self.pcg,
+                Machine.preset("dgx-h100", devices_per_node=self.mesh.size),
+                optimizer=self.optimizer,
+                micro_batches=self.micro_batches,
+            )
+        return planned_collectives(self.pcg, cost)
+
+    def collectives(self) -> CollectiveComparison:
+        """The collectives XLA compiled for the training step beside the cost model's for the
+        plan, matched one to one (:func:`pcgopt.lower.collectives.compare_collectives`)."""
+        compiled = compiled_collectives(self.compiled_text(), dict(self.mesh.shape))
+        return compare_collectives(
+            self.planned_collectives(), compiled, (n.name for n in self.pcg.nodes)
+        )
 
     def compiled_text(self) -> str:
         """XLA's compiled HLO of the training step (after its SPMD and collective passes)."""

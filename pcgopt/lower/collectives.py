@@ -1,0 +1,272 @@
+"""The collectives a compiled plan runs, beside the ones the cost model charges for it.
+
+The cost model (:func:`pcgopt.extract.cost.iteration_cost`) charges every parallel node its
+collectives (a Combine a gather forward and a scatter backward, a replicated weight its gradient
+all-reduce, ...). An SPMD program runs the same plan with every device holding what it needs, so
+some of them take another form there (:func:`spmd_form`):
+
+===============================  ======================================================
+cost model                       SPMD program (JAX ``shard_map``, as XLA compiles it)
+===============================  ======================================================
+all_reduce, all_gather,          the same collective, the same bytes
+reduce_scatter, all_to_all
+Combine: gather (forward)        all-gather: every device keeps the joined tensor, so
+                                 p times the gather's bytes
+Combine: scatter (backward)      nothing: every device holds the whole gradient and
+                                 slices its block
+Reduce: reduce (forward)         all-reduce: every device gets the sum (2x the bytes)
+Reduce: broadcast (backward)     nothing: every device holds the sum's gradient
+Replicate: broadcast (forward)   nothing: every device holds the tensor already
+Replicate: reduce (backward)     all-reduce of the copies' gradients (2x the bytes)
+Partition: scatter (forward)     nothing: a local slice
+Partition: gather (backward)     all-gather of the blocks' gradients (p times)
+weight sync (all_reduce)         all-reduce of the dense gradient (a lookup table's too:
+                                 the cost model syncs only the rows lookups touch)
+===============================  ======================================================
+
+:func:`compare_collectives` matches each planned collective (in its SPMD form) to one XLA
+compiled (same kind, same bytes per device and group size; the same node first), and keeps
+what is left on either side: collectives XLA removed or merged, and collectives the plan does
+not have (the loss's scalar sum, a gradient summed at a second reader).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from pcgopt.extract.cost import CostBreakdown, source_layouts
+from pcgopt.graph import PCG
+from pcgopt.lower.hlo import CompiledCollective, collective_bytes
+
+__all__ = [
+    "CollectiveComparison",
+    "PlannedCollective",
+    "compare_collectives",
+    "planned_collectives",
+    "spmd_form",
+]
+
+#: Cost-model collective kind -> XLA's name for the same collective.
+_SAME = {
+    "all_reduce": "all-reduce",
+    "all_gather": "all-gather",
+    "reduce_scatter": "reduce-scatter",
+    "all_to_all": "all-to-all",
+}
+
+
+def spmd_form(op: str, purpose: str, kind: str, p: int, nbytes: int) -> tuple[str | None, int, str]:
+    """What an SPMD program runs for one cost-model collective: ``(XLA kind or None, bytes a
+    device's buffer holds, why it differs)`` (module docstring). ``nbytes``: the cost model's
+    per-device message."""
+    if kind in _SAME:
+        why = ""
+        if purpose == "weight sync":
+            why = "weight gradient"
+        return _SAME[kind], nbytes, why
+    if op == "combine" and kind == "gather":
+        return "all-gather", nbytes, "every device keeps the joined tensor (p x a gather)"
+    if op == "combine" and kind == "scatter":
+        return None, 0, "every device holds the whole gradient and slices its block"
+    if op == "reduce" and kind == "reduce":
+        return "all-reduce", nbytes, "every device gets the sum (2 x a reduce)"
+    if op == "reduce" and kind == "broadcast":
+        return None, 0, "every device holds the sum's gradient"
+    if op == "replicate" and kind == "broadcast":
+        return None, 0, "every device holds the tensor already"
+    if op == "replicate" and kind == "reduce":
+        return "all-reduce", nbytes, "the copies' gradients are summed on every device"
+    if op == "partition" and kind == "scatter":
+        return None, 0, "each device slices its block locally"
+    if op == "partition" and kind == "gather":
+        return "all-gather", nbytes, "every device gets the whole gradient (p x a gather)"
+    return None, 0, f"no SPMD form known for {op}'s {kind}"
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedCollective:
+    """One collective the cost model charges, and its SPMD form: ``kind`` and ``bytes`` are the
+    cost model's (bytes sent, summed over all devices), ``spmd_kind`` and ``spmd_bytes`` what
+    the SPMD program runs for it (``spmd_kind`` None: nothing), ``why`` the reason they
+    differ."""
+
+    node: str
+    op: str
+    purpose: str
+    kind: str
+    degree: int
+    groups: int
+    nbytes: int
+    bytes: float
+    spmd_kind: str | None
+    spmd_bytes: int
+    why: str
+
+    @property
+    def same_form(self) -> bool:
+        """Whether the SPMD program runs the collective the cost model charges, bytes and all."""
+        return (
+            self.spmd_kind is not None
+            and _SAME.get(self.kind) == self.spmd_kind
+            and (round(self.bytes) == self.spmd_bytes)
+        )
+
+    def describe(self) -> str:
+        spmd = f"{self.spmd_kind} {self.spmd_bytes:,} B" if self.spmd_kind else "nothing"
+        why = f" ({self.why})" if self.why else ""
+        return (
+            f"{self.node} ({self.op}) {self.purpose}: {self.kind} of {self.degree} x "
+            f"{self.groups} groups, {round(self.bytes):,} B -> SPMD {spmd}{why}"
+        )
+
+
+def planned_collectives(pcg: PCG, cost: CostBreakdown) -> tuple[PlannedCollective, ...]:
+    """Every collective of ``cost`` (the cost model's, for ``pcg``) with its SPMD form, in the
+    PCG's order."""
+    _, stored = source_layouts(pcg)
+    out = []
+    for node in pcg.nodes:
+        nc = cost.per_node.get(node.name)
+        if nc is None:
+            continue
+        synced = iter(stored.get(node.name, ()))
+        for c in nc.collectives:
+            layout = next(synced, None) if c.purpose == "weight sync" else None
+            if c.degree <= 1 or c.algorithm == "none":
+                continue
+            nbytes = round(c.nbytes)
+            spmd_kind, spmd_nbytes, why = spmd_form(node.op, c.purpose, c.kind, c.degree, nbytes)
+            if layout is not None and pcg.shape(layout).shard_nbytes != spmd_nbytes:
+                spmd_nbytes = pcg.shape(layout).shard_nbytes
+                why = "the dense gradient (the cost model syncs only the rows lookups touch)"
+            spmd_bytes = (
+                collective_bytes(spmd_kind, c.degree, spmd_nbytes) * c.groups if spmd_kind else 0
+            )
+            out.append(
+                PlannedCollective(
+                    node.name,
+                    node.op,
+                    c.purpose,
+                    c.kind,
+                    c.degree,
+                    c.groups,
+                    nbytes,
+                    c.bytes,
+                    spmd_kind,
+                    spmd_bytes,
+                    why,
+                )
+            )
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class CollectiveComparison:
+    """Planned collectives against compiled ones (module docstring). ``matched``: pairs;
+    ``missing``: planned collectives with an SPMD form that XLA did not run as such (removed
+    as dead, merged into another, or run in another form); ``extra``: compiled collectives no
+    planned one accounts for; ``free``: planned collectives whose SPMD form moves nothing."""
+
+    matched: tuple[tuple[PlannedCollective, CompiledCollective], ...]
+    missing: tuple[PlannedCollective, ...]
+    extra: tuple[CompiledCollective, ...]
+    free: tuple[PlannedCollective, ...]
+
+    @property
+    def planned(self) -> tuple[PlannedCollective, ...]:
+        return (*(p for p, _ in self.matched), *self.missing, *self.free)
+
+    @property
+    def exact(self) -> tuple[PlannedCollective, ...]:
+        """Planned collectives XLA runs in the same kind with the same bytes."""
+        return tuple(p for p, c in self.matched if p.same_form and c.bytes == round(p.bytes))
+
+    def bytes_by_kind(self) -> dict[str, tuple[float, int, int]]:
+        """Per XLA kind: ``(cost model's bytes of collectives of that SPMD form, bytes of their
+        SPMD forms, bytes XLA compiled)``."""
+        out: dict[str, list[float]] = {}
+        for p in self.planned:
+            if p.spmd_kind:
+                row = out.setdefault(p.spmd_kind, [0.0, 0, 0])
+                row[0] += p.bytes
+                row[1] += p.spmd_bytes
+        for _, c in self.matched:
+            out.setdefault(c.kind, [0.0, 0, 0])[2] += c.bytes
+        for c in self.extra:
+            out.setdefault(c.kind, [0.0, 0, 0])[2] += c.bytes
+        return {k: (v[0], int(v[1]), int(v[2])) for k, v in sorted(out.items())}
+
+    def summary(self, *, max_rows: int | None = 12) -> str:
+        """A readable table: bytes per kind on both sides, then what differs."""
+        lines = [
+            f"collectives: {len(self.planned)} planned by the cost model, "
+            f"{len(self.matched) + len(self.extra)} compiled by XLA; "
+            f"{len(self.exact)} the same in kind and bytes, {len(self.matched)} matched",
+            f"  {'kind':<16}{'cost model':>14}{'as SPMD':>14}{'XLA':>14}",
+        ]
+        for kind, (cost, spmd, xla) in self.bytes_by_kind().items():
+            lines.append(f"  {kind:<16}{round(cost):>14,}{spmd:>14,}{xla:>14,}")
+        differ = [
+            f"{p.describe()}; XLA: {c.groups} group{'s' if c.groups > 1 else ''}, {c.bytes:,} B"
+            for p, c in self.matched
+            if not p.same_form or c.bytes != round(p.bytes)
+        ]
+        for title, rows in (
+            ("run in another form or by more groups", differ),
+            ("moving nothing in SPMD", [p.describe() for p in self.free]),
+            ("planned but not compiled", [p.describe() for p in self.missing]),
+            ("compiled but not planned", [c.describe() for c in self.extra]),
+        ):
+            if not rows:
+                continue
+            lines.append(f"  {title} ({len(rows)}):")
+            shown = rows if max_rows is None else rows[:max_rows]
+            lines += [f"    {r}" for r in shown]
+            if len(shown) < len(rows):
+                lines.append(f"    ... {len(rows) - len(shown)} more")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def _scope_node(scope: str, names: dict[str, str]) -> str | None:
+    return names.get(scope.split("/")[0]) if scope else None
+
+
+def compare_collectives(
+    planned: Sequence[PlannedCollective],
+    compiled: Iterable[CompiledCollective],
+    node_names: Iterable[str] = (),
+) -> CollectiveComparison:
+    """Matches planned collectives (in their SPMD form) to compiled ones: same kind, same
+    bytes per device and group size, one to one, a compiled one from the planned one's node
+    first (``node_names``: the PCG's node names, to read the scopes)."""
+    names = {n.replace("/", "."): n for n in node_names}
+    pool = list(compiled)
+    used = [False] * len(pool)
+
+    def fits(p: PlannedCollective, c: CompiledCollective) -> bool:
+        per_group = p.spmd_bytes // max(p.groups, 1)
+        return (
+            c.kind == p.spmd_kind
+            and c.group_size == p.degree
+            and collective_bytes(c.kind, c.group_size, c.nbytes) == per_group
+        )
+
+    matched, missing, free = [], [], []
+    for p in planned:
+        if p.spmd_kind is None:
+            free.append(p)
+            continue
+        candidates = [i for i, c in enumerate(pool) if not used[i] and fits(p, c)]
+        own = [i for i in candidates if _scope_node(pool[i].scope, names) == p.node]
+        pick = (own or candidates or [None])[0]
+        if pick is None:
+            missing.append(p)
+        else:
+            used[pick] = True
+            matched.append((p, pool[pick]))
+    extra = tuple(c for c, u in zip(pool, used, strict=True) if not u)
+    return CollectiveComparison(tuple(matched), tuple(missing), extra, tuple(free))
