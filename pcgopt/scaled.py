@@ -147,6 +147,9 @@ class _Problem:
         # (a group's share, the whole, the number of groups): a weight's channels per group.
         self.quotients: list[tuple[Key, Key, int]] = []
         self.new_params: dict[tuple[int, str], Params] = {}
+        # Sizes chosen for some classes (by a member key), every other class keeping its
+        # full size: micro_batched's instance rather than the smallest one.
+        self.targets: dict[Key, int] | None = None
         for g, pcg in enumerate(pcgs):
             for node in pcg.nodes:
                 self._read(g, pcg, node)
@@ -358,7 +361,9 @@ class _Problem:
                 continue
             (n,) = full
             step = math.lcm(*(self.degree.get(k, 1) for k in keys))
-            if root in self.windowed:
+            if self.targets is not None:
+                value[root] = next((v for k, v in self.targets.items() if find(k) == root), n)
+            elif root in self.windowed:
                 small = n if window_size is None else step * math.ceil(window_size / step)
                 value[root] = min(n, small)
             else:
@@ -514,6 +519,57 @@ class _Problem:
                 node = Node(node.name, node.op, node.inputs, self.new_params[g, node.name])
             nodes.append(node)
         return PCG(nodes, pcg.outputs)
+
+
+def micro_batched(pcg: PCG, micro_batches: int) -> PCG:
+    """``pcg`` on one micro-batch: every graph input's dimension 0, and every dimension of the
+    same class (the batch as it flows through the graph, a reshape's batch factor included),
+    divided by ``micro_batches``; every other size as it is. Gradient accumulation runs this
+    graph once per micro-batch. Raises :class:`ScaleDownError` when the batch cannot be
+    divided (a degree of its split would not divide the new size) or shares its class with a
+    weight's dimension (the weights must not change).
+
+    >>> from pcgopt import PCGBuilder
+    >>> b = PCGBuilder()
+    >>> x = b.partition(b.input((8, 4), name="x"), dim=0, degree=2)
+    >>> y = b.matmul(x, b.replicate(b.weight((4, 3), name="w"), degree=2))
+    >>> micro_batched(b.build(y), 2).shape("x").sizes
+    (4, 4)
+    """
+    if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
+        raise ScaleDownError(f"micro_batches must be a positive int, got {micro_batches!r}")
+    if micro_batches == 1:
+        return pcg
+    problem = _Problem((pcg,), 1, 0)
+    problem.targets = {}
+    find = problem.classes.__getitem__
+    for node in pcg.nodes:
+        if node.op == "input" and pcg.shape(node.name).rank:
+            key = ("src", node.name, 0)
+            size = problem.full[key]
+            degree = math.lcm(*(d for k, d in problem.degree.items() if find(k) == find(key)))
+            if size % (degree * micro_batches):
+                raise ScaleDownError(
+                    f"input {node.name!r}: its dimension 0 ({size}, split {degree} ways) does "
+                    f"not divide into {micro_batches} micro-batches",
+                    node=node.name,
+                )
+            problem.targets[key] = size // micro_batches
+    problem._tie_factors()
+    try:
+        (small,) = problem._attempt().pcgs
+    except PCGError as err:
+        raise ScaleDownError(
+            f"the batch does not divide into {micro_batches} micro-batches: {err}", node=err.node
+        ) from err
+    for node in pcg.nodes:
+        if node.op == "weight" and small.shape(node.name).sizes != pcg.shape(node.name).sizes:
+            raise ScaleDownError(
+                f"weight {node.name!r} has a dimension of the batch's class (its sizes would "
+                f"become {small.shape(node.name).sizes}); the batch cannot be split here",
+                node=node.name,
+            )
+    return small
 
 
 def scaled_down(*pcgs: PCG, min_size: int = 4, max_rebuilds: int = 16) -> ScaledDown:

@@ -100,6 +100,7 @@ class PlannedCollective:
     nbytes: int
     bytes: float
     spmd_kind: str | None
+    spmd_nbytes: int
     spmd_bytes: int
     why: str
 
@@ -121,9 +122,12 @@ class PlannedCollective:
         )
 
 
-def planned_collectives(pcg: PCG, cost: CostBreakdown) -> tuple[PlannedCollective, ...]:
+def planned_collectives(
+    pcg: PCG, cost: CostBreakdown, devices: int | None = None
+) -> tuple[PlannedCollective, ...]:
     """Every collective of ``cost`` (the cost model's, for ``pcg``) with its SPMD form, in the
-    PCG's order."""
+    PCG's order. ``devices``: the SPMD program's mesh size; a collective of a tensor that the
+    plan keeps on fewer devices runs on all of them there, in more groups."""
     _, stored = source_layouts(pcg)
     out = []
     for node in pcg.nodes:
@@ -140,24 +144,33 @@ def planned_collectives(pcg: PCG, cost: CostBreakdown) -> tuple[PlannedCollectiv
             if layout is not None and pcg.shape(layout).shard_nbytes != spmd_nbytes:
                 spmd_nbytes = pcg.shape(layout).shard_nbytes
                 why = "the dense gradient (the cost model syncs only the rows lookups touch)"
+            groups = devices // c.degree if devices else c.groups
+            if spmd_kind and groups != c.groups:
+                more = f"run by all {devices} devices: {groups} groups, the plan's {c.groups}"
+                why = f"{why}; {more}" if why else more
             spmd_bytes = (
-                collective_bytes(spmd_kind, c.degree, spmd_nbytes) * c.groups if spmd_kind else 0
+                collective_bytes(spmd_kind, c.degree, spmd_nbytes) * groups if spmd_kind else 0
             )
-            out.append(
-                PlannedCollective(
-                    node.name,
-                    node.op,
-                    c.purpose,
-                    c.kind,
-                    c.degree,
-                    c.groups,
-                    nbytes,
-                    c.bytes,
-                    spmd_kind,
-                    spmd_bytes,
-                    why,
+            # With gradient accumulation, a node's collectives run once per micro-batch (the
+            # weights' gradient synchronization once): one entry each.
+            repeat = 1 if c.purpose == "weight sync" else cost.micro_batches
+            for _ in range(repeat):
+                out.append(
+                    PlannedCollective(
+                        node.name,
+                        node.op,
+                        c.purpose,
+                        c.kind,
+                        c.degree,
+                        c.groups,
+                        nbytes,
+                        c.bytes / repeat,
+                        spmd_kind,
+                        spmd_nbytes,
+                        spmd_bytes,
+                        why,
+                    )
                 )
-            )
     return tuple(out)
 
 
@@ -172,6 +185,9 @@ class CollectiveComparison:
     missing: tuple[PlannedCollective, ...]
     extra: tuple[CompiledCollective, ...]
     free: tuple[PlannedCollective, ...]
+    #: Scalar all-reduces no planned collective accounts for: the loss's sum over the devices
+    #: (forward) and its gradient's (backward), which the cost model does not charge.
+    loss: tuple[CompiledCollective, ...] = ()
 
     @property
     def planned(self) -> tuple[PlannedCollective, ...]:
@@ -193,7 +209,7 @@ class CollectiveComparison:
                 row[1] += p.spmd_bytes
         for _, c in self.matched:
             out.setdefault(c.kind, [0.0, 0, 0])[2] += c.bytes
-        for c in self.extra:
+        for c in (*self.extra, *self.loss):
             out.setdefault(c.kind, [0.0, 0, 0])[2] += c.bytes
         return {k: (v[0], int(v[1]), int(v[2])) for k, v in sorted(out.items())}
 
@@ -201,8 +217,14 @@ class CollectiveComparison:
         """A readable table: bytes per kind on both sides, then what differs."""
         lines = [
             f"collectives: {len(self.planned)} planned by the cost model, "
-            f"{len(self.matched) + len(self.extra)} compiled by XLA; "
-            f"{len(self.exact)} the same in kind and bytes, {len(self.matched)} matched",
+            f"{len(self.matched) + len(self.extra) + len(self.loss)} compiled by XLA; "
+            f"{len(self.exact)} the same in kind and bytes, {len(self.matched)} matched"
+            + (
+                f"; the loss's sum: {len(self.loss)} scalar all-reduce"
+                f"{'s' if len(self.loss) > 1 else ''} ({sum(c.bytes for c in self.loss):,} B)"
+                if self.loss
+                else ""
+            ),
             f"  {'kind':<16}{'cost model':>14}{'as SPMD':>14}{'XLA':>14}",
         ]
         for kind, (cost, spmd, xla) in self.bytes_by_kind().items():
@@ -248,7 +270,7 @@ def compare_collectives(
     used = [False] * len(pool)
 
     def fits(p: PlannedCollective, c: CompiledCollective) -> bool:
-        per_group = p.spmd_bytes // max(p.groups, 1)
+        per_group = collective_bytes(p.spmd_kind, p.degree, p.spmd_nbytes)
         return (
             c.kind == p.spmd_kind
             and c.group_size == p.degree
@@ -268,5 +290,7 @@ def compare_collectives(
         else:
             used[pick] = True
             matched.append((p, pool[pick]))
-    extra = tuple(c for c, u in zip(pool, used, strict=True) if not u)
-    return CollectiveComparison(tuple(matched), tuple(missing), extra, tuple(free))
+    left = [c for c, u in zip(pool, used, strict=True) if not u]
+    loss = tuple(c for c in left if c.kind == "all-reduce" and c.shape.endswith("[]"))
+    extra = tuple(c for c in left if c not in loss)
+    return CollectiveComparison(tuple(matched), tuple(missing), extra, tuple(free), loss)

@@ -154,7 +154,11 @@ def _scope(op_name: str) -> tuple[str, str]:
     if not found:
         return "", phase
     parts = rest.split("/")
-    return ("/".join(parts[:-1]) if len(parts) > 1 else ""), phase
+    scope = "/".join(parts[:-1]) if len(parts) > 1 else ""
+    # A scope traced inside jax.vjp is written jvp(scope), its backward transpose(jvp(scope)).
+    while scope.endswith(")") and "(" in scope:
+        scope = scope[scope.index("(") + 1 : -1]
+    return scope, phase
 
 
 def compiled_collectives(

@@ -86,6 +86,7 @@ from pcgopt.lower.layout import (
 from pcgopt.machine import Machine
 from pcgopt.ops import OpKind
 from pcgopt.ops.spec import LocalContext, axis_degrees
+from pcgopt.scaled import micro_batched
 
 try:
     import jax
@@ -235,11 +236,14 @@ class _Program:
     def layout(self, ref: TensorRef | str) -> MeshLayout:
         return self.assignment.layout(ref)
 
-    def run(self, *local: Any) -> dict[TensorRef, Any]:
-        """Every tensor's local block on this device, from the slots' local blocks."""
+    def run(self, *local: Any, cast: frozenset[str] = frozenset()) -> dict[TensorRef, Any]:
+        """Every tensor's local block on this device, from the slots' local blocks (those of
+        the slot nodes in ``cast`` already typed as copies, :meth:`_copies`)."""
         values: dict[TensorRef, Any] = {}
         for slot, value in zip(self.slots, local, strict=True):
-            values[TensorRef(slot.node)] = self._copies(slot.node, value)
+            if slot.node not in cast:
+                value = self._copies(slot.node, value)
+            values[TensorRef(slot.node)] = value
         for node in self.pcg.nodes:
             ref = TensorRef(node.name)
             if ref in values or node.name in self.source_of:
@@ -347,23 +351,57 @@ class _Program:
 def _copy_axes(
     pcg: PCG, assignment: LayoutAssignment, varying: Mapping[TensorRef, frozenset[str]]
 ) -> dict[str, tuple[str, ...]]:
-    """For every Replicate and every source as loaded: the mesh axes its readers' outputs vary
-    along (``varying``, as traced) and it is not split or summed along, in grid order."""
-    readers: dict[str, set[str]] = {}
+    """For every Replicate and every source as loaded: the mesh axes its copies are used apart
+    along, in grid order: those its readers' outputs vary along (``varying``, as traced) and it
+    is not split or summed along. A reader that varies along no more than it (a transpose of a
+    replicated weight) computes on the same copies: its own readers count instead."""
+    readers: dict[str, list[str]] = {}
     for node in pcg.nodes:
         for r in node.inputs:
-            readers.setdefault(r.node, set()).add(node.name)
+            readers.setdefault(r.node, []).append(node.name)
+
+    def vma(name: str) -> set[str]:
+        return set().union(
+            *(varying.get(TensorRef(name, i), ()) for i in range(len(pcg.output_shapes(name))))
+        )
+
     out = {}
     for node in pcg.nodes:
         if node.op != "replicate" and node.name not in assignment.stored:
             continue
         own = set(assignment.layout(node.name).axes)
         used: set[str] = set()
-        for reader in readers.get(node.name, ()):
-            for i in range(len(pcg.output_shapes(reader))):
-                used.update(varying.get(TensorRef(reader, i), ()))
+        stack, seen = list(readers.get(node.name, ())), set()
+        while stack:
+            reader = stack.pop()
+            if reader in seen:
+                continue
+            seen.add(reader)
+            axes = vma(reader)
+            passes = pcg.node(reader).op != "replicate" and reader not in assignment.stored
+            if axes <= own and passes:
+                stack.extend(readers.get(reader, ()))
+            else:
+                used |= axes
         out[node.name] = tuple(a for a in assignment.grid.names if a in used - own)
     return out
+
+
+def _local_loss(program: _Program, values: Mapping[TensorRef, Any]) -> Any:
+    """The loss on every device: each output's local sum, summed over the devices it varies
+    along, less the copies among them, over its size."""
+    total: Any = 0.0
+    grid = program.grid
+    for ref in _loss_terms(program.pcg):
+        layout = program.layout(ref)
+        s = jnp.sum(values[ref].astype(jnp.float32))
+        varying = _varying(s)
+        axes = tuple(a for a in grid.names if a in varying)
+        if axes:
+            s = lax.psum(s, _named(axes))
+        copies = math.prod(grid.axis_size(a) for a in axes if a not in layout.axes)
+        total = total + s / (program.pcg.shape(ref).numel * copies)
+    return total
 
 
 def _tail(axes: list[str], degree: int, grid: DeviceGrid) -> list[str]:
@@ -531,6 +569,33 @@ class Lowered:
             )
         return out
 
+    def _data_inputs(self) -> tuple[str, ...]:
+        """Graph inputs with a batch dimension (dimension 0): what micro-batches divide."""
+        return tuple(
+            n.name for n in self.pcg.nodes if n.op == "input" and self.pcg.shape(n.name).rank
+        )
+
+    def _in_micro_batch_order(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
+        """The data inputs' rows reordered so that micro-batch ``i`` (rows ``i*B/m`` to
+        ``(i+1)*B/m``) is chunk ``i`` of every device's block: as a data loader that feeds
+        micro-batches would deliver them. Nothing moves between devices."""
+        m = self.micro_batches
+        out = dict(inputs)
+        if m == 1:
+            return out
+        for name in self._data_inputs():
+            if name not in out:
+                continue
+            value = np.asarray(out[name])
+            spec = self.sharding(name).spec
+            first = spec[0] if len(spec) else None
+            axes = (first,) if isinstance(first, str) else tuple(first or ())
+            d = math.prod(self.mesh.shape[a] for a in axes)
+            rest = value.shape[1:]
+            blocks = value.reshape(m, d, value.shape[0] // (d * m), *rest).swapaxes(0, 1)
+            out[name] = blocks.reshape(value.shape)
+        return out
+
     def _args(self, sources: Mapping[str, Any]) -> list[Any]:
         return [sources[slot.source] for slot in self._program.slots]
 
@@ -546,22 +611,6 @@ class Lowered:
         )
 
     # -- forward and loss -------------------------------------------------------------------
-
-    def _local_loss(self, values: Mapping[TensorRef, Any]) -> Any:
-        """The loss on every device: each output's local sum, summed over the devices it
-        varies along, less the copies among them, over its size."""
-        total: Any = 0.0
-        grid = self.assignment.grid
-        for ref in _loss_terms(self.pcg):
-            layout = self._program.layout(ref)
-            s = jnp.sum(values[ref].astype(jnp.float32))
-            varying = _varying(s)
-            axes = tuple(a for a in grid.names if a in varying)
-            if axes:
-                s = lax.psum(s, _named(axes))
-            copies = math.prod(grid.axis_size(a) for a in axes if a not in layout.axes)
-            total = total + s / (self.pcg.shape(ref).numel * copies)
-        return total
 
     def forward(self, inputs: Mapping[str, Any], weights: Mapping[str, Any]) -> tuple[Any, ...]:
         """The plan's outputs (logical values, as global ``jax.Array``s) on these inputs and
@@ -590,7 +639,7 @@ class Lowered:
     def _loss_fn(self) -> Callable[[dict[str, Any], dict[str, Any]], Any]:
         if "loss_fn" not in self._cache:
             program = self._program
-            mapped = self._mapped(lambda *local: self._local_loss(program.run(*local)), P())
+            mapped = self._mapped(lambda *local: _local_loss(program, program.run(*local)), P())
 
             def loss_fn(params: dict[str, Any], others: dict[str, Any]) -> Any:
                 return mapped(*self._args({**others, **params}))
@@ -606,7 +655,7 @@ class Lowered:
         if "grad" not in self._cache:
             self._cache["grad"] = jax.jit(self._value_and_grad())
         params = self._placed(weights, self.weight_names, "weights")
-        others = self._placed(inputs, self.input_names, "inputs")
+        others = self._placed(self._in_micro_batch_order(inputs), self.input_names, "inputs")
         return self._cache["grad"](params, others)
 
     def _value_and_grad(self) -> Callable[..., Any]:
@@ -615,7 +664,66 @@ class Lowered:
         return self._accumulated()
 
     def _accumulated(self) -> Callable[..., Any]:
-        raise LoweringError("gradient accumulation is not lowered yet")
+        """Gradient accumulation (module docstring): inside the program, each micro-batch's
+        loss and gradients (``jax.vjp`` of the plan on one micro-batch, with every weight
+        already typed as its copies, so nothing is summed yet), added up; then each weight's
+        copies' gradients summed once."""
+        m = self.micro_batches
+        try:
+            micro_pcg = micro_batched(self.pcg, m)
+        except PCGError as err:
+            raise LoweringError(f"{m} micro-batches: {err}", node=err.node) from err
+        grid = self.assignment.grid
+        micro = _Program(micro_pcg, assign_layouts(micro_pcg, grid))
+        slots = self._program.slots
+        if [(s.node, s.spec) for s in micro.slots] != [(s.node, s.spec) for s in slots]:
+            raise LoweringError(f"the plan on 1/{m} of its batch is laid out differently")
+        micro.probe(self.mesh)
+        trained = set(self.weight_names)
+        data = {n.name for n in self.pcg.nodes if n.op == "input" and self.pcg.shape(n.name).rank}
+        weight_slots = [k for k, slot in enumerate(slots) if slot.source in trained]
+        cast = frozenset(slots[k].node for k in weight_slots)
+
+        def body(*local: Any) -> tuple[Any, list[Any]]:
+            params = {k: micro._copies(slots[k].node, local[k]) for k in weight_slots}
+
+            def loss_of(params: dict[int, Any], i: int) -> Any:
+                args = []
+                for k, (slot, value) in enumerate(zip(slots, local, strict=True)):
+                    if k in params:
+                        value = params[k]
+                    elif slot.source in data:
+                        size = value.shape[0] // m
+                        value = lax.dynamic_slice_in_dim(value, i * size, size, axis=0)
+                    args.append(value)
+                return _local_loss(micro, micro.run(*args, cast=cast))
+
+            loss: Any = 0.0
+            grads = {k: jnp.zeros_like(v) for k, v in params.items()}
+            for i in range(m):
+                value, vjp = jax.vjp(partial(loss_of, i=i), params)
+                (g,) = vjp(jnp.asarray(1.0 / m, jnp.float32))
+                grads = {k: grads[k] + g[k] for k in grads}
+                loss = loss + value / m
+            synced = []
+            for k in weight_slots:
+                own = micro.layout(slots[k].node).axes
+                axes = tuple(a for a in grid.names if a in _varying(grads[k]) and a not in own)
+                synced.append(lax.psum(grads[k], _named(axes)) if axes else grads[k])
+            return loss, synced
+
+        mapped = self._mapped(body, (P(), [slots[k].spec for k in weight_slots]))
+
+        def value_and_grad(params: dict[str, Any], others: dict[str, Any]) -> Any:
+            loss, synced = mapped(*self._args({**others, **params}))
+            grads: dict[str, Any] = {}
+            for k, g in zip(weight_slots, synced, strict=True):
+                name = slots[k].source
+                g = jax.lax.with_sharding_constraint(g, self.sharding(name))
+                grads[name] = g if name not in grads else grads[name] + g
+            return loss, grads
+
+        return value_and_grad
 
     # -- training ---------------------------------------------------------------------------
 
@@ -642,8 +750,9 @@ class Lowered:
     def train_step(self, state: TrainState, inputs: Mapping[str, Any]) -> tuple[TrainState, Any]:
         """One training step: forward, loss, backward through the sharded program, the plan's
         gradient synchronization and the optimizer update. Returns the new state and the loss.
-        ``state``'s buffers are donated to the new state."""
-        others = self._placed(inputs, self.input_names, "inputs")
+        ``state``'s buffers are donated to the new state. With micro-batches, micro-batch ``i``
+        is rows ``i*B/m`` to ``(i+1)*B/m`` of every data input."""
+        others = self._placed(self._in_micro_batch_order(inputs), self.input_names, "inputs")
         params, opt_state, loss = self._step_fn()(state.params, state.opt_state, others)
         return TrainState(params, opt_state, state.step + 1), loss
 
@@ -660,7 +769,7 @@ class Lowered:
                 optimizer=self.optimizer,
                 micro_batches=self.micro_batches,
             )
-        return planned_collectives(self.pcg, cost)
+        return planned_collectives(self.pcg, cost, self.mesh.size)
 
     def collectives(self) -> CollectiveComparison:
         """The collectives XLA compiled for the training step beside the cost model's for the
@@ -786,10 +895,32 @@ def reference_values(pcg: PCG, sources: Mapping[str, Any]) -> dict[TensorRef, An
 
 
 def reference_loss_and_grads(
-    pcg: PCG, inputs: Mapping[str, Any], weights: Mapping[str, Any]
+    pcg: PCG,
+    inputs: Mapping[str, Any],
+    weights: Mapping[str, Any],
+    *,
+    micro_batches: int = 1,
 ) -> tuple[Any, dict[str, Any]]:
     """The loss (module docstring) and its gradient in every weight of ``weights``, computed
-    by plain ``jax.numpy`` on one device: the unsharded model a lowered plan must agree with."""
+    by plain ``jax.numpy`` on one device: the unsharded model a lowered plan must agree with.
+    ``micro_batches=m``: the mean of the loss and the gradients of the model on rows ``i*B/m``
+    to ``(i+1)*B/m`` of every data input, for each ``i`` (each micro-batch draws its dropout
+    masks by positions within it, as a separate forward pass does)."""
+    if micro_batches > 1:
+        small = micro_batched(pcg, micro_batches)
+        data = {n.name for n in pcg.nodes if n.op == "input" and pcg.shape(n.name).rank}
+        results = []
+        for i in range(micro_batches):
+            chunk = {}
+            for k, v in inputs.items():
+                if k in data:
+                    size = np.shape(v)[0] // micro_batches
+                    v = np.asarray(v)[i * size : (i + 1) * size]
+                chunk[k] = v
+            results.append(reference_loss_and_grads(small, chunk, weights))
+        loss = sum(r[0] for r in results) / micro_batches
+        grads = {k: sum(r[1][k] for r in results) / micro_batches for k in weights}
+        return loss, grads
     terms = _loss_terms(pcg)
 
     def loss(params: dict[str, Any], others: dict[str, Any]) -> Any:
