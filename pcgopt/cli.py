@@ -5,6 +5,8 @@
     pcgopt ops [NAME]
     pcgopt equivalent A.json B.json [--logical] [--trials N]
     pcgopt optimize MODEL [--machine PRESET[:NODES[:GPUS]]] [--budget S] [--json OUT] [--dot OUT]
+                   [--run [--devices N] [--steps K]]
+    pcgopt run PLAN.json [--devices N] [--steps K] [--model MODEL] [--seed S] [--lr LR]
     pcgopt reductions --machine PRESET:NODES --axes 4,16 --reduce 0 [--bytes N] [--top K]
 
 MODEL is a zoo name (``pcgopt models`` lists them) or a PCG JSON file.
@@ -137,6 +139,71 @@ def _optimize(args: argparse.Namespace) -> int:
         Path(args.json).write_text(plan.to_json())
     if args.dot:
         Path(args.dot).write_text(plan.to_dot())
+    if args.run_plan:
+        print()
+        _run_and_print(plan, plan.pcg, args, model=pcg)
+    return 0
+
+
+def load_plan(spec: str) -> tuple[PCG, dict]:
+    """A plan file (``pcgopt optimize --json``: the PCG under ``"pcg"``, its cost under
+    ``"cost"``) or a bare PCG file, with the plan's fields (empty for a bare PCG)."""
+    path = Path(spec)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise UsageError(f"cannot read {spec}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{spec} is not JSON: {e}") from None
+    if isinstance(data, dict) and isinstance(data.get("pcg"), dict):
+        return PCG.from_dict(data["pcg"]), data
+    return PCG.from_dict(data), {}
+
+
+def _run_and_print(
+    plan: object, pcg: PCG, args: argparse.Namespace, *, model: PCG | None = None, meta=None
+) -> None:
+    """Runs a plan's training steps on JAX and prints the report (``pcgopt run``)."""
+    from pcgopt.lower.run import devices_needed, host_devices
+
+    meta = meta or {}
+    cost = meta.get("cost") or {}
+    needed = devices_needed(pcg)
+    devices = args.devices or needed
+    if devices < needed:
+        raise UsageError(
+            f"--devices {devices}: the plan needs {needed} devices (its widest tensor's shards, "
+            "or the mesh its splits need)"
+        )
+    host_devices(devices)  # before JAX loads
+    try:
+        from pcgopt.lower.run import run_plan
+    except ImportError as e:
+        raise UsageError(
+            f"running plans needs the jax extra: pip install 'pcgopt[jax]' ({e})"
+        ) from None
+    report = run_plan(
+        plan,
+        model=model,
+        devices=devices,
+        steps=args.steps,
+        seed=getattr(args, "seed", 0),
+        optimizer=getattr(args, "train_optimizer", None) or cost.get("optimizer"),
+        micro_batches=cost.get("micro_batches"),
+        learning_rate=getattr(args, "lr", None),
+        say=None if getattr(args, "quiet", False) else _say,
+    )
+    print(report.summary(max_rows=args.rows))
+
+
+def _say(text: str) -> None:
+    print(f"run: {text}", file=sys.stderr, flush=True)
+
+
+def _run(args: argparse.Namespace) -> int:
+    pcg, meta = load_plan(args.plan)
+    model = load_model(args.model) if args.model else None
+    _run_and_print(pcg, pcg, args, model=model, meta=meta)
     return 0
 
 
@@ -192,6 +259,27 @@ def _reductions(args: argparse.Namespace) -> int:
     return 0
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def _run_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--devices",
+        type=_positive,
+        metavar="N",
+        help="devices to run on (default: as many as the plan needs); without accelerators, "
+        "N virtual CPU devices",
+    )
+    p.add_argument("--steps", type=_positive, default=3, help="training steps (default 3)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pcgopt", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -235,7 +323,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dot", metavar="OUT", help="write the plan's PCG as Graphviz")
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument(
+        "--run",
+        dest="run_plan",
+        action="store_true",
+        help="then run the plan's training steps on JAX (as pcgopt run; needs pcgopt[jax])",
+    )
+    _run_options(p)
     p.set_defaults(run=_optimize)
+
+    p = sub.add_parser(
+        "run",
+        help="run a plan's training steps on JAX devices, checked against the unsharded model",
+        description="Lowers a plan to a JAX shard_map program and runs K training steps on N "
+        "devices (virtual CPU devices when there is no accelerator), printing the loss per "
+        "step, the first step's difference from the unsharded model, and the collectives XLA "
+        "compiled beside the cost model's. Needs the jax extra: pip install 'pcgopt[jax]'.",
+    )
+    p.add_argument("plan", help="a plan JSON (pcgopt optimize --json) or a PCG JSON file")
+    p.add_argument(
+        "--model",
+        metavar="MODEL",
+        help="the input model (zoo name or PCG JSON) to compare with (default: the plan's own "
+        "computation without its parallel operators)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="random inputs and weights (default 0)")
+    p.add_argument("--lr", type=float, help="learning rate (default 1e-3)")
+    p.add_argument(
+        "--optimizer",
+        dest="train_optimizer",
+        metavar="NAME",
+        help="sgd, momentum or adam (default: the one the plan was costed with, else adam)",
+    )
+    p.add_argument("--rows", type=int, default=12, help="collective rows to list (default 12)")
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    _run_options(p)
+    p.set_defaults(run=_run)
 
     p = sub.add_parser(
         "reductions",

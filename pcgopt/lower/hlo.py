@@ -96,7 +96,7 @@ class CompiledCollective:
 
     def describe(self) -> str:
         where = ".".join(self.axes) if self.axes else "listed devices"
-        at = f" {self.scope}" if self.scope else " (shard_map boundary)"
+        at = f" {self.scope}" if self.scope else " (no plan node: a weight gradient's sum)"
         return (
             f"{self.kind} {self.shape} over {where} ({self.group_size} x {self.groups} groups) "
             f"{self.phase}{at}: {self.bytes:,} B"

@@ -102,9 +102,11 @@ except ImportError as err:  # pragma: no cover - exercised only without the extr
 __all__ = [
     "Lowered",
     "LoweringError",
+    "PlanShardings",
     "TrainState",
     "lower",
     "reference_loss_and_grads",
+    "shardings",
 ]
 
 #: The learning rate of :meth:`Lowered.train_step` unless given.
@@ -731,7 +733,17 @@ class Lowered:
         """The training state for these (logical) weights."""
         params = self._placed(weights, self.weight_names, "weights")
         opt = optimizer_transform(self.optimizer, self.learning_rate)
-        return TrainState(params, opt.init(params), 0)
+        # The optimizer's state is laid out like the weights it follows (jit keeps the
+        # layouts), so that every step takes and returns the same layouts (one compilation).
+        # Its scalars (Adam's step count) are replicated on the mesh.
+        replicated = NamedSharding(self.mesh, P())
+        opt_state = jax.tree.map(
+            lambda x: (
+                x if len(x.sharding.device_set) == self.mesh.size else jax.device_put(x, replicated)
+            ),
+            jax.jit(opt.init)(params),
+        )
+        return TrainState(params, opt_state, 0)
 
     def _step_fn(self) -> Callable[..., Any]:
         if "step" not in self._cache:
@@ -747,6 +759,9 @@ class Lowered:
             self._cache["step"] = jax.jit(step, donate_argnums=(0, 1))
         return self._cache["step"]
 
+    def _shardings_of(self, tree: Any) -> Any:
+        return jax.tree.map(lambda x: x.sharding, tree)
+
     def train_step(self, state: TrainState, inputs: Mapping[str, Any]) -> tuple[TrainState, Any]:
         """One training step: forward, loss, backward through the sharded program, the plan's
         gradient synchronization and the optimizer update. Returns the new state and the loss.
@@ -754,6 +769,9 @@ class Lowered:
         is rows ``i*B/m`` to ``(i+1)*B/m`` of every data input."""
         others = self._placed(self._in_micro_batch_order(inputs), self.input_names, "inputs")
         params, opt_state, loss = self._step_fn()(state.params, state.opt_state, others)
+        # Keep the state's layouts from step to step (XLA may pick others for outputs).
+        params = jax.device_put(params, self._shardings_of(state.params))
+        opt_state = jax.device_put(opt_state, self._shardings_of(state.opt_state))
         return TrainState(params, opt_state, state.step + 1), loss
 
     def planned_collectives(self) -> tuple[PlannedCollective, ...]:
@@ -934,3 +952,107 @@ def reference_loss_and_grads(
     params = {k: cast[k] for k in weights}
     others = {k: cast[k] for k in inputs}
     return jax.jit(jax.value_and_grad(loss))(params, others)
+
+
+# --- The plan as shardings -----------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlanShardings:
+    """The plan as ``NamedSharding``s on ``mesh`` (:func:`shardings`): for every graph input and
+    weight (``sources``, in the layout the plan stores it in) and every tensor the plan
+    computes (``tensors``, by node name, ``node:i`` for a further output). ``partial``: the
+    tensors the plan holds as partial sums, with the mesh axes they are summed over; a
+    ``NamedSharding`` cannot say that, so theirs shows only how their blocks are split."""
+
+    pcg: PCG
+    mesh: Any
+    sources: Mapping[str, Any]
+    tensors: Mapping[str, Any]
+    partial: Mapping[str, tuple[str, ...]]
+    optimizer: str = "adam"
+
+    def __repr__(self) -> str:
+        axes = ", ".join(f"{n}={s}" for n, s in self.mesh.shape.items())
+        return (
+            f"PlanShardings({len(self.sources)} inputs and weights, {len(self.tensors)} tensors on "
+            f"a mesh of {self.mesh.size} devices ({axes}); {len(self.partial)} partial)"
+        )
+
+    def loss_and_grads_fn(self) -> Callable[..., Any]:
+        """``f(weights, inputs) -> (loss, grads)``: the model (plain ``jax.numpy``, the plan's
+        logical computation) with every computed tensor constrained to its sharding, jitted
+        with the sources' shardings; GSPMD (XLA's SPMD partitioner) inserts the collectives."""
+        pcg = self.pcg
+        terms = _loss_terms(pcg)
+        trained = {n.name for n in pcg.nodes if n.op == "weight" and n.params["trainable"]}
+
+        def loss(params: dict[str, Any], others: dict[str, Any]) -> Any:
+            values: dict[TensorRef, Any] = {}
+            feeds = {**others, **params}
+            for node in pcg.nodes:
+                if node.spec.kind is OpKind.SOURCE:
+                    values[TensorRef(node.name)] = feeds[node.name]
+                    continue
+                outs = node.spec.reference(node.params, *(values[r] for r in node.inputs))
+                for i, v in enumerate(outs):
+                    ref = TensorRef(node.name, i)
+                    sharding = self.tensors.get(str(ref))
+                    if sharding is not None and str(ref) not in self.partial:
+                        v = jax.lax.with_sharding_constraint(v, sharding)
+                    values[ref] = v
+            return sum(jnp.mean(values[r].astype(jnp.float32)) for r in terms)
+
+        params = {k: v for k, v in self.sources.items() if k in trained}
+        others = {k: v for k, v in self.sources.items() if k not in trained}
+        return jax.jit(jax.value_and_grad(loss), in_shardings=(params, others))
+
+    def compiled_text(self) -> str:
+        """XLA's compiled HLO of :meth:`loss_and_grads_fn` on the plan's shapes."""
+        pcg = self.pcg
+        structs = {
+            k: jax.ShapeDtypeStruct(pcg.shape(k).sizes, _dtype(pcg.shape(k).dtype.value))
+            for k in self.sources
+        }
+        trained = {n.name for n in pcg.nodes if n.op == "weight" and n.params["trainable"]}
+        params = {k: v for k, v in structs.items() if k in trained}
+        others = {k: v for k, v in structs.items() if k not in trained}
+        return self.loss_and_grads_fn().lower(params, others).compile().as_text()
+
+    def collectives(self) -> CollectiveComparison:
+        """The collectives GSPMD compiled for the forward and backward, beside the cost
+        model's for the plan (XLA's partitioner chooses its own; the differences are the
+        report's ``extra`` and ``missing``)."""
+        compiled = compiled_collectives(self.compiled_text(), dict(self.mesh.shape))
+        cost = iteration_cost(
+            self.pcg,
+            Machine.preset("dgx-h100", devices_per_node=self.mesh.size),
+            optimizer=self.optimizer,
+        )
+        return compare_collectives(
+            planned_collectives(self.pcg, cost, self.mesh.size),
+            compiled,
+            (n.name for n in self.pcg.nodes),
+        )
+
+
+def shardings(plan_or_pcg: Any, devices: Sequence[Any] | int | None = None) -> PlanShardings:
+    """The plan as ``NamedSharding``s (:class:`PlanShardings`), for users who keep their own
+    JAX code: put the inputs and weights in ``sources`` and constrain activations with
+    ``tensors`` (``jax.lax.with_sharding_constraint``), and XLA's SPMD partitioner inserts the
+    collectives. It may choose other collectives than the plan's explicit program
+    (:func:`lower`); :meth:`PlanShardings.collectives` reports what it compiled."""
+    lowered = lower(plan_or_pcg, devices)
+    mesh, assignment, pcg = lowered.mesh, lowered.assignment, lowered.pcg
+    sources = {n.name: lowered.sharding(n.name) for n in pcg.nodes if n.spec.kind is OpKind.SOURCE}
+    tensors, partial = {}, {}
+    for node in pcg.nodes:
+        if node.spec.kind is OpKind.SOURCE:
+            continue
+        for i in range(len(pcg.output_shapes(node.name))):
+            ref = TensorRef(node.name, i)
+            layout = assignment.layout(ref)
+            tensors[str(ref)] = NamedSharding(mesh, P(*layout.spec()))
+            if layout.partial:
+                partial[str(ref)] = layout.partial
+    return PlanShardings(pcg, mesh, sources, tensors, partial, lowered.optimizer)
