@@ -23,7 +23,7 @@ Lives in the top-level folder ``extract/`` and installs as ``pcgopt.extract`` (s
   and :func:`place_plan`, a plan's axes placed on the hierarchy;
 * :mod:`pcgopt.extract.reduction`: P^2's reduction-program synthesis (:func:`synthesize`),
   simulator (:func:`simulate`) and ranking (:func:`best_reduction`);
-  :mod:`pcgopt.extract.jax_lowering` runs programs as JAX collectives (optional extra);
+  :mod:`pcgopt.lower.reduction` runs programs as JAX collectives (optional extra);
 * :mod:`pcgopt.extract.splitting`: graph splitting (Unity section 5.3): :func:`split_search`
   saturates and extracts a deep PCG segment by segment and stitches the cheapest combination;
 * :mod:`pcgopt.extract.plan`: :func:`saturate_and_extract`, PCG and machine to :class:`Plan`.

@@ -357,6 +357,15 @@ class Plan:
     def to_dot(self) -> str:
         return pcg_to_dot(self.pcg)
 
+    def to_jax(self, devices: Any = None, **options: Any) -> Any:
+        """This plan as a JAX program that runs training steps on ``devices``
+        (:func:`pcgopt.lower.jax.lower`, which takes the same ``options``; needs
+        ``pip install 'pcgopt[jax]'``)."""
+        # pcgopt.lower is the layer above this one; it is loaded only when asked for.
+        from pcgopt.lower.jax import lower
+
+        return lower(self, devices, **options)
+
 
 def _mapping(pcg: PCG) -> dict[str, tuple[tuple[int, ...], ...]]:
     """The device groups of every parallel node that takes a degree, in the cost model's

@@ -638,27 +638,90 @@ class Lowered:
         }
         return self._cache["forward"](sources)
 
-    def _loss_fn(self) -> Callable[[dict[str, Any], dict[str, Any]], Any]:
-        if "loss_fn" not in self._cache:
+    def _loss_fn(self, *, outputs: bool = False) -> Callable[[dict[str, Any], dict[str, Any]], Any]:
+        """The loss of the sharded program; with ``outputs``, also every device's block of
+        every model output (gathered along all mesh axes: no collective), as an aux value."""
+        key = f"loss_fn{outputs}"
+        if key not in self._cache:
             program = self._program
-            mapped = self._mapped(lambda *local: _local_loss(program, program.run(*local)), P())
+            every = P(tuple(self.assignment.grid.names) or None)
+
+            def body(*local: Any) -> Any:
+                values = program.run(*local)
+                loss = _local_loss(program, values)
+                if not outputs:
+                    return loss
+                return loss, tuple(values[r][None] for r in program.outputs)
+
+            specs = (P(), tuple(every for _ in program.outputs)) if outputs else P()
+            mapped = self._mapped(body, specs)
 
             def loss_fn(params: dict[str, Any], others: dict[str, Any]) -> Any:
                 return mapped(*self._args({**others, **params}))
 
-            self._cache["loss_fn"] = loss_fn
-        return self._cache["loss_fn"]
+            self._cache[key] = loss_fn
+        return self._cache[key]
+
+    def _assemble(self, ref: TensorRef, blocks: Any) -> np.ndarray:
+        """A tensor's logical value from every device's block (device order: the mesh's,
+        row-major over its axes): blocks laid side by side along each dimension's axes,
+        partial sums added, one of the copies taken."""
+        grid = self.assignment.grid
+        layout = self._program.layout(ref)
+        block = np.asarray(blocks)
+        arr = block.reshape(*grid.sizes, *block.shape[1:])
+        names = list(grid.names)
+        for a in reversed(names):  # one copy along the axes the tensor does not vary along
+            if a not in layout.axes:
+                arr = arr.take(0, axis=names.index(a))
+                names.remove(a)
+        rank = len(layout.dims)
+        order = [names.index(a) for a in layout.partial]
+        for k, axes in enumerate(layout.dims):
+            order += [names.index(a) for a in axes] + [len(names) + k]
+        arr = arr.transpose(order)
+        shape = self.pcg.shape(ref).sizes
+        parts = math.prod(grid.axis_size(a) for a in layout.partial)
+        return arr.reshape(parts, *shape).sum(axis=0) if rank or parts > 1 else arr.reshape(shape)
+
+    def loss_grads_and_outputs(
+        self, inputs: Mapping[str, Any], weights: Mapping[str, Any]
+    ) -> tuple[Any, dict[str, Any], tuple[np.ndarray, ...]]:
+        """:meth:`loss_and_grads` and the model's outputs (logical numpy values) from the same
+        program (one compilation); without gradient accumulation."""
+        if self.micro_batches > 1:
+            raise LoweringError(
+                "with gradient accumulation the outputs are per micro-batch; use forward()"
+            )
+        params = self._placed(weights, self.weight_names, "weights")
+        others = self._placed(inputs, self.input_names, "inputs")
+        (loss, blocks), grads = self._gradient_program(params, others)(params, others)
+        outputs = tuple(
+            self._assemble(r, b) for r, b in zip(self._program.outputs, blocks, strict=True)
+        )
+        return loss, grads, outputs
 
     def loss_and_grads(
         self, inputs: Mapping[str, Any], weights: Mapping[str, Any]
     ) -> tuple[Any, dict[str, Any]]:
         """The loss and the gradient of every trainable weight (global arrays in the weights'
         stored layouts), as one training step computes them."""
-        if "grad" not in self._cache:
-            self._cache["grad"] = jax.jit(self._value_and_grad())
         params = self._placed(weights, self.weight_names, "weights")
         others = self._placed(self._in_micro_batch_order(inputs), self.input_names, "inputs")
-        return self._cache["grad"](params, others)
+        loss, grads = self._gradient_program(params, others)(params, others)
+        return (loss[0] if self.micro_batches == 1 else loss), grads
+
+    def _gradient_program(self, params: dict[str, Any], others: dict[str, Any]) -> Any:
+        """The loss-and-gradients program (with the outputs' blocks beside the loss, without
+        gradient accumulation), compiled once; its text is what :meth:`compiled_text`
+        reads."""
+        if "grad" not in self._cache:
+            if self.micro_batches == 1:
+                fn = jax.value_and_grad(self._loss_fn(outputs=True), has_aux=True)
+            else:
+                fn = self._accumulated()
+            self._cache["grad"] = jax.jit(fn).lower(params, others).compile()
+        return self._cache["grad"]
 
     def _value_and_grad(self) -> Callable[..., Any]:
         if self.micro_batches == 1:
@@ -790,22 +853,26 @@ class Lowered:
         return planned_collectives(self.pcg, cost, self.mesh.size)
 
     def collectives(self) -> CollectiveComparison:
-        """The collectives XLA compiled for the training step beside the cost model's for the
-        plan, matched one to one (:func:`pcgopt.lower.collectives.compare_collectives`)."""
+        """The collectives XLA compiled for the training step (:meth:`compiled_text`) beside
+        the cost model's for the plan, matched one to one
+        (:func:`pcgopt.lower.collectives.compare_collectives`)."""
         compiled = compiled_collectives(self.compiled_text(), dict(self.mesh.shape))
         return compare_collectives(
             self.planned_collectives(), compiled, (n.name for n in self.pcg.nodes)
         )
 
-    def compiled_text(self) -> str:
-        """XLA's compiled HLO of the training step (after its SPMD and collective passes)."""
-        if "hlo" not in self._cache:
-            inputs, weights = self.random_sources()
-            state = self.init(weights)
-            others = self._placed(inputs, self.input_names, "inputs")
-            lowered = self._step_fn().lower(state.params, state.opt_state, others)
-            self._cache["hlo"] = lowered.compile().as_text()
-        return self._cache["hlo"]
+    def compiled_text(self, *, update: bool = False) -> str:
+        """XLA's compiled HLO (after its SPMD and collective passes) of the training step's
+        loss and gradients, or with ``update`` of the whole step (the optimizer update is
+        elementwise on every device's shards: it adds no collectives)."""
+        inputs, weights = self.random_sources()
+        others = self._placed(self._in_micro_batch_order(inputs), self.input_names, "inputs")
+        if not update:
+            params = self._placed(weights, self.weight_names, "weights")
+            return self._gradient_program(params, others).as_text()
+        state = self.init(weights)
+        lowered = self._step_fn().lower(state.params, state.opt_state, others)
+        return lowered.compile().as_text()
 
 
 # --- Lowering ------------------------------------------------------------------------------------
@@ -859,7 +926,7 @@ def lower(
     if isinstance(plan_or_pcg, Plan):
         plan, pcg, machine = plan_or_pcg, plan_or_pcg.pcg, plan_or_pcg.machine
         optimizer = optimizer or plan.cost.optimizer
-        micro_batches = micro_batches or plan.cost.micro_batches
+        micro_batches = plan.cost.micro_batches if micro_batches is None else micro_batches
     elif isinstance(plan_or_pcg, PCG):
         plan, pcg, machine = None, plan_or_pcg, None
     else:
@@ -867,7 +934,7 @@ def lower(
     optimizer = optimizer or "adam"
     if optimizer not in OPTIMIZERS:
         raise LoweringError(f"unknown optimizer {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
-    micro_batches = micro_batches or 1
+    micro_batches = 1 if micro_batches is None else micro_batches
     if isinstance(micro_batches, bool) or not isinstance(micro_batches, int) or micro_batches < 1:
         raise LoweringError(f"micro_batches must be a positive integer, got {micro_batches!r}")
     if not learning_rate > 0:
@@ -885,6 +952,11 @@ def lower(
     else:
         available = list(devices)
     _loss_terms(pcg)
+    if micro_batches > 1:
+        try:
+            micro_batched(pcg, micro_batches)
+        except PCGError as err:
+            raise LoweringError(f"{micro_batches} micro-batches: {err}", node=err.node) from err
     assignment = _assign(pcg, len(available), machine)
     grid = assignment.grid
     mesh = Mesh(

@@ -528,11 +528,17 @@ def placements(draw, *, max_devices: int = 16, max_levels: int = 3, max_axes: in
     return Placement(tuple(hierarchy), axes, rows, tuple(sorted(reduce_axes)))
 
 
-def flat_machine(devices: int, *, bandwidth: float = 10e9, latency: float = 5e-6) -> Machine:
-    """A one-level machine of ``devices`` 15-TFLOP, 16 GiB GPUs joined by one link (bytes per
-    second, seconds): the smallest hierarchy the cost model and the mapping DP run on."""
+def flat_machine(
+    devices: int, *, bandwidth: float = 10e9, latency: float = 5e-6, peak_flops: float = 15e12
+) -> Machine:
+    """A one-level machine of ``devices`` 15-TFLOP (``peak_flops``), 16 GiB GPUs joined by
+    one link (bytes per second, seconds): the smallest hierarchy the cost model and the mapping
+    DP run on. With slow devices and a fast link, parallelism pays for the smallest models."""
     device = DeviceSpec(
-        name="gpu", peak_flops={"f32": 15e12}, memory_bandwidth_Bps=900e9, memory_bytes=16 * 2**30
+        name="gpu",
+        peak_flops={"f32": peak_flops},
+        memory_bandwidth_Bps=900e9,
+        memory_bytes=16 * 2**30,
     )
     return Machine(
         (Level("gpu", devices, Link(bandwidth, latency)),), device, name=f"flat{devices}"

@@ -18,7 +18,7 @@ SCRIPT = textwrap.dedent(
     import json, sys
     import numpy as np
     from pcgopt.extract.reduction import synthesize
-    from pcgopt.extract.jax_lowering import run_allreduce, run_program
+    from pcgopt.lower.reduction import run_allreduce, run_program
 
     def covering(programs):
         # The fewest programs, in order, that use every (collective, form) pair at least once.

@@ -1,0 +1,143 @@
+"""Every zoo model's small variant, under each planner, on 2, 4 and 8 virtual CPU devices, run
+as a JAX program: the loss and every weight's gradient equal the unsharded model's, the
+forward equals the reference evaluator's, and XLA compiles the collectives the cost model
+charges, in their SPMD forms (pcgopt.lower.collectives), with every difference explained.
+
+Tolerance: float32 against float64 (the evaluator) or float32 in another order of summation
+(the unsharded JAX model): ``|a - b| <= 1e-4 * max(1, max |b|)`` per tensor.
+
+Data parallelism, Megatron and coordinate descent plans are built on a DGX-A100 node of
+``n`` GPUs. ``saturate_and_extract`` plans take seconds each to search, so they were searched
+once (on a machine of slow devices and fast links, where splitting even the small variants
+pays) and are kept in ``sae_plans.json``: ``python tests/lower/test_zoo_plans.py`` searches
+them again.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pcgopt import evaluate
+from pcgopt.errors import PCGError
+from pcgopt.extract.baselines import BaselineError, data_parallel, megatron
+from pcgopt.extract.layerwise import coordinate_descent
+from pcgopt.extract.plan import machine_from_spec
+from pcgopt.graph import PCG
+from pcgopt.models import ZOO, build
+
+pytest.importorskip("jax", reason="running plans needs the optional extra pcgopt[jax]")
+
+from pcgopt.lower.jax import lower, reference_loss_and_grads
+
+PLANNERS = ("data parallel", "megatron", "coordinate descent", "saturate_and_extract")
+DEVICES = (2, 4, 8)
+SAVED = Path(__file__).with_name("sae_plans.json")
+RTOL = 1e-4
+
+
+@functools.cache
+def model(name: str) -> PCG:
+    return build(name, small=True)
+
+
+@functools.cache
+def _saved() -> dict[str, dict]:
+    return json.loads(SAVED.read_text())
+
+
+def plan(name: str, planner: str, devices: int) -> PCG | None:
+    """The plan ``planner`` makes for the small ``name`` on ``devices`` devices, or None when
+    it has none (a batch of 2 split 4 ways)."""
+    if planner == "saturate_and_extract":
+        return PCG.from_dict(_saved()[f"{name}@{devices}"])
+    machine = machine_from_spec(f"dgx-a100:1:{devices}")
+    try:
+        if planner == "data parallel":
+            return data_parallel(model(name), machine)
+        if planner == "megatron":
+            return megatron(model(name), machine)
+        return coordinate_descent(model(name), machine).pcg
+    except (BaselineError, PCGError):
+        return None
+
+
+def _close(got, want) -> float:
+    """Max |got - want| over the scale of ``want`` (at least 1)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.max(np.abs(got - want), initial=0.0) / max(1.0, np.max(np.abs(want))))
+
+
+def distinct_plans(name: str) -> dict[PCG, list[str]]:
+    """Each distinct plan of the model, with the planners and device counts that made it."""
+    found: dict[PCG, list[str]] = {}
+    for planner in PLANNERS:
+        for devices in DEVICES:
+            p = plan(name, planner, devices)
+            if p is not None:
+                found.setdefault(p, []).append(f"{planner} on {devices}")
+    return found
+
+
+@functools.cache
+def reference(name: str) -> tuple:
+    """The unsharded model's loss and gradients on the inputs and weights of seed 1."""
+    feeds = lower(model(name), 1).random_sources(seed=1)
+    return (*feeds, *reference_loss_and_grads(model(name), *feeds))
+
+
+def check(pcg: PCG, name: str, where: str) -> dict:
+    """Runs one plan and checks it; returns what was measured."""
+    lowered = lower(pcg, 8)
+    inputs, weights, ref_loss, ref_grads = reference(name)
+    # One program gives the loss, the gradients and the outputs (one compilation a plan).
+    loss, grads, outputs = lowered.loss_grads_and_outputs(inputs, weights)
+    errors = {"loss": _close(loss, ref_loss)}
+    errors |= {w: _close(grads[w], ref_grads[w]) for w in lowered.weight_names}
+    evaluated = evaluate(pcg, {**inputs, **weights}).outputs
+    errors |= {
+        f"output {k}": _close(o, e.logical())
+        for k, (o, e) in enumerate(zip(outputs, evaluated, strict=True))
+    }
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= RTOL, f"{name} ({where}): {worst} differs by {errors[worst]:.3g}"
+    report = lowered.collectives()
+    for planned, compiled in report.matched:
+        assert compiled.bytes == planned.spmd_bytes, (name, where, planned, compiled)
+    return {"error": errors[worst], "collectives": report, "devices": lowered.mesh.size}
+
+
+@pytest.mark.parametrize("name", list(ZOO))
+def test_every_plan_of_the_small_model_runs_and_equals_the_unsharded_model(name):
+    plans = distinct_plans(name)
+    assert plans, f"no planner made a plan for {name}"
+    for pcg, where in plans.items():
+        check(pcg, name, ", ".join(where))
+
+
+def search_saved(budget_s: float = 2.0) -> None:
+    """Searches every model on every device count with ``saturate_and_extract`` and writes
+    ``sae_plans.json``."""
+    from pcgopt.extract.plan import saturate_and_extract
+    from pcgopt.testing.strategies import flat_machine
+
+    out = {}
+    for name in ZOO:
+        for devices in DEVICES:
+            machine = flat_machine(devices, bandwidth=1e12, latency=1e-9, peak_flops=1e7)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                found = saturate_and_extract(model(name), machine, time_budget_s=budget_s)
+            out[f"{name}@{devices}"] = found.pcg.to_dict()
+            print(f"{name} on {devices}: {found.stats.chosen}", file=sys.stderr)
+    SAVED.write_text(json.dumps(out, sort_keys=True) + "\n")
+
+
+if __name__ == "__main__":
+    search_saved()
