@@ -32,6 +32,7 @@ not have (the loss's scalar sum, a gradient summed at a second reader).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -103,6 +104,8 @@ class PlannedCollective:
     spmd_nbytes: int
     spmd_bytes: int
     why: str
+    #: Devices per group of the SPMD form (a weight replicated in steps: all its copies).
+    spmd_degree: int = 0
 
     @property
     def same_form(self) -> bool:
@@ -129,6 +132,17 @@ def planned_collectives(
     PCG's order. ``devices``: the SPMD program's mesh size; a collective of a tensor that the
     plan keeps on fewer devices runs on all of them there, in more groups."""
     _, stored = source_layouts(pcg)
+    # A weight replicated in steps (2, then 4 ways) is synced once per step by the cost model,
+    # and once over all its copies in SPMD: per stored layout, the steps' degrees.
+    steps: dict[str, list[str]] = {}
+    for node in pcg.nodes:
+        nc = cost.per_node.get(node.name)
+        synced = iter(stored.get(node.name, ()))
+        for c in nc.collectives if nc is not None else ():
+            if c.purpose == "weight sync":
+                layout = next(synced, None)
+                if layout is not None and c.degree > 1:
+                    steps.setdefault(layout, []).append(node.name)
     out = []
     for node in pcg.nodes:
         nc = cost.per_node.get(node.name)
@@ -141,15 +155,23 @@ def planned_collectives(
                 continue
             nbytes = round(c.nbytes)
             spmd_kind, spmd_nbytes, why = spmd_form(node.op, c.purpose, c.kind, c.degree, nbytes)
+            degree = c.degree
             if layout is not None and pcg.shape(layout).shard_nbytes != spmd_nbytes:
                 spmd_nbytes = pcg.shape(layout).shard_nbytes
                 why = "the dense gradient (the cost model syncs only the rows lookups touch)"
-            groups = devices // c.degree if devices else c.groups
+            if layout is not None and len(steps.get(layout, ())) > 1:
+                first = steps[layout][0]
+                if node.name != first:
+                    spmd_kind, why = None, f"summed with {first}'s: one set of copies in SPMD"
+                else:
+                    degree = math.prod(pcg.node(n).params["degree"] for n in steps[layout])
+                    why = f"all {degree} copies of the weight summed at once"
+            groups = devices // degree if devices else c.groups * c.degree // degree
             if spmd_kind and groups != c.groups:
                 more = f"run by all {devices} devices: {groups} groups, the plan's {c.groups}"
                 why = f"{why}; {more}" if why else more
             spmd_bytes = (
-                collective_bytes(spmd_kind, c.degree, spmd_nbytes) * groups if spmd_kind else 0
+                collective_bytes(spmd_kind, degree, spmd_nbytes) * groups if spmd_kind else 0
             )
             # With gradient accumulation, a node's collectives run once per micro-batch (the
             # weights' gradient synchronization once): one entry each.
@@ -169,6 +191,7 @@ def planned_collectives(
                         spmd_nbytes,
                         spmd_bytes,
                         why,
+                        degree,
                     )
                 )
     return tuple(out)
@@ -270,10 +293,11 @@ def compare_collectives(
     used = [False] * len(pool)
 
     def fits(p: PlannedCollective, c: CompiledCollective) -> bool:
-        per_group = collective_bytes(p.spmd_kind, p.degree, p.spmd_nbytes)
+        degree = p.spmd_degree or p.degree
+        per_group = collective_bytes(p.spmd_kind, degree, p.spmd_nbytes)
         return (
             c.kind == p.spmd_kind
-            and c.group_size == p.degree
+            and c.group_size == degree
             and collective_bytes(c.kind, c.group_size, c.nbytes) == per_group
         )
 

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -204,6 +204,9 @@ class _Program:
         # Where copies are used apart: found by tracing once (probe) before the real traces.
         self.copy_axes: dict[str, tuple[str, ...]] = {}
         self._record: dict[TensorRef, frozenset[str]] | None = None
+        # Partitions of copies (typed varying along the new axes): each device's copy takes its
+        # block's gradient, and the copies' gradients are summed where they were made.
+        self.split_copies: set[str] = set()
 
     def probe(self, mesh: Any) -> None:
         """Traces the program once, without running it, to find along which axes the readers
@@ -338,6 +341,8 @@ class _Program:
                     x = lax.all_gather(x, axes, axis=dim, tiled=True)
             elif kind == "partition":
                 new = _head(after.dims[dim][len(dims[dim]) :], degree, grid)
+                if typed and set(new) <= _varying(x):
+                    self.split_copies.add(node.name)
                 x = _slice(x, dim, new, grid, typed)
                 dims[dim] += new
             elif kind == "replicate" and node.op == "replicate":
@@ -355,8 +360,9 @@ def _copy_axes(
 ) -> dict[str, tuple[str, ...]]:
     """For every Replicate and every source as loaded: the mesh axes its copies are used apart
     along, in grid order: those its readers' outputs vary along (``varying``, as traced) and it
-    is not split or summed along. A reader that varies along no more than it (a transpose of a
-    replicated weight) computes on the same copies: its own readers count instead."""
+    is not split or summed along; none if it has no copies. A reader that varies along no more
+    than it and keeps copies (a transpose of a replicated weight) computes on the same copies:
+    its own readers count instead."""
     readers: dict[str, list[str]] = {}
     for node in pcg.nodes:
         for r in node.inputs:
@@ -371,8 +377,12 @@ def _copy_axes(
     for node in pcg.nodes:
         if node.op != "replicate" and node.name not in assignment.stored:
             continue
+        if pcg.shape(node.name).copy_degree == 1:
+            out[node.name] = ()  # no copies: one tensor, computed alike on every device
+            continue
         own = set(assignment.layout(node.name).axes)
         used: set[str] = set()
+        split: set[str] = set()  # the axes the readers' outputs are split or summed along
         stack, seen = list(readers.get(node.name, ())), set()
         while stack:
             reader = stack.pop()
@@ -380,11 +390,28 @@ def _copy_axes(
                 continue
             seen.add(reader)
             axes = vma(reader)
-            passes = pcg.node(reader).op != "replicate" and reader not in assignment.stored
+            passes = (
+                pcg.node(reader).op != "replicate"
+                and reader not in assignment.stored
+                and all(s.copy_degree > 1 for s in pcg.output_shapes(reader))
+            )
             if axes <= own and passes:
                 stack.extend(readers.get(reader, ()))
             else:
                 used |= axes
+                for i in range(len(pcg.output_shapes(reader))):
+                    split.update(assignment.layout(TensorRef(reader, i)).axes)
+        # As many axes as the tensor has copies, those its readers split along first: along
+        # other axes its readers only hold copies of copies, summed where those are made.
+        grid = assignment.grid
+        candidates = [a for a in grid.names if a in (used & split) - own]
+        candidates += [a for a in grid.names if a in used - split - own]
+        chosen, product = set(), 1
+        for a in candidates:
+            if product * grid.axis_size(a) <= pcg.shape(node.name).copy_degree:
+                chosen.add(a)
+                product *= grid.axis_size(a)
+        used = chosen
         out[node.name] = tuple(a for a in assignment.grid.names if a in used - own)
     return out
 
@@ -857,9 +884,21 @@ class Lowered:
         the cost model's for the plan, matched one to one
         (:func:`pcgopt.lower.collectives.compare_collectives`)."""
         compiled = compiled_collectives(self.compiled_text(), dict(self.mesh.shape))
-        return compare_collectives(
-            self.planned_collectives(), compiled, (n.name for n in self.pcg.nodes)
+        planned = tuple(
+            replace(
+                p,
+                spmd_kind=None,
+                spmd_bytes=0,
+                why="it splits copies: each takes its block's gradient, summed where they "
+                "were made",
+            )
+            if p.op == "partition"
+            and p.purpose == "backward"
+            and p.node in self._program.split_copies
+            else p
+            for p in self.planned_collectives()
         )
+        return compare_collectives(planned, compiled, (n.name for n in self.pcg.nodes))
 
     def compiled_text(self, *, update: bool = False) -> str:
         """XLA's compiled HLO (after its SPMD and collective passes) of the training step's

@@ -108,8 +108,16 @@ def check(pcg: PCG, name: str, where: str) -> dict:
     worst = max(errors, key=errors.get)
     assert errors[worst] <= RTOL, f"{name} ({where}): {worst} differs by {errors[worst]:.3g}"
     report = lowered.collectives()
+    # XLA runs every planned collective it keeps in its SPMD form, bytes and all.
     for planned, compiled in report.matched:
         assert compiled.bytes == planned.spmd_bytes, (name, where, planned, compiled)
+    # What it compiles beyond them: the loss's scalar sums, and sums of weight gradients over
+    # copies the plan discards (DiscardCopies moves nothing; JAX still types them as copies).
+    for compiled in report.extra:
+        assert (compiled.kind, compiled.scope) == ("all-reduce", ""), (name, where, compiled)
+    # What it drops: sums XLA proves are of equal values, gathers it cancels against slices.
+    for planned in report.missing:
+        assert planned.spmd_kind in ("all-reduce", "all-gather", "reduce-scatter"), planned
     return {"error": errors[worst], "collectives": report, "devices": lowered.mesh.size}
 
 
