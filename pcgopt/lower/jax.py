@@ -900,10 +900,23 @@ class Lowered:
         )
         return compare_collectives(planned, compiled, (n.name for n in self.pcg.nodes))
 
+    def release(self) -> None:
+        """Drops the compiled loss-and-gradients and forward programs (a full-size model's
+        hold buffers the size of its weights); the next call compiles them again. The HLO
+        text :meth:`collectives` reads is kept."""
+        program = self._cache.pop("grad", None)
+        if program is not None:
+            self._cache["grad_text"] = program.as_text()
+        self._cache.pop("forward", None)
+
     def compiled_text(self, *, update: bool = False) -> str:
         """XLA's compiled HLO (after its SPMD and collective passes) of the training step's
         loss and gradients, or with ``update`` of the whole step (the optimizer update is
         elementwise on every device's shards: it adds no collectives)."""
+        if not update and "grad" in self._cache:
+            return self._cache["grad"].as_text()
+        if not update and "grad_text" in self._cache:
+            return self._cache["grad_text"]
         inputs, weights = self.random_sources()
         others = self._placed(self._in_micro_batch_order(inputs), self.input_names, "inputs")
         if not update:

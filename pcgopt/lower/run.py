@@ -11,6 +11,7 @@ collectives.
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import resource
@@ -181,7 +182,12 @@ def run_plan(
         err = _max_abs(grads[name], ref_grads[name])
         report.grad_error = max(report.grad_error, err)
         report.grad_relative = max(report.grad_relative, err / _scale(ref_grads[name]))
+    # A full-size model's gradients, twice, are as large as its weights: freed before training.
+    del grads, ref_grads, loss, ref_loss
+    lowered.release()
+    gc.collect()
     state = lowered.init(weights)
+    del weights
     for k in range(steps):
         say(f"training step {k + 1} of {steps}")
         start = time.perf_counter()

@@ -209,6 +209,25 @@ def test_the_loss_is_summed_over_the_devices_and_reported_apart():
     assert "the loss's sum: 1 scalar all-reduce" in report.summary()
 
 
+def _megatron_mlp(tanh: bool):
+    b = PCGBuilder()
+    x = b.replicate(b.input((8, 12), name="x"), degree=2)
+    h = b.relu(b.matmul(x, b.partition(b.weight((12, 8), name="w1"), dim=1, degree=2)))
+    w2 = b.partition(b.weight((8, 4), name="w2"), dim=0, degree=2)
+    y = b.discard_copies(b.all_reduce(b.matmul(h, w2), degree=2), degree=2)
+    return b.build(b.tanh(y) if tanh else y)
+
+
+def test_xla_drops_the_sum_of_a_gradient_it_knows_is_the_same_everywhere():
+    """The loss is the mean of the output, so the output's gradient is a constant: the backward
+    of an AllReduce right before the output sums a constant, which XLA folds. Behind a tanh the
+    gradient depends on the data, and the all-reduce is compiled."""
+    folded = lower(_megatron_mlp(tanh=False), 2).collectives()
+    assert [(p.node, p.purpose) for p in folded.missing] == [("all_reduce_1", "backward")]
+    kept = lower(_megatron_mlp(tanh=True), 2).collectives()
+    assert kept.missing == () and len(kept.exact) == 2
+
+
 # --- Shardings ---------------------------------------------------------------------------------
 
 

@@ -1,0 +1,143 @@
+"""Plans that run: every zoo model's small variant under four planners, lowered to JAX and run
+on 8 virtual CPU devices, against the unsharded model, and the collectives XLA compiled
+against the cost model's (the plans of tests/lower/test_zoo_plans.py, checked the same way);
+and, with ``--run PLAN.json``, training steps of a full-size plan (wall time per step, peak
+memory, in a process of its own).
+
+    python bench/lowering.py                          # updates bench/RESULTS.md
+    python bench/lowering.py --run plan.json --steps 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import time
+from pathlib import Path
+
+from _results import publish, run_child
+
+HEADING = "## Plans run on JAX"
+
+RUN_CHILD = """
+import json, sys, time
+from pcgopt.cli import load_plan
+from pcgopt.lower.run import devices_needed, host_devices
+pcg, meta = load_plan(sys.argv[1])
+host_devices(devices_needed(pcg))
+from pcgopt.lower.run import run_plan
+start = time.perf_counter()
+cost = meta.get("cost") or {}
+r = run_plan(pcg, steps=int(sys.argv[2]), optimizer=cost.get("optimizer"),
+             micro_batches=cost.get("micro_batches"))
+c = r.collectives
+print(json.dumps({
+    "nodes": len(pcg.nodes), "devices": r.lowered.mesh.size, "losses": r.losses,
+    "step_seconds": r.step_seconds, "peak_rss": r.peak_rss_bytes,
+    "loss_relative": r.loss_relative, "grad_relative": r.grad_relative,
+    "matched": len(c.matched), "exact": len(c.exact), "planned": len(c.planned),
+    "missing": len(c.missing), "extra": len(c.extra),
+    "seconds": time.perf_counter() - start}))
+"""
+
+
+def zoo() -> list[str]:
+    os.environ.setdefault(
+        "XLA_FLAGS", "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+    )
+    sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "lower"))
+    import test_zoo_plans as zoo_plans
+
+    from pcgopt.models import ZOO
+
+    rows, totals = [], collections.Counter()
+    missing, extra = collections.Counter(), collections.Counter()
+    worst, start = 0.0, time.perf_counter()
+    for name in ZOO:
+        plans = zoo_plans.distinct_plans(name)
+        errors, runs = [], 0
+        for pcg, where in plans.items():
+            found = zoo_plans.check(pcg, name, ", ".join(where))
+            errors.append(found["error"])
+            runs += len(where)
+            report = found["collectives"]
+            totals["planned"] += len(report.planned)
+            totals["matched"] += len(report.matched)
+            totals["exact"] += len(report.exact)
+            totals["free"] += len(report.free)
+            totals["missing"] += len(report.missing)
+            totals["extra"] += len(report.extra)
+            totals["loss"] += len(report.loss)
+            for p in report.missing:
+                missing[f"{p.op} {p.purpose} ({p.kind})"] += 1
+            for c in report.extra:
+                extra[f"{c.kind} {c.shape}"] += 1
+        worst = max(worst, *errors)
+        rows.append(f"| {name} | {runs} | {len(plans)} | {max(errors):.2g} |")
+    lines = [
+        "Command: `python bench/lowering.py` (the plans of tests/lower/test_zoo_plans.py: data",
+        "parallel, Megatron and coordinate descent on a DGX-A100 node of 2, 4 and 8 GPUs, and",
+        "saturate_and_extract's plans of tests/lower/sae_plans.json; each distinct plan lowered",
+        f"once and run on 8 virtual CPU devices; {time.perf_counter() - start:.0f} s).",
+        "",
+        "Error: the largest over the loss, every weight's gradient (against the unsharded model,",
+        "plain jax.numpy in float32) and every output (against the reference evaluator, float64),",
+        "of |difference| / max(1, largest magnitude).",
+        "",
+        "| model | plans (planner x devices) | distinct plans | largest error |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+        f"All {sum(int(r.split('|')[3]) for r in rows)} distinct plans agree; the largest error "
+        f"is {worst:.2g} (the tests require 1e-4).",
+        "",
+        f"Collectives: the cost model charges {totals['planned']} (every node's forward,"
+        f" backward and weight-gradient collectives). {totals['free']} move nothing in SPMD "
+        "(a Combine's scatter, a Replicate's broadcast, a Partition's scatter, ...). XLA compiled "
+        f"{totals['matched']} of the others with exactly the bytes of their SPMD forms; "
+        f"{totals['exact']} of those are the very collective and bytes the cost model charges, "
+        "the rest differ as pcgopt.lower.collectives names (a Combine's gather is an all-gather "
+        "to every device, a Reduce an all-reduce, a sparse table's sync dense, a narrower "
+        "tensor's collective run by every group of the mesh). "
+        f"{totals['missing']} planned were not compiled: "
+        + ", ".join(f"{k} x{v}" for k, v in missing.most_common())
+        + f". {totals['extra']} compiled were not planned: "
+        + (", ".join(f"{k} x{v}" for k, v in extra.most_common()) or "none")
+        + f"; and {totals['loss']} plans' scalar sums of the loss.",
+    ]
+    return lines
+
+
+def run(plan: str, steps: int) -> list[str]:
+    found = run_child(RUN_CHILD, plan, steps)
+    if isinstance(found, str):
+        return [f"`pcgopt run {plan}` failed: {found}"]
+    steps_s = found["step_seconds"]
+    median = sorted(steps_s[1:])[len(steps_s[1:]) // 2] if len(steps_s) > 1 else steps_s[0]
+    return [
+        f"Training steps of {plan} ({found['nodes']} nodes) on {found['devices']} virtual CPU "
+        f"devices: first step (compiling) {steps_s[0]:.1f} s, then {median:.2f} s per step "
+        f"(median of {len(steps_s) - 1}); peak memory {found['peak_rss'] / 2**30:.2f} GiB "
+        f"(process RSS); losses {', '.join(f'{v:.4f}' for v in found['losses'])}; first "
+        f"step against the unsharded model: loss {found['loss_relative']:.2g}, gradients "
+        f"{found['grad_relative']:.2g} (relative); collectives: {found['matched']} of "
+        f"{found['planned']} planned compiled in their SPMD form ({found['exact']} exactly "
+        f"the cost model's), {found['missing']} not compiled, {found['extra']} extra; "
+        f"{found['seconds']:.0f} s in all.",
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", metavar="PLAN.json", help="run a plan's training steps")
+    parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--no-write", action="store_true")
+    args = parser.parse_args()
+    lines = run(args.run, args.steps) if args.run else zoo()
+    publish(HEADING if not args.run else f"{HEADING}: {args.run}", lines, write=not args.no_write)
+
+
+if __name__ == "__main__":
+    main()
