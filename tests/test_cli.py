@@ -113,3 +113,46 @@ def test_reductions_lists_placements_and_their_best_programs(capsys):
     assert "multiply to 60 but the hierarchy [4, 16] has 64 devices" in capsys.readouterr().err
     assert main(["reductions", "--machine", "dgx-a100:2", "--axes", "4,x", "--reduce", "0"]) == 2
     assert "comma-separated integers" in capsys.readouterr().err
+
+
+def _plan_file(tmp_path, name="plan.json"):
+    from pcgopt.extract.baselines import megatron
+    from pcgopt.extract.plan import machine_from_spec
+    from pcgopt.models import build
+
+    path = tmp_path / name
+    plan = megatron(build("mnist_mlp", small=True), machine_from_spec("dgx-a100:1:2"))
+    path.write_text(plan.to_json())
+    return path
+
+
+def test_run_trains_a_plan_on_virtual_devices_and_compares_it(tmp_path, capsys):
+    pytest.importorskip("jax", reason="pcgopt run needs the optional extra pcgopt[jax]")
+    path = _plan_file(tmp_path)
+    # The full-size model is not the one the plan was made from.
+    assert main(["run", str(path), "--steps", "2", "--model", "mnist_mlp", "--quiet"]) == 2
+    assert "the model's inputs and weights differ from the plan's (3: w1" in capsys.readouterr().err
+    small = tmp_path / "small.json"
+    assert main(["summary", "mnist_mlp", "--small", "--json", str(small)]) == 0
+    capsys.readouterr()
+    assert main(["run", str(path), "--steps", "2", "--model", str(small), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "on a mesh of 2 CPU devices" in out
+    assert "first step against the input model evaluated unsharded" in out
+    assert "step 2: loss" in out
+    assert "collectives: 2 planned by the cost model" in out
+
+
+def test_run_names_bad_files_and_too_few_devices(tmp_path, capsys):
+    pytest.importorskip("jax", reason="pcgopt run needs the optional extra pcgopt[jax]")
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["run", str(bad)]) == 2
+    assert "is not JSON" in capsys.readouterr().err
+    assert main(["run", str(tmp_path / "missing.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err
+    assert main(["run", str(_plan_file(tmp_path)), "--devices", "1"]) == 2
+    assert "--devices 1: the plan needs 2 devices" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", str(bad), "--steps", "0"])
+    assert "expected a positive integer" in capsys.readouterr().err

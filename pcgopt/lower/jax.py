@@ -433,6 +433,15 @@ def _local_loss(program: _Program, values: Mapping[TensorRef, Any]) -> Any:
     return total
 
 
+def _glorot_scale(shape: tuple[int, ...]) -> np.float32:
+    """Glorot's standard deviation for a weight of ``shape`` (1 for fewer than 2 dims)."""
+    if len(shape) < 2:
+        return np.float32(1.0)
+    receptive = math.prod(shape[2:])
+    fan_in, fan_out = (shape[0], shape[1]) if len(shape) == 2 else (shape[1], shape[0])
+    return np.float32(math.sqrt(2.0 / ((fan_in + fan_out) * receptive)))
+
+
 def _tail(axes: list[str], degree: int, grid: DeviceGrid) -> list[str]:
     """The trailing axes whose sizes multiply to ``degree``."""
     product, k = 1, len(axes)
@@ -567,10 +576,18 @@ class Lowered:
             return NamedSharding(self.mesh, P())  # read by nothing
         raise LoweringError(f"{source!r} is not an input or weight of the plan")
 
-    def random_sources(self, seed: int = 0) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-        """Random ``(inputs, weights)`` as :func:`pcgopt.evaluate` draws them (float32)."""
+    def random_sources(
+        self, seed: int = 0, *, scaled: bool = True
+    ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """Random ``(inputs, weights)`` (float32) as :func:`pcgopt.evaluate` draws them, but,
+        with ``scaled``, the trainable weights of two or more dimensions scaled to Glorot's
+        standard deviation, sqrt(2 / (fan_in + fan_out)) (a [fan_in, fan_out] matrix; a
+        convolution's [out, in, kh, kw] kernel), as a model is initialized: with unit
+        variance, a full-size model's activations and gradients overflow float32."""
         feeds = random_feeds(self.pcg, seed, np.float32)
         weights = {k: feeds[k] for k in self.weight_names}
+        if scaled:
+            weights = {k: v * _glorot_scale(v.shape) for k, v in weights.items()}
         inputs = {k: feeds[k] for k in self.input_names}
         return inputs, weights
 

@@ -132,6 +132,27 @@ class RunReport:
         return self.summary()
 
 
+def _check_sources(model: PCG, plan: PCG) -> None:
+    """The model must have the plan's inputs and weights (names, sizes and dtypes)."""
+
+    def sources(pcg: PCG) -> dict[str, str]:
+        return {
+            n.name: f"{pcg.shape(n.name).dtype.value}{list(pcg.shape(n.name).sizes)}"
+            for n in pcg.nodes
+            if n.op in ("input", "weight")
+        }
+
+    a, b = sources(model), sources(plan)
+    if a != b:
+        differ = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
+        shown = ", ".join(f"{k}: {a.get(k, 'absent')} vs {b.get(k, 'absent')}" for k in differ[:3])
+        raise PCGError(
+            f"the model's inputs and weights differ from the plan's ({len(differ)}: {shown}"
+            + (", ..." if len(differ) > 3 else "")
+            + "); give the model the plan was made from"
+        )
+
+
 def run_plan(
     plan_or_pcg: Any,
     *,
@@ -164,8 +185,9 @@ def run_plan(
         learning_rate=learning_rate or DEFAULT_LEARNING_RATE,
     )
     report = RunReport(lowered)
-    inputs, weights = lowered.random_sources(seed)
     reference = model if model is not None else lowered.pcg
+    _check_sources(reference, lowered.pcg)
+    inputs, weights = lowered.random_sources(seed)
     report.reference = (
         "the input model evaluated unsharded (plain jax.numpy, one device)"
         if model is not None
