@@ -1039,9 +1039,14 @@ def lower(
 # --- The unsharded model ------------------------------------------------------------------------
 
 
-def reference_values(pcg: PCG, sources: Mapping[str, Any]) -> dict[TensorRef, Any]:
+def reference_values(
+    pcg: PCG,
+    sources: Mapping[str, Any],
+    constrain: Callable[[TensorRef, Any], Any] | None = None,
+) -> dict[TensorRef, Any]:
     """Every tensor of ``pcg`` as a logical value computed by plain ``jax.numpy`` (each
-    operator's reference semantics; parallel operators change nothing logically)."""
+    operator's reference semantics; parallel operators change nothing logically), each
+    computed one passed through ``constrain`` if given."""
     values: dict[TensorRef, Any] = {}
     for node in pcg.nodes:
         if node.spec.kind is OpKind.SOURCE:
@@ -1049,7 +1054,8 @@ def reference_values(pcg: PCG, sources: Mapping[str, Any]) -> dict[TensorRef, An
             continue
         outs = node.spec.reference(node.params, *(values[r] for r in node.inputs))
         for i, v in enumerate(outs):
-            values[TensorRef(node.name, i)] = v
+            ref = TensorRef(node.name, i)
+            values[ref] = v if constrain is None else constrain(ref, v)
     return values
 
 
@@ -1128,20 +1134,14 @@ class PlanShardings:
         terms = _loss_terms(pcg)
         trained = {n.name for n in pcg.nodes if n.op == "weight" and n.params["trainable"]}
 
+        def constrain(ref: TensorRef, value: Any) -> Any:
+            sharding = self.tensors.get(str(ref))
+            if sharding is None or str(ref) in self.partial:
+                return value
+            return jax.lax.with_sharding_constraint(value, sharding)
+
         def loss(params: dict[str, Any], others: dict[str, Any]) -> Any:
-            values: dict[TensorRef, Any] = {}
-            feeds = {**others, **params}
-            for node in pcg.nodes:
-                if node.spec.kind is OpKind.SOURCE:
-                    values[TensorRef(node.name)] = feeds[node.name]
-                    continue
-                outs = node.spec.reference(node.params, *(values[r] for r in node.inputs))
-                for i, v in enumerate(outs):
-                    ref = TensorRef(node.name, i)
-                    sharding = self.tensors.get(str(ref))
-                    if sharding is not None and str(ref) not in self.partial:
-                        v = jax.lax.with_sharding_constraint(v, sharding)
-                    values[ref] = v
+            values = reference_values(pcg, {**others, **params}, constrain)
             return sum(jnp.mean(values[r].astype(jnp.float32)) for r in terms)
 
         params = {k: v for k, v in self.sources.items() if k in trained}

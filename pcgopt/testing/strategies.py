@@ -25,6 +25,7 @@ from pcgopt.builder import PCGBuilder, Tensor
 from pcgopt.errors import PCGError
 from pcgopt.evaluate import random_feeds
 from pcgopt.graph import PCG
+from pcgopt.lower.layout import prime_factors
 from pcgopt.machine import DeviceSpec, Level, Link, Machine
 from pcgopt.ops import OPERATORS, ComputeOp, OpKind, Params, get_op
 from pcgopt.shapes import DType, ParallelDim, ParallelTensorShape
@@ -211,13 +212,7 @@ def _transpose(draw, op):
 
 
 def _factor(n: int) -> list[int]:
-    out, p = [], 2
-    while n > 1:
-        while n % p == 0:
-            out.append(p)
-            n //= p
-        p += 1
-    return out
+    return list(prime_factors(n))
 
 
 @st.composite
