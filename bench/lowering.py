@@ -5,7 +5,11 @@ and, with ``--run PLAN.json``, training steps of a full-size plan (wall time per
 memory, in a process of its own).
 
     python bench/lowering.py                          # updates bench/RESULTS.md
-    python bench/lowering.py --run plan.json --steps 3
+    python bench/lowering.py --run plan.json --steps 3 [--optimizer sgd]
+
+The full-size plan of bench/RESULTS.md was made with
+``pcgopt optimize bert_large --set batch=8 --set seq=128 --machine dgx-h100:1 --budget 60
+--json bert_large_plan.json``.
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ from pathlib import Path
 from _results import publish, run_child
 
 HEADING = "## Plans run on JAX"
+# Not a prefix of HEADING, nor HEADING of it: sections are found by their headings.
+RUN_HEADING = "## A full-size plan run on JAX"
 
 RUN_CHILD = """
 import json, sys, time
@@ -30,11 +36,12 @@ host_devices(devices_needed(pcg))
 from pcgopt.lower.run import run_plan
 start = time.perf_counter()
 cost = meta.get("cost") or {}
-r = run_plan(pcg, steps=int(sys.argv[2]), optimizer=cost.get("optimizer"),
+r = run_plan(pcg, steps=int(sys.argv[2]), optimizer=sys.argv[3] or cost.get("optimizer"),
              micro_batches=cost.get("micro_batches"))
 c = r.collectives
 print(json.dumps({
-    "nodes": len(pcg.nodes), "devices": r.lowered.mesh.size, "losses": r.losses,
+    "optimizer": r.lowered.optimizer, "nodes": len(pcg.nodes),
+    "devices": r.lowered.mesh.size, "losses": r.losses,
     "step_seconds": r.step_seconds, "peak_rss": r.peak_rss_bytes,
     "loss_relative": r.loss_relative, "grad_relative": r.grad_relative,
     "matched": len(c.matched), "exact": len(c.exact), "planned": len(c.planned),
@@ -110,15 +117,20 @@ def zoo() -> list[str]:
     return lines
 
 
-def run(plan: str, steps: int) -> list[str]:
-    found = run_child(RUN_CHILD, plan, steps)
+def run(plan: str, steps: int, optimizer: str) -> list[str]:
+    found = run_child(RUN_CHILD, Path(plan).resolve(), steps, optimizer)
+    plan = Path(plan).name
     if isinstance(found, str):
         return [f"`pcgopt run {plan}` failed: {found}"]
     steps_s = found["step_seconds"]
     median = sorted(steps_s[1:])[len(steps_s[1:]) // 2] if len(steps_s) > 1 else steps_s[0]
     return [
-        f"Training steps of {plan} ({found['nodes']} nodes) on {found['devices']} virtual CPU "
-        f"devices: first step (compiling) {steps_s[0]:.1f} s, then {median:.2f} s per step "
+        f"Command: `python bench/lowering.py --run {plan} --steps {steps}"
+        + (f" --optimizer {optimizer}`" if optimizer else "`"),
+        "",
+        f"Training steps ({found['optimizer']}) of {plan} ({found['nodes']} nodes) on "
+        f"{found['devices']} virtual CPU devices: first step (compiling) {steps_s[0]:.1f} s, "
+        f"then {median:.2f} s per step "
         f"(median of {len(steps_s) - 1}); peak memory {found['peak_rss'] / 2**30:.2f} GiB "
         f"(process RSS); losses {', '.join(f'{v:.4f}' for v in found['losses'])}; first "
         f"step against the unsharded model: loss {found['loss_relative']:.2g}, gradients "
@@ -133,10 +145,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", metavar="PLAN.json", help="run a plan's training steps")
     parser.add_argument("--steps", type=int, default=3)
+    parser.add_argument("--optimizer", default="", help="instead of the plan's")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
-    lines = run(args.run, args.steps) if args.run else zoo()
-    publish(HEADING if not args.run else f"{HEADING}: {args.run}", lines, write=not args.no_write)
+    lines = run(args.run, args.steps, args.optimizer) if args.run else zoo()
+    heading = f"{RUN_HEADING}: {Path(args.run).name}" if args.run else HEADING
+    publish(heading, lines, write=not args.no_write)
 
 
 if __name__ == "__main__":

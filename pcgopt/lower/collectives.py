@@ -37,7 +37,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from pcgopt.extract.cost import CostBreakdown, source_layouts
-from pcgopt.graph import PCG
+from pcgopt.graph import PCG, Node
 from pcgopt.lower.hlo import CompiledCollective, collective_bytes
 
 __all__ = [
@@ -143,6 +143,33 @@ def planned_collectives(
                 layout = next(synced, None)
                 if layout is not None and c.degree > 1:
                     steps.setdefault(layout, []).append(node.name)
+    # A tensor replicated in steps (Replicate after Replicate) likewise: the cost model sums its
+    # copies' gradients once per step, SPMD once, at the last step, over all of them.
+    readers: dict[str, list[str]] = {}
+    for node in pcg.nodes:
+        for r in node.inputs:
+            readers.setdefault(r.node, []).append(node.name)
+    source_of, _ = source_layouts(pcg)
+
+    def chained(node: Node) -> bool:
+        return node.op == "replicate" and node.name not in source_of
+
+    last_of: dict[str, str] = {}  # every Replicate of a chain -> the chain's last
+    product_of: dict[str, int] = {}  # the chain's last -> the product of the chain's degrees
+    for node in pcg.nodes:
+        if not chained(node) or chained(pcg.node(node.inputs[0].node)):
+            continue
+        chain, current = [node.name], node.name
+        while True:
+            nxt = readers.get(current, [])
+            if len(nxt) != 1 or not chained(pcg.node(nxt[0])):
+                break
+            current = nxt[0]
+            chain.append(current)
+        if len(chain) > 1:
+            for name in chain:
+                last_of[name] = chain[-1]
+            product_of[chain[-1]] = math.prod(pcg.node(n).params["degree"] for n in chain)
     out = []
     for node in pcg.nodes:
         nc = cost.per_node.get(node.name)
@@ -166,6 +193,13 @@ def planned_collectives(
                 else:
                     degree = math.prod(pcg.node(n).params["degree"] for n in steps[layout])
                     why = f"all {degree} copies of the weight summed at once"
+            if c.purpose == "backward" and node.name in last_of and spmd_kind:
+                last = last_of[node.name]
+                if node.name != last:
+                    spmd_kind, why = None, f"summed with {last}'s: one set of copies in SPMD"
+                else:
+                    degree = product_of[last]
+                    why = f"all {degree} copies' gradients summed at once"
             groups = devices // degree if devices else c.groups * c.degree // degree
             if spmd_kind and groups != c.groups:
                 more = f"run by all {devices} devices: {groups} groups, the plan's {c.groups}"

@@ -31,6 +31,10 @@ def pytest_collection_modifyitems(session, config, items):
             stderr=subprocess.STDOUT,
             env=dict(os.environ),
         )
+    # One core for it: its compiler's threads would otherwise take both from the suite.
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if len(cores) > 1:
+        os.sched_setaffinity(process.pid, {cores[-1]})
     _worker.update(process=process, out=out, log=log)
 
 
