@@ -229,3 +229,21 @@ def test_each_phase_gets_what_the_phases_before_it_left_and_the_next_keep_theirs
     now[0] = 99.5  # every phase overran: the next still gets 2% of the planned time
     assert clock.limit("branch parallel") == pytest.approx(2.0)
     assert clock.left() == pytest.approx(2.0)
+
+
+def test_a_plan_runs_on_jax_as_it_was_costed(mnist_plan):
+    pytest.importorskip("jax", reason="running plans needs the optional extra pcgopt[jax]")
+    from pcgopt.lower.jax import reference_loss_and_grads
+
+    lowered = mnist_plan.to_jax(2)
+    assert lowered.plan is mnist_plan
+    assert (lowered.optimizer, lowered.micro_batches) == (
+        mnist_plan.cost.optimizer,
+        mnist_plan.cost.micro_batches,
+    )
+    inputs, weights = lowered.random_sources()
+    loss, grads = lowered.loss_and_grads(inputs, weights)
+    ref_loss, ref_grads = reference_loss_and_grads(MNIST, inputs, weights)
+    assert abs(float(loss) - float(ref_loss)) <= 1e-4 * max(1.0, abs(float(ref_loss)))
+    for name, g in ref_grads.items():
+        assert float(abs(grads[name] - g).max()) <= 1e-4 * max(1.0, float(abs(g).max()))
