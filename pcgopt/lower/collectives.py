@@ -57,32 +57,28 @@ _SAME = {
 }
 
 
+#: (operator, cost-model kind) -> (what an SPMD program runs, why it differs), for the
+#: collectives that are not the same there (module docstring).
+_OTHER_FORMS: dict[tuple[str, str], tuple[str | None, str]] = {
+    ("combine", "gather"): ("all-gather", "every device keeps the joined tensor (p x a gather)"),
+    ("combine", "scatter"): (None, "every device holds the whole gradient and slices its block"),
+    ("reduce", "reduce"): ("all-reduce", "every device gets the sum (2 x a reduce)"),
+    ("reduce", "broadcast"): (None, "every device holds the sum's gradient"),
+    ("replicate", "broadcast"): (None, "every device holds the tensor already"),
+    ("replicate", "reduce"): ("all-reduce", "the copies' gradients are summed on every device"),
+    ("partition", "scatter"): (None, "each device slices its block locally"),
+    ("partition", "gather"): ("all-gather", "every device gets the whole gradient (p x a gather)"),
+}
+
+
 def spmd_form(op: str, purpose: str, kind: str, p: int, nbytes: int) -> tuple[str | None, int, str]:
     """What an SPMD program runs for one cost-model collective: ``(XLA kind or None, bytes a
     device's buffer holds, why it differs)`` (module docstring). ``nbytes``: the cost model's
     per-device message."""
     if kind in _SAME:
-        why = ""
-        if purpose == "weight sync":
-            why = "weight gradient"
-        return _SAME[kind], nbytes, why
-    if op == "combine" and kind == "gather":
-        return "all-gather", nbytes, "every device keeps the joined tensor (p x a gather)"
-    if op == "combine" and kind == "scatter":
-        return None, 0, "every device holds the whole gradient and slices its block"
-    if op == "reduce" and kind == "reduce":
-        return "all-reduce", nbytes, "every device gets the sum (2 x a reduce)"
-    if op == "reduce" and kind == "broadcast":
-        return None, 0, "every device holds the sum's gradient"
-    if op == "replicate" and kind == "broadcast":
-        return None, 0, "every device holds the tensor already"
-    if op == "replicate" and kind == "reduce":
-        return "all-reduce", nbytes, "the copies' gradients are summed on every device"
-    if op == "partition" and kind == "scatter":
-        return None, 0, "each device slices its block locally"
-    if op == "partition" and kind == "gather":
-        return "all-gather", nbytes, "every device gets the whole gradient (p x a gather)"
-    return None, 0, f"no SPMD form known for {op}'s {kind}"
+        return _SAME[kind], nbytes, "weight gradient" if purpose == "weight sync" else ""
+    spmd_kind, why = _OTHER_FORMS.get((op, kind), (None, f"no SPMD form known for {op}'s {kind}"))
+    return spmd_kind, nbytes if spmd_kind else 0, why
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,11 +122,17 @@ class PlannedCollective:
 
 
 def planned_collectives(
-    pcg: PCG, cost: CostBreakdown, devices: int | None = None
+    pcg: PCG,
+    cost: CostBreakdown,
+    devices: int | None = None,
+    split_copies: Iterable[str] = (),
 ) -> tuple[PlannedCollective, ...]:
     """Every collective of ``cost`` (the cost model's, for ``pcg``) with its SPMD form, in the
     PCG's order. ``devices``: the SPMD program's mesh size; a collective of a tensor that the
-    plan keeps on fewer devices runs on all of them there, in more groups."""
+    plan keeps on fewer devices runs on all of them there, in more groups. ``split_copies``:
+    the Partitions whose input the program holds as copies (typed varying along the new
+    axes): each copy takes its block's gradient, and nothing is gathered."""
+    split_copies = frozenset(split_copies)
     _, stored = source_layouts(pcg)
     # A weight replicated in steps (2, then 4 ways) is synced once per step by the cost model,
     # and once over all its copies in SPMD: per stored layout, the steps' degrees.
@@ -183,6 +185,9 @@ def planned_collectives(
             nbytes = round(c.nbytes)
             spmd_kind, spmd_nbytes, why = spmd_form(node.op, c.purpose, c.kind, c.degree, nbytes)
             degree = c.degree
+            if node.name in split_copies and c.purpose == "backward":
+                spmd_kind = None
+                why = "it splits copies: each takes its block's gradient, summed where made"
             if layout is not None and pcg.shape(layout).shard_nbytes != spmd_nbytes:
                 spmd_nbytes = pcg.shape(layout).shard_nbytes
                 why = "the dense gradient (the cost model syncs only the rows lookups touch)"

@@ -49,17 +49,17 @@ gradient accumulation over ``m`` micro-batches runs the forward and backward of 
 micro-batch (a slice of every data input's dimension 0) inside the program, accumulates the
 local gradients, and synchronizes them once.
 
-**Checks.** :meth:`Lowered.compare` runs the first step's loss and gradients against
-:func:`reference_loss_and_grads` (the model evaluated by plain ``jax.numpy``, one device, no
-parallel operators) and the forward against :func:`pcgopt.evaluate`; :meth:`Lowered.collectives`
-reads the collectives XLA compiled for the training step and sets them beside the cost model's.
+**Checks.** :func:`reference_loss_and_grads` is the model evaluated by plain ``jax.numpy`` (one
+device, no parallel operators), which the first step's loss and gradients must equal
+(:func:`pcgopt.lower.run.run_plan` compares them); :meth:`Lowered.collectives` reads the
+collectives XLA compiled for the training step and sets them beside the cost model's.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, NamedTuple
 
@@ -509,6 +509,11 @@ def optimizer_transform(name: str, learning_rate: float) -> Any:
     raise LoweringError(f"unknown optimizer {name!r}; valid: {', '.join(OPTIMIZERS)}")
 
 
+def _data_inputs(pcg: PCG) -> frozenset[str]:
+    """Graph inputs with a batch dimension (dimension 0): what micro-batches divide."""
+    return frozenset(n.name for n in pcg.nodes if n.op == "input" and pcg.shape(n.name).rank)
+
+
 def _loss_terms(pcg: PCG) -> tuple[TensorRef, ...]:
     """The outputs the loss averages: the floating-point ones."""
     terms = tuple(r for r in pcg.outputs if not pcg.shape(r).dtype.is_integer)
@@ -615,12 +620,6 @@ class Lowered:
             )
         return out
 
-    def _data_inputs(self) -> tuple[str, ...]:
-        """Graph inputs with a batch dimension (dimension 0): what micro-batches divide."""
-        return tuple(
-            n.name for n in self.pcg.nodes if n.op == "input" and self.pcg.shape(n.name).rank
-        )
-
     def _in_micro_batch_order(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """The data inputs' rows reordered so that micro-batch ``i`` (rows ``i*B/m`` to
         ``(i+1)*B/m``) is chunk ``i`` of every device's block: as a data loader that feeds
@@ -629,14 +628,12 @@ class Lowered:
         out = dict(inputs)
         if m == 1:
             return out
-        for name in self._data_inputs():
+        for name in _data_inputs(self.pcg):
             if name not in out:
                 continue
             value = np.asarray(out[name])
-            spec = self.sharding(name).spec
-            first = spec[0] if len(spec) else None
-            axes = (first,) if isinstance(first, str) else tuple(first or ())
-            d = math.prod(self.mesh.shape[a] for a in axes)
+            slot = next(s for s in self._program.slots if s.source == name)
+            d = math.prod(self.mesh.shape[a] for a in self._program.layout(slot.node).dims[0])
             rest = value.shape[1:]
             blocks = value.reshape(m, d, value.shape[0] // (d * m), *rest).swapaxes(0, 1)
             out[name] = blocks.reshape(value.shape)
@@ -719,14 +716,13 @@ class Lowered:
             if a not in layout.axes:
                 arr = arr.take(0, axis=names.index(a))
                 names.remove(a)
-        rank = len(layout.dims)
         order = [names.index(a) for a in layout.partial]
         for k, axes in enumerate(layout.dims):
             order += [names.index(a) for a in axes] + [len(names) + k]
         arr = arr.transpose(order)
         shape = self.pcg.shape(ref).sizes
         parts = math.prod(grid.axis_size(a) for a in layout.partial)
-        return arr.reshape(parts, *shape).sum(axis=0) if rank or parts > 1 else arr.reshape(shape)
+        return arr.reshape(parts, *shape).sum(axis=0)
 
     def loss_grads_and_outputs(
         self, inputs: Mapping[str, Any], weights: Mapping[str, Any]
@@ -789,7 +785,7 @@ class Lowered:
             raise LoweringError(f"the plan on 1/{m} of its batch is laid out differently")
         micro.probe(self.mesh)
         trained = set(self.weight_names)
-        data = {n.name for n in self.pcg.nodes if n.op == "input" and self.pcg.shape(n.name).rank}
+        data = _data_inputs(self.pcg)
         weight_slots = [k for k, slot in enumerate(slots) if slot.source in trained]
         cast = frozenset(slots[k].node for k in weight_slots)
 
@@ -894,28 +890,17 @@ class Lowered:
                 optimizer=self.optimizer,
                 micro_batches=self.micro_batches,
             )
-        return planned_collectives(self.pcg, cost, self.mesh.size)
+        return planned_collectives(self.pcg, cost, self.mesh.size, self._program.split_copies)
 
     def collectives(self) -> CollectiveComparison:
         """The collectives XLA compiled for the training step (:meth:`compiled_text`) beside
         the cost model's for the plan, matched one to one
         (:func:`pcgopt.lower.collectives.compare_collectives`)."""
+        # The compiled text first: tracing it finds the Partitions of copies.
         compiled = compiled_collectives(self.compiled_text(), dict(self.mesh.shape))
-        planned = tuple(
-            replace(
-                p,
-                spmd_kind=None,
-                spmd_bytes=0,
-                why="it splits copies: each takes its block's gradient, summed where they "
-                "were made",
-            )
-            if p.op == "partition"
-            and p.purpose == "backward"
-            and p.node in self._program.split_copies
-            else p
-            for p in self.planned_collectives()
+        return compare_collectives(
+            self.planned_collectives(), compiled, (n.name for n in self.pcg.nodes)
         )
-        return compare_collectives(planned, compiled, (n.name for n in self.pcg.nodes))
 
     def release(self) -> None:
         """Drops the compiled loss-and-gradients and forward programs (a full-size model's
@@ -1073,7 +1058,7 @@ def reference_loss_and_grads(
     masks by positions within it, as a separate forward pass does)."""
     if micro_batches > 1:
         small = micro_batched(pcg, micro_batches)
-        data = {n.name for n in pcg.nodes if n.op == "input" and pcg.shape(n.name).rank}
+        data = _data_inputs(pcg)
         results = []
         for i in range(micro_batches):
             chunk = {}

@@ -194,12 +194,6 @@ class LayoutAssignment:
     def layout(self, ref: TensorRef | str) -> MeshLayout:
         return self.layouts[TensorRef.parse(ref)]
 
-    @property
-    def axes_used(self) -> Axes:
-        """The mesh axes some tensor varies along, in grid order."""
-        used = {a for lay in self.layouts.values() for a in lay.axes}
-        return tuple(n for n in self.grid.names if n in used)
-
 
 # --- The symbolic pass ---------------------------------------------------------------------------
 

@@ -9,19 +9,16 @@ imports JAX; :func:`array_module` only looks at what it is given.
 >>> import numpy as np
 >>> array_module(np.ones(2), None) is np
 True
->>> block_of(np.arange(12).reshape(3, 4), (1, 2), (2, 2)).tolist()
-[[6, 7], [10, 11]]
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-__all__ = ["array_module", "block_of", "is_concrete"]
+__all__ = ["array_module", "is_concrete"]
 
 
 def _is_jax(value: object) -> bool:
@@ -45,14 +42,3 @@ def is_concrete(*values: Any) -> bool:
     """Whether every value is a plain number or numpy array (not a JAX array or tracer), so
     that Python code may branch on it."""
     return not any(v is not None and _is_jax(v) for v in values)
-
-
-def block_of(full: Any, starts: Sequence[Any], sizes: Sequence[int]) -> Any:
-    """The block of ``full`` of ``sizes`` whose first element is at ``starts``: numpy slicing
-    for integer starts, ``lax.dynamic_slice`` when a start is traced."""
-    if is_concrete(*starts):
-        index = tuple(slice(int(s), int(s) + n) for s, n in zip(starts, sizes, strict=True))
-        return full[index]
-    from jax import lax
-
-    return lax.dynamic_slice(full, tuple(starts), tuple(sizes))
