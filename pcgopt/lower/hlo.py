@@ -34,6 +34,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import numpy as np
+
 __all__ = ["CompiledCollective", "collective_bytes", "compiled_collectives"]
 
 KINDS = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -63,7 +65,7 @@ _LINE = re.compile(
 _SHAPE = re.compile(r"(\w+)\[([\d,]*)\]")
 _MESH_GROUPS = re.compile(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}")
 _LIST_GROUPS = re.compile(r"replica_groups=\{((?:\{[\d,]*\},?)*)\}")
-_IOTA_GROUPS = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[[\d,]+\]")
+_IOTA_GROUPS = re.compile(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?")
 _PAIRS = re.compile(r"source_target_pairs=\{((?:\{\d+,\d+\},?)*)\}")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 
@@ -89,6 +91,9 @@ class CompiledCollective:
     scope: str
     phase: str
     combined: int = 1
+    #: The groups as listed in the text (mesh positions, row-major); empty when given by
+    #: ``axes``.
+    members: tuple[tuple[int, ...], ...] = ()
 
     @property
     def bytes(self) -> int:
@@ -120,8 +125,13 @@ def _nbytes(dtype: str, dims: str) -> int:
     return size * _ITEMSIZE.get(dtype, 4)
 
 
-def _groups(line: str, axis_sizes: Mapping[str, int] | None) -> tuple[int, int, tuple[str, ...]]:
-    """(group size, number of groups, mesh axes) of a collective line."""
+_Groups = tuple[tuple[int, ...], ...]
+
+
+def _groups(
+    line: str, axis_sizes: Mapping[str, int] | None
+) -> tuple[int, int, tuple[str, ...], _Groups]:
+    """(group size, number of groups, mesh axes, listed groups) of a collective line."""
     m = _MESH_GROUPS.search(line)
     if m:
         sizes = {}
@@ -130,19 +140,28 @@ def _groups(line: str, axis_sizes: Mapping[str, int] | None) -> tuple[int, int, 
             sizes[name.strip().strip("'")] = int(size)
         axes = tuple(a.strip().strip("'") for a in m.group(2).split(",") if a.strip())
         p = math.prod(sizes[a] for a in axes)
-        return p, math.prod(sizes.values()) // p, axes
+        return p, math.prod(sizes.values()) // p, axes, ()
     m = _IOTA_GROUPS.search(line)
     if m:
-        return int(m.group(2)), int(m.group(1)), ()
+        # [groups, size] <= [dims] T(perm): iota over dims, transposed, read in rows.
+        count, p = int(m.group(1)), int(m.group(2))
+        ids = np.arange(count * p).reshape([int(d) for d in m.group(3).split(",")])
+        if m.group(4):
+            ids = ids.transpose([int(d) for d in m.group(4).split(",")])
+        return p, count, (), tuple(tuple(row) for row in ids.reshape(count, p).tolist())
     m = _LIST_GROUPS.search(line)
     if m and m.group(1):
-        groups = re.findall(r"\{([\d,]*)\}", m.group(1))
-        return len(groups[0].split(",")), len(groups), ()
+        listed = tuple(
+            tuple(int(d) for d in g.split(",") if d)
+            for g in re.findall(r"\{([\d,]*)\}", m.group(1))
+        )
+        return len(listed[0]), len(listed), (), listed
     m = _PAIRS.search(line)
     if m:
-        return 2, len(re.findall(r"\{\d+,\d+\}", m.group(1))), ()
+        pairs = tuple((int(a), int(b)) for a, b in re.findall(r"\{(\d+),(\d+)\}", m.group(1)))
+        return 2, len(pairs), (), pairs
     total = math.prod(axis_sizes.values()) if axis_sizes else 1
-    return total, 1, tuple(axis_sizes or ())
+    return total, 1, tuple(axis_sizes or ()), ()
 
 
 def _scope(op_name: str) -> tuple[str, str]:
@@ -178,7 +197,7 @@ def compiled_collectives(
             # An async start returns (operands, results[, scratch]): the results are the second
             # half for all-gather and the like.
             shapes = shapes[len(shapes) // 2 : len(shapes) // 2 * 2] or shapes
-        p, groups, axes = _groups(line, axis_sizes)
+        p, groups, axes, members = _groups(line, axis_sizes)
         op = _OP_NAME.search(line)
         scope, phase = _scope(op.group(1) if op else "")
         if kind == "all-to-all" and len(shapes) > 1:
@@ -186,7 +205,9 @@ def compiled_collectives(
             total = sum(_nbytes(dtype, dims) for dtype, dims in shapes)
             pieces = ", ".join(f"{dtype}[{dims}]" for dtype, dims in shapes)
             out.append(
-                CompiledCollective(kind, f"({pieces})", total, p, groups, axes, scope, phase)
+                CompiledCollective(
+                    kind, f"({pieces})", total, p, groups, axes, scope, phase, 1, members
+                )
             )
             continue
         for dtype, dims in shapes:
@@ -195,7 +216,16 @@ def compiled_collectives(
                 nbytes *= p  # the input: p results
             out.append(
                 CompiledCollective(
-                    kind, f"{dtype}[{dims}]", nbytes, p, groups, axes, scope, phase, len(shapes)
+                    kind,
+                    f"{dtype}[{dims}]",
+                    nbytes,
+                    p,
+                    groups,
+                    axes,
+                    scope,
+                    phase,
+                    len(shapes),
+                    members,
                 )
             )
     return tuple(out)

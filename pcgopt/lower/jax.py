@@ -33,7 +33,15 @@ synchronization) and kept split where the weight is split.
 **Devices.** The mesh has one axis per prime factor of its size (:class:`DeviceGrid`), named
 after the machine's levels when the plan spans the whole machine. Its size is the plan's width
 (its widest tensor), or a multiple of it when three splits pairwise share tensors (more
-devices than the widest tensor then hold copies); :attr:`Lowered.mesh` says which. Tensors
+devices than the widest tensor then hold copies); :attr:`Lowered.mesh` says which. The devices
+are numbered as the plan numbers them, and the mesh holds them in the order that runs every
+collective on the device groups the plan placed it on (:attr:`Plan.mapping
+<pcgopt.extract.plan.Plan.mapping>`: P^2's placement and the machine mapping's offsets; for a
+bare PCG, the ``placement`` given or the cost model's consecutive devices):
+:mod:`pcgopt.lower.placement`. Groups no device order can give (the cost model's default
+placement of a plan with two axes puts both on consecutive devices) are listed in
+:attr:`Lowered.placement`, and :meth:`Lowered.group_checks` sets each compiled collective's
+groups beside the plan's. Tensors
 narrower than the mesh are held, and computed, by every device off their axes: a branch that the
 machine mapping runs on a block of devices beside another branch runs here on all devices, one
 branch after the other (SPMD has one program; masking would not make them concurrent either).
@@ -75,13 +83,22 @@ from pcgopt.lower.collectives import (
     compare_collectives,
     planned_collectives,
 )
-from pcgopt.lower.hlo import compiled_collectives
+from pcgopt.lower.hlo import CompiledCollective, compiled_collectives
 from pcgopt.lower.layout import (
     DeviceGrid,
     LayoutAssignment,
     LayoutError,
     MeshLayout,
     assign_layouts,
+)
+from pcgopt.lower.placement import (
+    DeviceOrder,
+    GroupCheck,
+    Groups,
+    collective_axes,
+    default_placement,
+    device_order,
+    devices_of,
 )
 from pcgopt.machine import Machine
 from pcgopt.ops import OpKind
@@ -541,13 +558,19 @@ class Lowered:
     learning_rate: float
     micro_batches: int
     plan: Any = None
-    _program: _Program = field(init=False, repr=False)
+    #: The device at every mesh position and which nodes run in the plan's device groups
+    #: (:mod:`pcgopt.lower.placement`); None: the devices in the order given.
+    placement: DeviceOrder | None = field(default=None, repr=False)
+    _program: _Program | None = field(default=None, repr=False)
     _cache: dict[str, Any] = field(init=False, repr=False, default_factory=dict)
 
     def __post_init__(self) -> None:
-        program = _Program(self.pcg, self.assignment)
-        program.probe(self.mesh)
-        object.__setattr__(self, "_program", program)
+        if self.placement is None:
+            object.__setattr__(self, "placement", DeviceOrder(tuple(range(self.mesh.size))))
+        if self._program is None:
+            program = _Program(self.pcg, self.assignment)
+            program.probe(self.mesh)
+            object.__setattr__(self, "_program", program)
 
     def __repr__(self) -> str:
         axes = ", ".join(f"{n}={s}" for n, s in self.mesh.shape.items())
@@ -902,6 +925,53 @@ class Lowered:
             self.planned_collectives(), compiled, (n.name for n in self.pcg.nodes)
         )
 
+    def compiled_groups(self, collective: CompiledCollective) -> Groups | None:
+        """The devices of each group of a compiled collective, numbered as the plan numbers
+        them (the position of each in the devices lowered to); None if the text does not say."""
+        assert self.placement is not None
+        if collective.members:
+            return devices_of(collective.members, self.placement.order)
+        if collective.axes:
+            return self.placement.groups(self.assignment.grid, collective.axes)
+        return None
+
+    def group_checks(
+        self, comparison: CollectiveComparison | None = None
+    ) -> tuple[GroupCheck, ...]:
+        """For every matched collective (``comparison``, default :meth:`collectives`) of a node
+        with groups in the plan, compiled in that node's scope (or, for a weight's gradient
+        synchronization, at the program's boundary) and run by as many devices per group as
+        the plan says: the plan's groups beside the compiled ones."""
+        assert self.placement is not None
+        comparison = comparison or self.collectives()
+        names = {n.name.replace("/", "."): n.name for n in self.pcg.nodes}
+        planned_of = self.placement.planned
+        # Weight gradients are summed at the program's boundary, with no scope: matched to a
+        # planned sync by size alone, which names the node only if all syncs of that size
+        # have the same groups.
+        syncs: dict[tuple, set] = {}
+        for p in comparison.planned:
+            if p.purpose == "weight sync" and p.node in planned_of:
+                syncs.setdefault((p.spmd_kind, p.spmd_nbytes, p.degree), set()).add(
+                    planned_of[p.node]
+                )
+        out = []
+        for p, c in comparison.matched:
+            planned = planned_of.get(p.node)
+            if planned is None or (p.spmd_degree or p.degree) != p.degree:
+                continue
+            if c.scope:
+                if names.get(c.scope.split("/")[0]) != p.node:
+                    continue
+            elif (
+                p.purpose != "weight sync" or len(syncs[(p.spmd_kind, p.spmd_nbytes, p.degree)]) > 1
+            ):
+                continue
+            compiled = self.compiled_groups(c)
+            if compiled is not None:
+                out.append(GroupCheck(p.node, p.purpose, c.kind, tuple(planned), compiled))
+        return tuple(out)
+
     def release(self) -> None:
         """Drops the compiled loss-and-gradients and forward programs (a full-size model's
         hold buffers the size of its weights); the next call compiles them again. The HLO
@@ -970,11 +1040,18 @@ def lower(
     optimizer: str | None = None,
     learning_rate: float = DEFAULT_LEARNING_RATE,
     micro_batches: int | None = None,
+    placement: Mapping[str, Sequence[Sequence[int]]] | None = None,
 ) -> Lowered:
     """The plan (a :class:`~pcgopt.extract.plan.Plan` or a PCG) as a JAX program
     (module docstring). ``devices``: the JAX devices to run on, or how many of
-    ``jax.devices()`` (default: as many as the plan needs). ``optimizer`` and
-    ``micro_batches`` default to the plan's cost model's (a bare PCG: Adam, 1)."""
+    ``jax.devices()`` (default: as many as the plan needs), numbered as the plan numbers its
+    devices. ``optimizer`` and ``micro_batches`` default to the plan's cost model's (a bare
+    PCG: Adam, 1). ``placement``: the device groups of the parallel nodes (default: the
+    Plan's :attr:`~pcgopt.extract.plan.Plan.mapping`; for a PCG, the cost model's
+    consecutive devices, or :attr:`~pcgopt.extract.placement.PlanPlacement.devices` of
+    :func:`~pcgopt.extract.placement.place_plan`); the mesh's devices are ordered to run
+    each node's collective on its groups (:mod:`pcgopt.lower.placement`;
+    :attr:`Lowered.placement` says which nodes' groups it could not make the plan's)."""
     from pcgopt.extract.plan import Plan
 
     if isinstance(plan_or_pcg, Plan):
@@ -1013,12 +1090,55 @@ def lower(
             raise LoweringError(f"{micro_batches} micro-batches: {err}", node=err.node) from err
     assignment = _assign(pcg, len(available), machine)
     grid = assignment.grid
-    mesh = Mesh(
-        np.array(available[: grid.size], dtype=object).reshape(grid.shape),
+    devices_used = available[: grid.size]
+    program = _Program(pcg, assignment)
+    program.probe(_mesh(devices_used, grid))  # the probe needs the axes, not the devices' order
+    placement = device_order(
+        grid,
+        collective_axes(assignment, program.copy_axes),
+        _placement_of(pcg, plan, placement),
+    )
+    mesh = _mesh([devices_used[d] for d in placement.order], grid)
+    return Lowered(
+        pcg,
+        assignment,
+        mesh,
+        optimizer,
+        learning_rate,
+        micro_batches,
+        plan,
+        placement=placement,
+        _program=program,
+    )
+
+
+def _placement_of(
+    pcg: PCG, plan: Any, placement: Mapping[str, Sequence[Sequence[int]]] | None
+) -> dict[str, Any]:
+    if placement is None:
+        return dict(plan.mapping) if plan is not None else default_placement(pcg)
+    if not isinstance(placement, Mapping):
+        raise LoweringError(
+            f"placement must map parallel node names to device groups, got "
+            f"{type(placement).__name__}"
+        )
+    unknown = sorted(set(placement) - {n.name for n in pcg.nodes})
+    if unknown:
+        raise LoweringError(
+            f"placement names nodes the plan does not have: {', '.join(unknown[:5])}",
+            node=unknown[0],
+        )
+    # Nodes the placement leaves out keep the cost model's default, as the cost model does.
+    return {**default_placement(pcg), **placement}
+
+
+def _mesh(devices: Sequence[Any], grid: DeviceGrid) -> Any:
+    """``devices`` (row-major) as a mesh of ``grid``'s axes."""
+    return Mesh(
+        np.array(devices, dtype=object).reshape(grid.shape),
         grid.names,
         axis_types=(jax.sharding.AxisType.Auto,) * len(grid.names),
     )
-    return Lowered(pcg, assignment, mesh, optimizer, learning_rate, micro_batches, plan)
 
 
 # --- The unsharded model ------------------------------------------------------------------------

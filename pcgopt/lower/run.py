@@ -126,7 +126,18 @@ class RunReport:
             lines.append("collectives: none (one device)")
         elif self.collectives is not None:
             lines.append(self.collectives.summary(max_rows=max_rows))
+            lines.append(self._groups())
         return "\n".join(lines)
+
+    def _groups(self) -> str:
+        low = self.lowered
+        checks = low.group_checks(self.collectives)
+        agree = sum(c.agrees for c in checks)
+        text = low.placement.summary() if low.placement is not None else "device groups:"
+        return (
+            f"{text}\n  compiled collectives read back with their node: {agree} of "
+            f"{len(checks)} on the plan's groups"
+        )
 
     def __str__(self) -> str:
         return self.summary()

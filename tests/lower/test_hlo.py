@@ -76,3 +76,17 @@ def test_lines_that_are_not_collectives_are_ignored():
     assert compiled_collectives("%add = f32[4]{0} add(%a, %b)\n%all-gather-done = x") == ()
     with pytest.raises(ValueError, match="unknown collective"):
         collective_bytes("all-sum", 2, 8)
+
+
+def test_listed_and_iota_groups_are_kept_as_members():
+    listed = _one("%ar = f32[4]{0} all-reduce(%x), replica_groups={{0,2},{1,3}}, to_apply=%add")
+    assert (listed.group_size, listed.groups) == (2, 2)
+    assert listed.members == ((0, 2), (1, 3))
+    iota = _one("%ar = f32[4]{0} all-reduce(%x), replica_groups=[2,4]<=[8], to_apply=%add")
+    assert iota.members == ((0, 1, 2, 3), (4, 5, 6, 7))
+    # [2,4]<=[4,2]T(1,0): iota(8) as 4x2, transposed to 2x4, read in rows.
+    transposed = _one(
+        "%ar = f32[4]{0} all-reduce(%x), replica_groups=[2,4]<=[4,2]T(1,0), to_apply=%add"
+    )
+    assert transposed.members == ((0, 2, 4, 6), (1, 3, 5, 7))
+    assert _one(f"%ar = f32[4]{{0}} all-reduce(%x), {MESH} {{'a'}}, to_apply=%add").members == ()

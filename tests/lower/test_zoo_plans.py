@@ -1,7 +1,9 @@
 """Every zoo model's small variant, under each planner, on 2, 4 and 8 virtual CPU devices, run
 as a JAX program: the loss and every weight's gradient equal the unsharded model's, the
 forward equals the reference evaluator's, and XLA compiles the collectives the cost model
-charges, in their SPMD forms (pcgopt.lower.collectives), with every difference explained.
+charges, in their SPMD forms (pcgopt.lower.collectives), with every difference explained, on
+the cost model's device groups wherever the mesh's device order can honour them
+(pcgopt.lower.placement).
 
 Tolerance: float32 against float64 (the evaluator) or float32 in another order of summation
 (the unsharded JAX model): ``|a - b| <= 1e-4 * max(1, max |b|)`` per tensor.
@@ -122,7 +124,19 @@ def check(pcg: PCG, name: str, where: str) -> dict:
     # What it drops: sums XLA proves are of equal values, gathers it cancels against slices.
     for planned in report.missing:
         assert planned.spmd_kind in ("all-reduce", "all-gather", "reduce-scatter"), planned
-    return {"error": errors[worst], "collectives": report, "devices": lowered.mesh.size}
+    # The cost model's device groups (a bare PCG: consecutive devices): every node the mesh's
+    # device order honours runs its compiled collectives on them.
+    groups = lowered.group_checks(report)
+    honoured = set(lowered.placement.honoured)
+    for g in groups:
+        assert g.agrees or g.node not in honoured, (name, where, g)
+    return {
+        "error": errors[worst],
+        "collectives": report,
+        "devices": lowered.mesh.size,
+        "groups": groups,
+        "placement": lowered.placement,
+    }
 
 
 def check_model(name: str) -> dict:
