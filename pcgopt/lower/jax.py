@@ -41,12 +41,18 @@ bare PCG, the ``placement`` given or the cost model's consecutive devices):
 :mod:`pcgopt.lower.placement`. Groups no device order can give (the cost model's default
 placement of a plan with two axes puts both on consecutive devices) are listed in
 :attr:`Lowered.placement`, and :meth:`Lowered.group_checks` sets each compiled collective's
-groups beside the plan's. Tensors
-narrower than the mesh are held, and computed, by every device off their axes: a branch that the
-machine mapping runs on a block of devices beside another branch runs here on all devices, one
-branch after the other (SPMD has one program; masking would not make them concurrent either).
-The results are the same; only the time differs, and :meth:`Lowered.collectives` shows what
-moves.
+groups beside the plan's. Tensors narrower than the mesh are held, and computed, by every
+device off their axes.
+
+**Branches at once.** A Plan whose machine mapping runs branches at once on disjoint blocks of
+devices is not one SPMD program: :func:`lower` gives a
+:class:`~pcgopt.lower.mapped.MappedLowered`, one such program per block on a sub-mesh of its
+devices, the tensors handed between blocks put on the reader's devices
+(:mod:`pcgopt.lower.mapped`; sub-meshes rather than masking, so that a branch's weights and
+work live only on its block). ``lower(plan, concurrent=False)``, a bare PCG, and plans the
+sub-meshes do not support (partial sums handed between blocks, gradient accumulation:
+:attr:`Lowered.note` says which) run as one program on all devices, the branches one after the
+other; the results are the same.
 
 **Training.** The loss is the mean of the model's output (the sum of the means, with several
 outputs): the zoo's models and most imported graphs end before their loss, and the IR has no
@@ -69,7 +75,7 @@ import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -104,6 +110,9 @@ from pcgopt.machine import Machine
 from pcgopt.ops import OpKind
 from pcgopt.ops.spec import LocalContext, axis_degrees
 from pcgopt.scaled import micro_batched
+
+if TYPE_CHECKING:
+    from pcgopt.lower.mapped import MappedLowered
 
 try:
     import jax
@@ -495,6 +504,38 @@ def _dtype(name: str) -> Any:
 # --- The lowered plan --------------------------------------------------------------------------
 
 
+def random_sources(
+    pcg: PCG, weight_names: Sequence[str], input_names: Sequence[str], seed: int, scaled: bool
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Random ``(inputs, weights)`` of a plan (:meth:`Lowered.random_sources`)."""
+    feeds = random_feeds(pcg, seed, np.float32)
+    weights = {k: feeds[k] for k in weight_names}
+    if scaled:
+        weights = {k: v * _glorot_scale(v.shape) for k, v in weights.items()}
+    return {k: feeds[k] for k in input_names}, weights
+
+
+def check_sources(pcg: PCG, values: Mapping[str, Any], names: Sequence[str], what: str) -> None:
+    """Raises :class:`LoweringError` unless ``values`` has exactly ``names``, each of the
+    plan's shape (``what``: "inputs" or "weights", for the message)."""
+    missing = [n for n in names if n not in values]
+    unknown = sorted(set(values) - set(names))
+    if missing or unknown:
+        raise LoweringError(
+            f"{what}: "
+            + (f"missing {', '.join(map(repr, missing))}" if missing else "")
+            + ("; " if missing and unknown else "")
+            + (f"not {what} of the plan: {', '.join(map(repr, unknown))}" if unknown else "")
+            + f" ({what} of the plan: {', '.join(names) or 'none'})"
+        )
+    for name in names:
+        sizes = pcg.shape(name).sizes
+        if tuple(np.shape(values[name])) != sizes:
+            raise LoweringError(
+                f"{what} {name!r} has shape {tuple(np.shape(values[name]))}, expected {sizes}"
+            )
+
+
 class TrainState(NamedTuple):
     """What a training step carries: the trainable weights (each a global ``jax.Array`` in the
     layout the plan stores it in), the optimizer's state, and the step count."""
@@ -561,6 +602,8 @@ class Lowered:
     #: The device at every mesh position and which nodes run in the plan's device groups
     #: (:mod:`pcgopt.lower.placement`); None: the devices in the order given.
     placement: DeviceOrder | None = field(default=None, repr=False)
+    #: Why the program differs from the plan, if it does (a mapped plan run as one program).
+    note: str = ""
     _program: _Program | None = field(default=None, repr=False)
     _cache: dict[str, Any] = field(init=False, repr=False, default_factory=dict)
 
@@ -612,32 +655,14 @@ class Lowered:
         standard deviation, sqrt(2 / (fan_in + fan_out)) (a [fan_in, fan_out] matrix; a
         convolution's [out, in, kh, kw] kernel), as a model is initialized: with unit
         variance, a full-size model's activations and gradients overflow float32."""
-        feeds = random_feeds(self.pcg, seed, np.float32)
-        weights = {k: feeds[k] for k in self.weight_names}
-        if scaled:
-            weights = {k: v * _glorot_scale(v.shape) for k, v in weights.items()}
-        inputs = {k: feeds[k] for k in self.input_names}
-        return inputs, weights
+        return random_sources(self.pcg, self.weight_names, self.input_names, seed, scaled)
 
     def _placed(self, values: Mapping[str, Any], names: Sequence[str], what: str) -> dict[str, Any]:
-        missing = [n for n in names if n not in values]
-        unknown = sorted(set(values) - set(names))
-        if missing or unknown:
-            raise LoweringError(
-                f"{what}: "
-                + (f"missing {', '.join(map(repr, missing))}" if missing else "")
-                + ("; " if missing and unknown else "")
-                + (f"not {what} of the plan: {', '.join(map(repr, unknown))}" if unknown else "")
-                + f" ({what} of the plan: {', '.join(names) or 'none'})"
-            )
+        check_sources(self.pcg, values, names, what)
         out = {}
         for name in names:
             value = values[name]
             shape = self.pcg.shape(name)
-            if tuple(np.shape(value)) != shape.sizes:
-                raise LoweringError(
-                    f"{what} {name!r} has shape {tuple(np.shape(value))}, expected {shape.sizes}"
-                )
             out[name] = jax.device_put(
                 jnp.asarray(value, _dtype(shape.dtype.value)), self.sharding(name)
             )
@@ -726,13 +751,34 @@ class Lowered:
             self._cache[key] = loss_fn
         return self._cache[key]
 
-    def _assemble(self, ref: TensorRef, blocks: Any) -> np.ndarray:
+    def tensors_fn(self, refs: Sequence[TensorRef]) -> Callable[[dict[str, Any]], tuple]:
+        """``f(sources) -> values``: the logical values of tensors ``refs`` (global arrays) from
+        the sources' (by name, global arrays in :meth:`sharding`), differentiable: every
+        device's block leaves the program, and the blocks are put together outside it (one of
+        the copies taken, partial sums added), so a gradient enters where the value left."""
+        program = self._program
+        every = P(tuple(self.assignment.grid.names) or None)
+
+        def body(*local: Any) -> tuple[Any, ...]:
+            values = program.run(*local)
+            return tuple(values[r][None] for r in refs)
+
+        mapped = self._mapped(body, tuple(every for _ in refs))
+
+        def fn(sources: dict[str, Any]) -> tuple[Any, ...]:
+            blocks = mapped(*self._args(sources))
+            return tuple(self._assemble(r, b, jnp) for r, b in zip(refs, blocks, strict=True))
+
+        return fn
+
+    def _assemble(self, ref: TensorRef, blocks: Any, xp: Any = np) -> Any:
         """A tensor's logical value from every device's block (device order: the mesh's,
         row-major over its axes): blocks laid side by side along each dimension's axes,
-        partial sums added, one of the copies taken."""
+        partial sums added, one of the copies taken (``xp``: numpy, or ``jax.numpy`` on
+        traced values)."""
         grid = self.assignment.grid
         layout = self._program.layout(ref)
-        block = np.asarray(blocks)
+        block = xp.asarray(blocks)
         arr = block.reshape(*grid.sizes, *block.shape[1:])
         names = list(grid.names)
         for a in reversed(names):  # one copy along the axes the tensor does not vary along
@@ -1041,7 +1087,8 @@ def lower(
     learning_rate: float = DEFAULT_LEARNING_RATE,
     micro_batches: int | None = None,
     placement: Mapping[str, Sequence[Sequence[int]]] | None = None,
-) -> Lowered:
+    concurrent: bool = True,
+) -> Lowered | MappedLowered:
     """The plan (a :class:`~pcgopt.extract.plan.Plan` or a PCG) as a JAX program
     (module docstring). ``devices``: the JAX devices to run on, or how many of
     ``jax.devices()`` (default: as many as the plan needs), numbered as the plan numbers its
@@ -1051,9 +1098,40 @@ def lower(
     consecutive devices, or :attr:`~pcgopt.extract.placement.PlanPlacement.devices` of
     :func:`~pcgopt.extract.placement.place_plan`); the mesh's devices are ordered to run
     each node's collective on its groups (:mod:`pcgopt.lower.placement`;
-    :attr:`Lowered.placement` says which nodes' groups it could not make the plan's)."""
+    :attr:`Lowered.placement` says which nodes' groups it could not make the plan's).
+
+    A Plan whose machine mapping runs branches at once on disjoint devices becomes a
+    :class:`~pcgopt.lower.mapped.MappedLowered`, its branches programs on sub-meshes of their
+    own devices (:mod:`pcgopt.lower.mapped`); ``concurrent=False`` runs it as one SPMD
+    program on all devices instead."""
     from pcgopt.extract.plan import Plan
 
+    if isinstance(plan_or_pcg, Plan) and concurrent and placement is None:
+        from pcgopt.lower.mapped import concurrent_blocks, lower_mapped
+
+        note = ""
+        if concurrent_blocks(plan_or_pcg):
+            chosen = devices
+            if isinstance(devices, int) and not isinstance(devices, bool):
+                chosen = list(jax.devices())[:devices]
+            try:
+                if micro_batches not in (None, 1):
+                    raise LoweringError(f"{micro_batches} micro-batches asked for")
+                return lower_mapped(
+                    plan_or_pcg, chosen, optimizer=optimizer, learning_rate=learning_rate
+                )
+            except LoweringError as err:
+                note = f"branches the mapping runs at once run here on all devices ({err})"
+        lowered = lower(
+            plan_or_pcg,
+            devices,
+            optimizer=optimizer,
+            learning_rate=learning_rate,
+            micro_batches=micro_batches,
+            concurrent=False,
+        )
+        object.__setattr__(lowered, "note", note)
+        return lowered
     if isinstance(plan_or_pcg, Plan):
         plan, pcg, machine = plan_or_pcg, plan_or_pcg.pcg, plan_or_pcg.machine
         optimizer = optimizer or plan.cost.optimizer

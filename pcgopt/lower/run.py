@@ -102,9 +102,17 @@ class RunReport:
     def summary(self, *, max_rows: int | None = 12) -> str:
         low = self.lowered
         axes = ", ".join(f"{n}={s}" for n, s in low.mesh.shape.items())
+        pieces = getattr(low, "pieces", ())
+        where = (
+            f"in {len(pieces)} programs on blocks of {low.mesh.size} "
+            f"{low.mesh.devices.flat[0].platform.upper()} devices (the machine mapping's "
+            "branches at once on disjoint devices)"
+            if pieces
+            else f"on a mesh of {low.mesh.size} {low.mesh.devices.flat[0].platform.upper()} "
+            f"devices ({axes})"
+        )
         lines = [
-            f"ran {len(low.pcg.nodes)} nodes on a mesh of {low.mesh.size} "
-            f"{low.mesh.devices.flat[0].platform.upper()} devices ({axes}); optimizer "
+            f"ran {len(low.pcg.nodes)} nodes {where}; optimizer "
             f"{low.optimizer}, learning rate {low.learning_rate:g}, {low.micro_batches} "
             f"micro-batch{'es' if low.micro_batches > 1 else ''}",
             f"first step against {self.reference}: loss |difference| {self.loss_error:.3g} "
@@ -112,6 +120,8 @@ class RunReport:
             f"{self.grad_error:.3g} (relative {self.grad_relative:.3g}) over "
             f"{len(low.weight_names)} weights",
         ]
+        if getattr(low, "note", ""):
+            lines.append(f"note: {low.note}")
         for k, (loss, seconds) in enumerate(zip(self.losses, self.step_seconds, strict=True)):
             note = " (compiling and running)" if k == 0 else ""
             lines.append(f"  step {k + 1}: loss {loss:.6g}   {seconds * 1e3:.4g} ms{note}")

@@ -14,6 +14,11 @@ once (on a machine of slow devices and fast links, where splitting even the smal
 pays) and are kept in ``sae_plans.json``: ``python tests/lower/test_zoo_plans.py`` searches
 them again.
 
+The model and each of these plans, placed and mapped on those machines as saturate_and_extract
+costs a candidate, where the machine mapping runs branches at once on disjoint devices, also
+run as mapped (pcgopt.lower.mapped: a program per block of devices), with the same checks of
+the loss and gradients.
+
 The checks take minutes of compiling; the suite runs them in a process of its own beside the
 other tests (tests/lower/conftest.py).
 """
@@ -34,13 +39,14 @@ from pcgopt import evaluate
 from pcgopt.errors import PCGError
 from pcgopt.extract.baselines import BaselineError, data_parallel, megatron
 from pcgopt.extract.layerwise import coordinate_descent
-from pcgopt.extract.plan import machine_from_spec
+from pcgopt.extract.plan import Plan, SearchStats, _mapping, machine_from_spec, mapped_cost
 from pcgopt.graph import PCG
 from pcgopt.models import ZOO, build
 
 pytest.importorskip("jax", reason="running plans needs the optional extra pcgopt[jax]")
 
 from pcgopt.lower.jax import lower, reference_loss_and_grads
+from pcgopt.lower.mapped import MappedLowered, concurrent_blocks
 
 PLANNERS = ("data parallel", "megatron", "coordinate descent", "saturate_and_extract")
 DEVICES = (2, 4, 8)
@@ -99,7 +105,7 @@ def reference(name: str) -> tuple:
 
 
 def check(pcg: PCG, name: str, where: str) -> dict:
-    """Runs one plan and checks it; returns what was measured."""
+    """Runs one plan as one SPMD program and checks it; returns what was measured."""
     lowered = lower(pcg, 8)
     inputs, weights, ref_loss, ref_grads = reference(name)
     # One program gives the loss, the gradients and the outputs (one compilation a plan).
@@ -139,12 +145,62 @@ def check(pcg: PCG, name: str, where: str) -> dict:
     }
 
 
+def mapped_plans(name: str) -> dict[tuple, tuple[Plan, list[str]]]:
+    """The model and each of its plans placed and mapped on a DGX-A100 node of 2, 4 and 8 GPUs
+    as saturate_and_extract costs a candidate, where the mapping runs branches at once on
+    disjoint devices; distinct by graph and schedule."""
+    found: dict[tuple, tuple[Plan, list[str]]] = {}
+    for devices in DEVICES:
+        machine = machine_from_spec(f"dgx-a100:1:{devices}")
+        candidates = [("the model", model(name))]
+        candidates += [(p, plan(name, p, devices)) for p in PLANNERS]
+        for planner, pcg in candidates:
+            if pcg is None:
+                continue
+            placed, mapping, cost = mapped_cost(pcg, machine, optimizer="sgd")
+            groups = mapping.device_groups({**_mapping(pcg), **placed.devices})
+            stats = SearchStats(0, 0, 0, "not searched", "none", {}, planner, {}, 0)
+            mapped = Plan(pcg, machine, cost, groups, stats, "not checked", cost, placed, mapping)
+            if not concurrent_blocks(mapped):
+                continue
+            key = (pcg, tuple((u.nodes, u.block.start, u.block.size) for u in mapping.units))
+            found.setdefault(key, (mapped, []))[1].append(f"{planner} mapped on {devices}")
+    return found
+
+
+def check_mapped(mapped: Plan, name: str, where: str) -> dict:
+    """Runs a mapped plan (its branches on their own devices) and checks it."""
+    program = lower(mapped, 8)
+    assert isinstance(program, MappedLowered), (name, where, program.note)
+    inputs, weights, ref_loss, ref_grads = reference(name)
+    loss, grads = program.loss_and_grads(inputs, weights)
+    errors = {"loss": _close(loss, ref_loss)}
+    errors |= {w: _close(grads[w], ref_grads[w]) for w in program.weight_names}
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= RTOL, f"{name} ({where}): {worst} differs by {errors[worst]:.3g}"
+    groups = program.group_checks()
+    honoured = set(program.placement.honoured)
+    for g in groups:
+        assert g.agrees or g.node not in honoured, (name, where, g)
+    return {"error": errors[worst], "pieces": len(program.pieces), "groups": groups}
+
+
 def check_model(name: str) -> dict:
-    """Checks every distinct plan of the model; what was measured."""
+    """Checks every distinct plan of the model, and every distinct mapped one; what was
+    measured."""
     plans = distinct_plans(name)
     assert plans, f"no planner made a plan for {name}"
     worst = max(check(pcg, name, ", ".join(where))["error"] for pcg, where in plans.items())
-    return {"ok": True, "plans": len(plans), "runs": sum(map(len, plans.values())), "worst": worst}
+    mapped = mapped_plans(name)
+    for plan_, where in mapped.values():
+        worst = max(worst, check_mapped(plan_, name, ", ".join(where))["error"])
+    return {
+        "ok": True,
+        "plans": len(plans),
+        "runs": sum(map(len, plans.values())),
+        "mapped": len(mapped),
+        "worst": worst,
+    }
 
 
 @pytest.mark.parametrize("name", list(ZOO))
