@@ -1088,17 +1088,18 @@ def lower(
     micro_batches: int | None = None,
     placement: Mapping[str, Sequence[Sequence[int]]] | None = None,
     concurrent: bool = True,
+    machine: Machine | None = None,
 ) -> Lowered | MappedLowered:
     """The plan (a :class:`~pcgopt.extract.plan.Plan` or a PCG) as a JAX program
     (module docstring). ``devices``: the JAX devices to run on, or how many of
     ``jax.devices()`` (default: as many as the plan needs), numbered as the plan numbers its
     devices. ``optimizer`` and ``micro_batches`` default to the plan's cost model's (a bare
     PCG: Adam, 1). ``placement``: the device groups of the parallel nodes (default: the
-    Plan's :attr:`~pcgopt.extract.plan.Plan.mapping`; for a PCG, the cost model's
-    consecutive devices, or :attr:`~pcgopt.extract.placement.PlanPlacement.devices` of
-    :func:`~pcgopt.extract.placement.place_plan`); the mesh's devices are ordered to run
-    each node's collective on its groups (:mod:`pcgopt.lower.placement`;
-    :attr:`Lowered.placement` says which nodes' groups it could not make the plan's).
+    Plan's :attr:`~pcgopt.extract.plan.Plan.mapping`; for a PCG given a ``machine``, P^2's
+    placement on it, :func:`~pcgopt.extract.placement.place_plan`; else the cost model's
+    consecutive devices); the mesh's devices are ordered to run each node's collective on its
+    groups (:mod:`pcgopt.lower.placement`; :attr:`Lowered.placement` says which nodes' groups
+    it could not make the plan's).
 
     A Plan whose machine mapping runs branches at once on disjoint devices becomes a
     :class:`~pcgopt.lower.mapped.MappedLowered`, its branches programs on sub-meshes of their
@@ -1107,37 +1108,15 @@ def lower(
     from pcgopt.extract.plan import Plan
 
     if isinstance(plan_or_pcg, Plan) and concurrent and placement is None:
-        from pcgopt.lower.mapped import concurrent_blocks, lower_mapped
-
-        note = ""
-        if concurrent_blocks(plan_or_pcg):
-            chosen = devices
-            if isinstance(devices, int) and not isinstance(devices, bool):
-                chosen = list(jax.devices())[:devices]
-            try:
-                if micro_batches not in (None, 1):
-                    raise LoweringError(f"{micro_batches} micro-batches asked for")
-                return lower_mapped(
-                    plan_or_pcg, chosen, optimizer=optimizer, learning_rate=learning_rate
-                )
-            except LoweringError as err:
-                note = f"branches the mapping runs at once run here on all devices ({err})"
-        lowered = lower(
-            plan_or_pcg,
-            devices,
-            optimizer=optimizer,
-            learning_rate=learning_rate,
-            micro_batches=micro_batches,
-            concurrent=False,
-        )
-        object.__setattr__(lowered, "note", note)
-        return lowered
+        return _lower_concurrent(plan_or_pcg, devices, optimizer, learning_rate, micro_batches)
     if isinstance(plan_or_pcg, Plan):
         plan, pcg, machine = plan_or_pcg, plan_or_pcg.pcg, plan_or_pcg.machine
         optimizer = optimizer or plan.cost.optimizer
         micro_batches = plan.cost.micro_batches if micro_batches is None else micro_batches
     elif isinstance(plan_or_pcg, PCG):
-        plan, pcg, machine = None, plan_or_pcg, None
+        plan, pcg = None, plan_or_pcg
+        if machine is not None and not isinstance(machine, Machine):
+            raise LoweringError(f"machine must be a pcgopt.Machine, got {machine!r}")
     else:
         raise LoweringError(f"lower takes a Plan or a PCG, got {type(plan_or_pcg).__name__}")
     optimizer = optimizer or "adam"
@@ -1148,18 +1127,11 @@ def lower(
         raise LoweringError(f"micro_batches must be a positive integer, got {micro_batches!r}")
     if not learning_rate > 0:
         raise LoweringError(f"learning_rate must be > 0, got {learning_rate!r}")
-    if devices is None:
-        available = list(jax.devices())
-    elif isinstance(devices, int) and not isinstance(devices, bool):
-        if devices < 1 or devices > len(jax.devices()):
-            raise LoweringError(
-                f"devices={devices}: JAX has {len(jax.devices())} devices (on a CPU, set "
-                f"XLA_FLAGS=--xla_force_host_platform_device_count={max(devices, 1)} before "
-                "JAX loads)"
-            )
-        available = list(jax.devices())[:devices]
-    else:
-        available = list(devices)
+    available = _available(devices)
+    if plan is None and placement is None and machine is not None:
+        from pcgopt.extract.placement import place_plan
+
+        placement = place_plan(pcg, machine, optimizer=optimizer).devices
     _loss_terms(pcg)
     if micro_batches > 1:
         try:
@@ -1188,6 +1160,53 @@ def lower(
         placement=placement,
         _program=program,
     )
+
+
+def _available(devices: Sequence[Any] | int | None) -> list[Any]:
+    """The JAX devices ``lower`` was given (module docstring of :func:`lower`)."""
+    if devices is None:
+        return list(jax.devices())
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        if devices < 1 or devices > len(jax.devices()):
+            raise LoweringError(
+                f"devices={devices}: JAX has {len(jax.devices())} devices (on a CPU, set "
+                f"XLA_FLAGS=--xla_force_host_platform_device_count={max(devices, 1)} before "
+                "JAX loads)"
+            )
+        return list(jax.devices())[:devices]
+    return list(devices)
+
+
+def _lower_concurrent(
+    plan: Any,
+    devices: Sequence[Any] | int | None,
+    optimizer: str | None,
+    learning_rate: float,
+    micro_batches: int | None,
+) -> Lowered | MappedLowered:
+    """A Plan as programs on sub-meshes if its mapping runs branches at once, else (or if
+    those are not supported for it, said in :attr:`Lowered.note`) as one SPMD program."""
+    from pcgopt.lower.mapped import concurrent_blocks, lower_mapped
+
+    note = ""
+    if concurrent_blocks(plan):
+        try:
+            if micro_batches not in (None, 1):
+                raise LoweringError(f"{micro_batches} micro-batches asked for")
+            chosen = None if devices is None else _available(devices)
+            return lower_mapped(plan, chosen, optimizer=optimizer, learning_rate=learning_rate)
+        except LoweringError as err:
+            note = f"branches the mapping runs at once run here on all devices ({err})"
+    lowered = lower(
+        plan,
+        devices,
+        optimizer=optimizer,
+        learning_rate=learning_rate,
+        micro_batches=micro_batches,
+        concurrent=False,
+    )
+    object.__setattr__(lowered, "note", note)
+    return lowered
 
 
 def _placement_of(

@@ -102,6 +102,8 @@ def test_a_placed_plan_runs_its_collectives_on_the_placement_groups_and_stays_ex
     assert placed.devices, placed
     lowered = lower(plan, 8, placement=placed.devices)
     assert not lowered.placement.unmet, lowered.placement.summary()
+    # Given the machine, lower places the PCG itself, the same way.
+    assert lower(plan, 8, machine=machine).placement.order == lowered.placement.order
     checks = lowered.group_checks()
     assert len(checks) >= 20 and all(c.agrees for c in checks), [c for c in checks if not c.agrees]
     inputs, weights = lowered.random_sources(seed=3)
