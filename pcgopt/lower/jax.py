@@ -50,9 +50,8 @@ devices is not one SPMD program: :func:`lower` gives a
 devices, the tensors handed between blocks put on the reader's devices
 (:mod:`pcgopt.lower.mapped`; sub-meshes rather than masking, so that a branch's weights and
 work live only on its block). ``lower(plan, concurrent=False)``, a bare PCG, and plans the
-sub-meshes do not support (partial sums handed between blocks, gradient accumulation:
-:attr:`Lowered.note` says which) run as one program on all devices, the branches one after the
-other; the results are the same.
+sub-meshes do not support (gradient accumulation; :attr:`Lowered.note` says why) run as one
+program on all devices, the branches one after the other; the results are the same.
 
 **Training.** The loss is the mean of the model's output (the sum of the means, with several
 outputs): the zoo's models and most imported graphs end before their loss, and the IR has no
@@ -1138,16 +1137,37 @@ def lower(
             micro_batched(pcg, micro_batches)
         except PCGError as err:
             raise LoweringError(f"{micro_batches} micro-batches: {err}", node=err.node) from err
+    return _program_on(
+        pcg,
+        available,
+        _placement_of(pcg, plan, placement),
+        plan=plan,
+        machine=machine,
+        optimizer=optimizer,
+        learning_rate=learning_rate,
+        micro_batches=micro_batches,
+    )
+
+
+def _program_on(
+    pcg: PCG,
+    available: Sequence[Any],
+    groups: Mapping[str, Any],
+    *,
+    plan: Any = None,
+    machine: Machine | None = None,
+    optimizer: str = "adam",
+    learning_rate: float = DEFAULT_LEARNING_RATE,
+    micro_batches: int = 1,
+) -> Lowered:
+    """The SPMD program of ``pcg`` on the first of ``available``, in the device order that
+    gives its parallel nodes ``groups`` (checked arguments: :func:`lower` checks them)."""
     assignment = _assign(pcg, len(available), machine)
     grid = assignment.grid
     devices_used = available[: grid.size]
     program = _Program(pcg, assignment)
     program.probe(_mesh(devices_used, grid))  # the probe needs the axes, not the devices' order
-    placement = device_order(
-        grid,
-        collective_axes(assignment, program.copy_axes),
-        _placement_of(pcg, plan, placement),
-    )
+    placement = device_order(grid, collective_axes(assignment, program.copy_axes), groups)
     mesh = _mesh([devices_used[d] for d in placement.order], grid)
     return Lowered(
         pcg,
@@ -1195,7 +1215,7 @@ def _lower_concurrent(
                 raise LoweringError(f"{micro_batches} micro-batches asked for")
             chosen = None if devices is None else _available(devices)
             return lower_mapped(plan, chosen, optimizer=optimizer, learning_rate=learning_rate)
-        except LoweringError as err:
+        except PCGError as err:  # a LoweringError, or a piece with no SPMD layout
             note = f"branches the mapping runs at once run here on all devices ({err})"
     lowered = lower(
         plan,

@@ -8,8 +8,8 @@ the other on all devices. :func:`lower_mapped` runs them as mapped, with **sub-m
 
 * **Pieces.** The mapping's units, in schedule order (a topological order of the units,
   earliest start first), are grouped into pieces: a unit joins the last piece on its block of
-  devices if all it reads from other blocks is computed before that piece starts (so no piece
-  waits longer than its first unit would), else it starts a piece. Each piece is a PCG of
+  devices if all it reads from other pieces is computed before that piece starts (so a piece
+  waits for no input its first unit did not), else it starts a piece. Each piece is a PCG of
   its own (its nodes; the sources it reads; every tensor it reads from another piece as an
   input of that piece, split and copied as the plan holds it) lowered by
   :func:`~pcgopt.lower.jax.lower` to a ``shard_map`` program on a mesh of its block's
@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 import networkx as nx
@@ -53,10 +54,10 @@ from pcgopt.lower.jax import (
     TrainState,
     _dtype,
     _loss_terms,
+    _program_on,
     check_sources,
     jax,
     jnp,
-    lower,
     optimizer_transform,
     random_sources,
 )
@@ -119,6 +120,13 @@ def _pieces_of(plan: Any) -> list[tuple[tuple[int, int], list[str], float]]:
     for k, unit in enumerate(mapping.units):
         for name in unit.nodes:
             unit_of[name] = k
+    unknown = sorted(set(unit_of) - {n.name for n in pcg.nodes})
+    if unknown:
+        raise LoweringError(
+            f"the plan's machine mapping names nodes the plan does not have "
+            f"({', '.join(unknown[:3])}): it is not this plan's mapping",
+            node=unknown[0],
+        )
     uncovered = [n.name for n in pcg.nodes if n.name not in unit_of]
     if uncovered:
         raise LoweringError(
@@ -246,6 +254,8 @@ class MappedLowered:
     learning_rate: float
     plan: Any = None
     micro_batches: int = 1
+    #: Plan nodes whose device groups leave their piece's block, with why.
+    outside: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     _compiled: dict[int, tuple[Any, Any]] = field(default_factory=dict, repr=False)
     _updates: dict[str, Any] = field(default_factory=dict, repr=False)
 
@@ -280,14 +290,20 @@ class MappedLowered:
         for piece in self.pieces:
             p = piece.lowered.placement
             assert p is not None
-            honoured += p.honoured
-            unmet.update(p.unmet)
-            silent += p.silent
+            mine = set(piece.nodes)
+            honoured += [n for n in p.honoured if n in mine]
+            unmet.update({k: v for k, v in p.unmet.items() if k in mine})
+            silent += [n for n in p.silent if n in mine and p.planned.get(n)]
             shift = piece.devices[0]
             planned.update(
-                {k: tuple(tuple(d + shift for d in g) for g in v) for k, v in p.planned.items()}
+                {
+                    k: tuple(tuple(d + shift for d in g) for g in v)
+                    for k, v in p.planned.items()
+                    if k in mine and v
+                }
             )
             order.update(d + shift for d in p.order)
+        unmet.update(self.outside)
         return DeviceOrder(tuple(sorted(order)), tuple(honoured), unmet, planned, tuple(silent))
 
     def random_sources(
@@ -337,15 +353,22 @@ class MappedLowered:
             )
             values.update(zip(piece.outputs, outs, strict=True))
             tapes.append(vjp)
+        for r in self.pcg.outputs:  # a model output that is a source as given
+            if r not in values:
+                values[r] = jnp.asarray(feeds[r.node], _dtype(self.pcg.shape(r).dtype.value))
         terms = _loss_terms(self.pcg)
         loss = sum(jnp.mean(values[r].astype(jnp.float32)) for r in terms)
         if not backward:
             return loss, values, {}
-        cotangents: dict[TensorRef, Any] = {
-            r: jnp.full(values[r].shape, 1.0 / math.prod(values[r].shape), values[r].dtype)
-            for r in terms
+        cotangents: dict[TensorRef, Any] = {}
+        for r in terms:  # the loss sums the mean of every output, once per mention
+            ct = jnp.full(values[r].shape, 1.0 / math.prod(values[r].shape), values[r].dtype)
+            cotangents[r] = cotangents[r] + ct if r in cotangents else ct
+        grads: dict[str, Any] = {
+            r.node: jax.device_put(ct, self._sharding(r.node))
+            for r, ct in cotangents.items()
+            if r.node in self.weight_names
         }
-        grads: dict[str, Any] = {}
         for piece, vjp in zip(reversed(self.pieces), reversed(tapes), strict=True):
             _, backward_fn = self._programs(piece)
             cts = tuple(
@@ -361,13 +384,19 @@ class MappedLowered:
                     g = jax.device_put(g, values[ref].sharding)
                     cotangents[ref] = cotangents[ref] + g if ref in cotangents else g
                 else:
-                    home = self._home(name)
-                    g = jax.device_put(g, home.lowered.sharding(name))
+                    g = jax.device_put(g, self._sharding(name))
                     grads[name] = grads[name] + g if name in grads else g
         return loss, values, grads
 
-    def _home(self, weight: str) -> Piece:
-        return next(p for p in self.pieces if weight in p.lowered.weight_names)
+    def _home(self, weight: str) -> Piece | None:
+        """The first piece that reads ``weight`` (its optimizer state lives there)."""
+        return next((p for p in self.pieces if weight in p.lowered.weight_names), None)
+
+    def _sharding(self, weight: str) -> Any:
+        home = self._home(weight)
+        if home is None:  # read by no piece: kept on the first device
+            return jax.sharding.SingleDeviceSharding(self.devices[0])
+        return home.lowered.sharding(weight)
 
     def forward(self, inputs: Mapping[str, Any], weights: Mapping[str, Any]) -> tuple[Any, ...]:
         """The plan's outputs (logical values) on these inputs and weights."""
@@ -385,16 +414,16 @@ class MappedLowered:
         check_sources(self.pcg, weights, self.weight_names, "weights")
         loss, _, grads = self._run({**inputs, **weights}, backward=True)
         for name in self.weight_names:  # a weight nothing differentiable reads
-            grads.setdefault(name, jnp.zeros(self.pcg.shape(name).sizes, jnp.float32))
+            if name not in grads:
+                zeros = jnp.zeros(self.pcg.shape(name).sizes, jnp.float32)
+                grads[name] = jax.device_put(zeros, self._sharding(name))
         return loss, grads
 
     def init(self, weights: Mapping[str, Any]) -> TrainState:
         """The training state: the weights on their devices and the optimizer's state."""
         check_sources(self.pcg, weights, self.weight_names, "weights")
         params = {
-            name: jax.device_put(
-                jnp.asarray(weights[name], jnp.float32), self._home(name).lowered.sharding(name)
-            )
+            name: jax.device_put(jnp.asarray(weights[name], jnp.float32), self._sharding(name))
             for name in self.weight_names
         }
         tx = optimizer_transform(self.optimizer, self.learning_rate)
@@ -408,7 +437,8 @@ class MappedLowered:
     def _homes(self) -> dict[int, list[str]]:
         out: dict[int, list[str]] = {}
         for name in self.weight_names:
-            out.setdefault(self._home(name).index, []).append(name)
+            home = self._home(name)
+            out.setdefault(-1 if home is None else home.index, []).append(name)
         return out
 
     def train_step(self, state: TrainState, inputs: Mapping[str, Any]) -> tuple[TrainState, Any]:
@@ -438,9 +468,17 @@ class MappedLowered:
     # -- reports ------------------------------------------------------------------------------
 
     def collectives(self) -> CollectiveComparison:
-        """Every piece's compiled collectives beside the cost model's for its nodes, merged
-        (the transfers between pieces are copies, not collectives)."""
-        parts = [p.lowered.collectives() for p in self.pieces]
+        """Every piece's compiled collectives beside the cost model's for its nodes, merged:
+        a piece's are those of its own loss-and-gradients program (the mean of its outputs as
+        the loss: the forward and backward the step runs, with the same collectives), against
+        the cost model's for the piece's PCG (its nodes' collectives depend on their shapes,
+        not on the machine). The transfers between pieces are copies, not collectives; a piece
+        with no floating-point output has no gradient program and is left out."""
+        parts = [
+            p.lowered.collectives()
+            for p in self.pieces
+            if any(not p.lowered.pcg.shape(r).dtype.is_integer for r in p.outputs)
+        ]
         return CollectiveComparison(
             tuple(m for c in parts for m in c.matched),
             tuple(m for c in parts for m in c.missing),
@@ -506,24 +544,39 @@ def lower_mapped(
             if ref.node in piece_of and piece_of.get(node.name) != piece_of[ref.node]:
                 needed.add(ref)
     pieces = []
+    outside: dict[str, str] = {}
     for k, ((start, size), names, start_s) in enumerate(pieces_of):
         sub, handed, outputs = _piece_pcg(pcg, names, needed)
         block = tuple(range(start, start + size))
-        placement = {
-            name: tuple(tuple(d - start for d in g) for g in groups)
-            for name, groups in plan.mapping.items()
-            if name in sub
-            and all(isinstance(g, (tuple, list)) for g in groups)
-            and all(start <= d < start + size for g in groups for d in g)
-        }
-        lowered = lower(
+        # Only the plan's own nodes are placed: the Partitions and Replicates that bring a
+        # handed tensor into its layout, and nodes whose groups leave the block, constrain
+        # nothing (empty groups).
+        groups: dict[str, Any] = {n.name: () for n in sub.nodes}
+        for name in names:
+            planned = plan.mapping.get(name)
+            if not planned or not all(isinstance(g, (tuple, list)) for g in planned):
+                continue
+            if all(start <= d < start + size for g in planned for d in g):
+                groups[name] = tuple(tuple(d - start for d in g) for g in planned)
+            else:
+                outside[name] = (
+                    f"its groups {list(planned)[:2]} leave its piece's devices "
+                    f"{start}..{start + size - 1}"
+                )
+        lowered = _program_on(
             sub,
             [available[d] for d in block],
+            groups,
             optimizer=optimizer,
             learning_rate=learning_rate,
-            placement=placement,
         )
         pieces.append(Piece(k, block, tuple(names), lowered, handed, outputs, start_s))
     return MappedLowered(
-        pcg, tuple(pieces), tuple(available[:width]), optimizer, learning_rate, plan
+        pcg,
+        tuple(pieces),
+        tuple(available[:width]),
+        optimizer,
+        learning_rate,
+        plan,
+        outside=MappingProxyType(outside),
     )

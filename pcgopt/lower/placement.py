@@ -20,7 +20,8 @@ are one constraint (a deep model has thousands of nodes and a handful of distinc
 **What cannot be honoured** is said, node by node (:attr:`DeviceOrder.unmet`): groups of
 another size than the program's (a weight replicated in steps, whose copies the program sums
 at once), groups on devices beyond the mesh, and groups no order reconciles with the others'
-(constraints are added most-used first and one that makes the search fail is dropped).
+(constraints are added most-used first and one that makes the search fail is dropped; the
+search is bounded, :data:`SEARCH_BUDGET`, and says so when it stops at the bound).
 
 >>> from pcgopt.lower.layout import DeviceGrid
 >>> grid = DeviceGrid.flat(4)  # axes d0, d1 of size 2
@@ -58,8 +59,10 @@ __all__ = [
 
 Groups = tuple[tuple[int, ...], ...]
 
-#: Devices tried, over all positions, before a search gives up.
-SEARCH_BUDGET = 200_000
+#: Devices tried, over all positions, before a search gives up (a product-structured placement,
+#: the usual case, is found with next to no backtracking; an infeasible one on many devices
+#: would otherwise explore every order).
+SEARCH_BUDGET = 20_000
 
 
 @dataclass(frozen=True)
@@ -169,9 +172,10 @@ def collective_axes(
             # layout it is stored in, down the chain of parallel nodes.
             name = node.name
             while not copy_axes.get(name) and len(readers.get(name, ())) == 1:
-                name = readers[name][0]
-                if pcg.node(name).spec.kind is not OpKind.PARALLEL:
+                reader = readers[name][0]
+                if pcg.node(reader).spec.kind is not OpKind.PARALLEL:
                     break
+                name = reader
             out[node.name] = tuple(copy_axes.get(name, ()))
             continue
         before = _roles(assignment.layout(node.inputs[0]))
@@ -225,8 +229,11 @@ def device_order(
             )
             continue
         devices = [d for g in groups for d in g]
-        if min(devices) < 0 or max(devices) >= size or len(set(devices)) != len(devices):
+        if min(devices) < 0 or max(devices) >= size:
             unmet[name] = f"the plan's groups lie on devices beyond the mesh's {size}"
+            continue
+        if len(set(devices)) != len(devices):
+            unmet[name] = "the plan's groups share devices (they are not a partition)"
             continue
         target = np.full(size, -1, dtype=np.int64)
         for i, g in enumerate(groups):
@@ -238,12 +245,15 @@ def device_order(
     order: list[int] | None = list(range(size))
     for key, names in ranked:
         found = _search([*kept, key], size, budget)
-        if found is None:
+        if not isinstance(found, list):
+            why = (
+                "no device order makes these groups mesh groups together with the other "
+                "nodes' (the layout put its split on axes the placement does not pair)"
+                if found is None
+                else f"no device order found within {budget:,} steps of the search"
+            )
             for name in names:
-                unmet[name] = (
-                    "no device order makes these groups mesh groups together with the other "
-                    "nodes' (the layout put its split on axes the placement does not pair)"
-                )
+                unmet[name] = why
             continue
         kept.append(key)
         order = found
@@ -264,9 +274,10 @@ def device_order(
 
 def _search(
     constraints: Sequence[tuple[tuple[int, ...], tuple[int, ...]]], size: int, budget: int
-) -> list[int] | None:
+) -> list[int] | str | None:
     """Positions 0.. take the lowest device that keeps every constraint with the positions
-    before them, backtracking; None when there is none (or the budget runs out)."""
+    before them, backtracking; None when there is none, ``"budget"`` when the budget ran out
+    first."""
     mesh = np.array([m for m, _ in constraints], dtype=np.int64).reshape(len(constraints), size)
     plan = np.array([t for _, t in constraints], dtype=np.int64).reshape(len(constraints), size)
     assigned = np.full(size, -1, dtype=np.int64)
@@ -280,7 +291,7 @@ def _search(
                 continue
             steps += 1
             if steps > budget:
-                return None
+                return "budget"
             if _fits(mesh, plan, assigned[:position], position, d):
                 assigned[position], used[d] = d, True
                 next_device[position] = d + 1

@@ -68,6 +68,10 @@ def test_branches_run_at_once_on_their_own_devices_and_equal_the_unsharded_model
     syncs = {c.compiled for c in checks if c.purpose == "weight sync"}
     assert syncs == {((0, 1),), ((2, 3),)}
     assert all(c.agrees for c in checks)
+    # What the placement reports is about the plan's own nodes (not the pieces' helpers).
+    placement = program.placement
+    assert placement.honoured and set(placement.honoured) <= {n.name for n in pcg.nodes}
+    assert not placement.unmet
 
 
 def test_a_training_step_of_a_mapped_plan_is_the_optimizer_step_of_the_unsharded_model():

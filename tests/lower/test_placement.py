@@ -62,6 +62,13 @@ def test_groups_no_layout_can_pair_are_reported_not_run_as_if_honoured():
     assert order.groups(grid, {"dp": ("d0",), "tp": ("d1",)}[name]) == ((0, 2), (1, 3))
 
 
+def test_a_search_stopped_by_its_budget_says_so():
+    grid = DeviceGrid.flat(4)
+    pairs = ((0, 1), (2, 3))
+    order = device_order(grid, {"dp": ("d0",), "tp": ("d1",)}, {"dp": pairs, "tp": pairs}, budget=2)
+    assert any("within 2 steps" in why for why in order.unmet.values())
+
+
 def test_a_branch_on_a_block_of_devices_constrains_only_those_devices():
     grid = DeviceGrid.flat(8)  # d0, d1, d2
     order = device_order(
