@@ -345,6 +345,12 @@ class Plan:
                 "transfer_s": self.machine_mapping.transfer_s,
                 "memory_per_device": self.machine_mapping.memory_per_device,
                 "offsets": {k: v for k, v in self.machine_mapping.offsets.items() if v},
+                # The schedule, so that a plan read back runs its branches as mapped
+                # (pcgopt.lower.mapped): [nodes, first device, devices, start s, end s].
+                "units": [
+                    [list(u.nodes), u.block.start, u.block.size, u.start_s, u.end_s]
+                    for u in self.machine_mapping.units
+                ],
             },
             "input_total_s": self.input_cost.total_s,
             "stats": self.stats.to_dict(),

@@ -164,11 +164,11 @@ def _run_and_print(
     plan: object, pcg: PCG, args: argparse.Namespace, *, model: PCG | None = None, meta=None
 ) -> None:
     """Runs a plan's training steps on JAX and prints the report (``pcgopt run``)."""
-    from pcgopt.lower.run import devices_needed, host_devices
+    from pcgopt.lower.run import host_devices, plan_devices
 
     meta = meta or {}
     cost = meta.get("cost") or {}
-    needed = devices_needed(pcg)
+    needed = plan_devices(plan)
     devices = args.devices or needed
     if devices < needed:
         raise UsageError(
@@ -203,7 +203,12 @@ def _say(text: str) -> None:
 def _run(args: argparse.Namespace) -> int:
     pcg, meta = load_plan(args.plan)
     model = load_model(args.model) if args.model else None
-    _run_and_print(pcg, pcg, args, model=model, meta=meta)
+    plan: object = pcg
+    if meta.get("machine_mapping"):
+        from pcgopt.lower.saved import SavedPlan
+
+        plan = SavedPlan.from_dict(pcg, meta) or pcg
+    _run_and_print(plan, pcg, args, model=model, meta=meta)
     return 0
 
 

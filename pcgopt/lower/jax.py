@@ -1105,9 +1105,16 @@ def lower(
     own devices (:mod:`pcgopt.lower.mapped`); ``concurrent=False`` runs it as one SPMD
     program on all devices instead."""
     from pcgopt.extract.plan import Plan
+    from pcgopt.lower.saved import SavedPlan
 
-    if isinstance(plan_or_pcg, Plan) and concurrent and placement is None:
+    if isinstance(plan_or_pcg, Plan | SavedPlan) and concurrent and placement is None:
         return _lower_concurrent(plan_or_pcg, devices, optimizer, learning_rate, micro_batches)
+    if isinstance(plan_or_pcg, SavedPlan):  # a plan file: its graph, on its device groups
+        optimizer = optimizer or plan_or_pcg.cost.optimizer
+        if micro_batches is None:
+            micro_batches = plan_or_pcg.cost.micro_batches
+        placement = placement if placement is not None else plan_or_pcg.mapping
+        plan_or_pcg = plan_or_pcg.pcg
     if isinstance(plan_or_pcg, Plan):
         plan, pcg, machine = plan_or_pcg, plan_or_pcg.pcg, plan_or_pcg.machine
         optimizer = optimizer or plan.cost.optimizer

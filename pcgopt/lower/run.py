@@ -47,6 +47,18 @@ def devices_needed(pcg: PCG, limit: int = 4096) -> int:
     raise LayoutError(f"no mesh of up to {limit} devices serves the plan")
 
 
+def plan_devices(plan: Any) -> int:
+    """The devices a plan runs on: :func:`devices_needed` of its graph, or, if its machine
+    mapping runs branches on blocks of devices (a Plan, or a plan file's
+    :class:`~pcgopt.lower.saved.SavedPlan`), the last device of those blocks if further."""
+    pcg = plan if isinstance(plan, PCG) else plan.pcg
+    needed = devices_needed(pcg)
+    mapping = getattr(plan, "machine_mapping", None)
+    for unit in getattr(mapping, "units", ()):
+        needed = max(needed, unit.block.start + unit.block.size)
+    return needed
+
+
 def host_devices(count: int) -> None:
     """Asks JAX for ``count`` virtual CPU devices (``XLA_FLAGS``), which it reads when it loads.
     A device count already in ``XLA_FLAGS`` is raised if lower. If JAX is already loaded, a

@@ -126,3 +126,15 @@ def test_a_mapped_plan_with_micro_batches_runs_as_one_program_and_says_why():
     loss, grads = program.loss_and_grads(inputs, weights)
     ref_loss, ref_grads = reference_loss_and_grads(pcg, inputs, weights, micro_batches=2)
     assert _close(loss, ref_loss) <= RTOL and _close(grads["w1"], ref_grads["w1"]) <= RTOL
+
+
+def test_a_plan_file_keeps_its_schedule_and_pcgopt_run_runs_it_as_mapped(tmp_path, capsys):
+    from pcgopt.cli import main
+
+    _, plan = _two_branches()
+    path = tmp_path / "plan.json"
+    path.write_text(plan.to_json())
+    assert main(["run", str(path), "--steps", "2", "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "in 3 programs on blocks of 4 CPU devices" in out
+    assert "device groups: 6 of the 6" in out and "step 2: loss" in out
