@@ -165,6 +165,8 @@ def zoo() -> list[str]:
 def _step_seconds(plan, steps: int = 5) -> tuple[float, float]:
     """Median wall time of a training step after the first: the plan run as mapped, and as
     one SPMD program."""
+    import jax
+
     from pcgopt.lower.jax import lower
 
     out = []
@@ -177,17 +179,11 @@ def _step_seconds(plan, steps: int = 5) -> tuple[float, float]:
             t = time.perf_counter()
             state, loss = program.train_step(state, inputs)
             float(loss)
-            jax_block(state.params)
+            jax.block_until_ready(state.params)
             times.append(time.perf_counter() - t)
         out.append(statistics.median(times[1:]))
         program.release()
     return out[0], out[1]
-
-
-def jax_block(tree) -> None:
-    import jax
-
-    jax.block_until_ready(tree)
 
 
 def run(plan: str, steps: int, optimizer: str) -> list[str]:

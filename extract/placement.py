@@ -42,7 +42,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from pcgopt.extract.cost import CostBreakdown, iteration_cost, source_layouts
+from pcgopt.extract.cost import CostBreakdown, default_groups, iteration_cost, source_layouts
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine
 from pcgopt.ops import OpKind
@@ -51,6 +51,7 @@ __all__ = [
     "ParallelismMatrix",
     "PlacementError",
     "PlanPlacement",
+    "default_placement",
     "matrices",
     "parallel_nodes",
     "parallelism_matrices",
@@ -353,6 +354,12 @@ def parallel_nodes(pcg: PCG) -> list[tuple[str, int, int]]:
     groups of its degree (a weight copied 2 then 3 ways: 3 groups of 2), if they all have
     one width (:func:`_synced_widths`)."""
     return _parallel_nodes(pcg, _synced_widths(pcg))
+
+
+def default_placement(pcg: PCG) -> dict[str, tuple[tuple[int, ...], ...]]:
+    """The device groups of every parallel node that takes a degree in the cost model's
+    default placement (consecutive devices)."""
+    return {name: default_groups(degree, width) for name, degree, width in parallel_nodes(pcg)}
 
 
 def _synced_widths(pcg: PCG) -> dict[str, set[int]]:

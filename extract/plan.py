@@ -69,7 +69,6 @@ from pcgopt.extract.cost import (
     CostBreakdown,
     CostError,
     accumulate_to_fit,
-    default_groups,
     iteration_cost,
 )
 from pcgopt.extract.extraction import (
@@ -81,7 +80,12 @@ from pcgopt.extract.extraction import (
 )
 from pcgopt.extract.layerwise import coordinate_descent, metropolis_hastings
 from pcgopt.extract.mapping import MachineMapping, MappingCache, map_machine
-from pcgopt.extract.placement import PlanPlacement, batch_split_only, parallel_nodes, place_plan
+from pcgopt.extract.placement import (
+    PlanPlacement,
+    batch_split_only,
+    default_placement,
+    place_plan,
+)
 from pcgopt.extract.splitting import MIN_SEGMENT_OPS, split_search, split_segments
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine, MachineError
@@ -100,6 +104,7 @@ __all__ = [
     "SearchStats",
     "default_machine",
     "machine_from_spec",
+    "mapped_plan",
     "saturate_and_extract",
 ]
 
@@ -373,10 +378,16 @@ class Plan:
         return lower(self, devices, **options)
 
 
-def _mapping(pcg: PCG) -> dict[str, tuple[tuple[int, ...], ...]]:
-    """The device groups of every parallel node that takes a degree, in the cost model's
-    placement (consecutive devices)."""
-    return {name: default_groups(degree, width) for name, degree, width in parallel_nodes(pcg)}
+def mapped_plan(
+    pcg: PCG, machine: Machine, *, optimizer: str = "adam", found_by: str = "given"
+) -> Plan:
+    """``pcg`` as a Plan for ``machine``, placed and mapped as :func:`saturate_and_extract`
+    costs a candidate (:func:`mapped_cost`), without searching or checking it (``found_by``:
+    what its stats say made it)."""
+    placed, mapping, cost = mapped_cost(pcg, machine, optimizer=optimizer)
+    stats = SearchStats(0, 0, 0, "not searched", "none", {}, found_by, {}, 0)
+    groups = mapping.device_groups({**default_placement(pcg), **placed.devices})
+    return Plan(pcg, machine, cost, groups, stats, "not checked", cost, placed, mapping)
 
 
 def _over_limits(model: PCG, plan: PCG, limit: float) -> str | None:
@@ -795,7 +806,9 @@ def saturate_and_extract(
         pcg=best,
         machine=machine,
         cost=best_cost,
-        mapping=mappings[chosen].device_groups({**_mapping(best), **placements[chosen].devices}),
+        mapping=mappings[chosen].device_groups(
+            {**default_placement(best), **placements[chosen].devices}
+        ),
         stats=stats,
         check=verdict,
         input_cost=input_cost,

@@ -39,6 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from types import MappingProxyType
 from typing import Any
 
@@ -281,7 +282,7 @@ class MappedLowered:
             n.name for n in self.pcg.nodes if n.spec.kind is OpKind.SOURCE and n.name not in trained
         )
 
-    @property
+    @cached_property
     def placement(self) -> DeviceOrder:
         """Every piece's nodes' groups, merged, in the plan's device numbers (``order``: the
         devices the pieces use; each piece's mesh has its own order)."""
@@ -293,7 +294,7 @@ class MappedLowered:
             mine = set(piece.nodes)
             honoured += [n for n in p.honoured if n in mine]
             unmet.update({k: v for k, v in p.unmet.items() if k in mine})
-            silent += [n for n in p.silent if n in mine and p.planned.get(n)]
+            silent += [n for n in p.silent if n in mine]
             shift = piece.devices[0]
             planned.update(
                 {

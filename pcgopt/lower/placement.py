@@ -42,9 +42,8 @@ from types import MappingProxyType
 
 import numpy as np
 
-from pcgopt.extract.cost import default_groups
-from pcgopt.extract.placement import parallel_nodes
-from pcgopt.graph import PCG, TensorRef
+from pcgopt.extract.placement import default_placement
+from pcgopt.graph import TensorRef
 from pcgopt.lower.layout import DeviceGrid, LayoutAssignment, MeshLayout
 from pcgopt.ops import OpKind
 
@@ -182,12 +181,6 @@ def collective_axes(
         after = _roles(assignment.layout(TensorRef(node.name)))
         out[node.name] = tuple(a for a in grid.names if before.get(a) != after.get(a))
     return out
-
-
-def default_placement(pcg: PCG) -> dict[str, Groups]:
-    """The cost model's groups of every parallel node of a PCG that has no placement:
-    consecutive devices."""
-    return {name: default_groups(degree, width) for name, degree, width in parallel_nodes(pcg)}
 
 
 def _canonical(labels: np.ndarray) -> tuple[int, ...]:

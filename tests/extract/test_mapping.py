@@ -24,7 +24,8 @@ from pcgopt.extract import (
 )
 from pcgopt.extract import mapping as mapping_module
 from pcgopt.extract.mapping import _units
-from pcgopt.extract.plan import _mapping, mapped_cost
+from pcgopt.extract.placement import default_placement
+from pcgopt.extract.plan import mapped_cost
 from pcgopt.models import build
 from pcgopt.testing.strategies import flat_machine, small_pcgs, towers
 
@@ -192,10 +193,10 @@ def test_moved_units_cost_what_they_cost_on_the_first_devices(pcg, machine):
     model, given the shifted device groups, charges every node exactly as before."""
     cost = iteration_cost(pcg, machine)
     mapping = map_machine(pcg, machine, cost=cost)
-    moved = iteration_cost(pcg, machine, devices=mapping.device_groups(_mapping(pcg)))
+    moved = iteration_cost(pcg, machine, devices=mapping.device_groups(default_placement(pcg)))
     for name, node_cost in cost.per_node.items():
         assert moved.per_node[name].total_s == pytest.approx(node_cost.total_s, rel=1e-12)
-    for name, groups in mapping.device_groups(_mapping(pcg)).items():
+    for name, groups in mapping.device_groups(default_placement(pcg)).items():
         start = mapping.offsets[name]
         assert min(d for g in groups for d in g) >= start
 

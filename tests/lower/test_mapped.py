@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pcgopt import PCGBuilder, evaluate
-from pcgopt.extract.plan import Plan, SearchStats, _mapping, machine_from_spec, mapped_cost
+from pcgopt.extract.plan import machine_from_spec, mapped_plan
 
 jax = pytest.importorskip("jax", reason="running plans needs the optional extra pcgopt[jax]")
 
@@ -17,14 +17,6 @@ from pcgopt.lower.mapped import MappedLowered, _piece_pcg, concurrent_blocks  # 
 from pcgopt.lower.run import run_plan  # noqa: E402
 
 RTOL = 1e-4
-
-
-def _mapped_plan(pcg, machine, optimizer="sgd") -> Plan:
-    """``pcg`` placed and mapped as saturate_and_extract costs a candidate."""
-    placed, mapping, cost = mapped_cost(pcg, machine, optimizer=optimizer)
-    stats = SearchStats(0, 0, 0, "not searched", "none", {}, "given", {}, 0)
-    groups = mapping.device_groups({**_mapping(pcg), **placed.devices})
-    return Plan(pcg, machine, cost, groups, stats, "not checked", cost, placed, mapping)
 
 
 def _two_branches():
@@ -41,7 +33,7 @@ def _two_branches():
         return b.combine(b.relu(h), dim=0, degree=2)
 
     pcg = b.build(b.add(branch("w1"), branch("w2")))
-    return pcg, _mapped_plan(pcg, machine_from_spec("dgx-a100:1:4"))
+    return pcg, mapped_plan(pcg, machine_from_spec("dgx-a100:1:4"), optimizer="sgd")
 
 
 def _close(got, want) -> float:

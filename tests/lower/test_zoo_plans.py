@@ -40,7 +40,7 @@ from pcgopt import evaluate
 from pcgopt.errors import PCGError
 from pcgopt.extract.baselines import BaselineError, data_parallel, megatron
 from pcgopt.extract.layerwise import coordinate_descent
-from pcgopt.extract.plan import Plan, SearchStats, _mapping, machine_from_spec, mapped_cost
+from pcgopt.extract.plan import Plan, machine_from_spec, mapped_plan
 from pcgopt.graph import PCG
 from pcgopt.models import ZOO, build
 
@@ -160,13 +160,11 @@ def mapped_plans(
         for planner, pcg in candidates:
             if pcg is None:
                 continue
-            placed, mapping, cost = mapped_cost(pcg, machine, optimizer="sgd")
-            groups = mapping.device_groups({**_mapping(pcg), **placed.devices})
-            stats = SearchStats(0, 0, 0, "not searched", "none", {}, planner, {}, 0)
-            mapped = Plan(pcg, machine, cost, groups, stats, "not checked", cost, placed, mapping)
+            mapped = mapped_plan(pcg, machine, optimizer="sgd", found_by=planner)
             if not concurrent_blocks(mapped):
                 continue
-            key = (pcg, tuple((u.nodes, u.block.start, u.block.size) for u in mapping.units))
+            units = mapped.machine_mapping.units
+            key = (pcg, tuple((u.nodes, u.block.start, u.block.size) for u in units))
             found.setdefault(key, (mapped, []))[1].append(f"{planner} mapped on {devices}")
     return found
 
