@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from pcgopt.ops import OPERATORS, ParallelOp
-from pcgopt.ops.elementwise import UnaryElementwise
+from pcgopt.ops.elementwise import BinaryElementwise, UnaryElementwise
 from pcgopt.ops.linalg import ACTIVATIONS
 from pcgopt.rewrite import IntExpr, Rule, parse_int_expr
 
@@ -154,8 +154,14 @@ def _unary_ops() -> list[tuple[str, str]]:
     out = []
     for name, spec in OPERATORS.items():
         if isinstance(spec, UnaryElementwise) and name != "dropout":
-            out.append((name, ", factor=f" if name == "scale" else ""))
+            # A numeric parameter (scale's factor, pow's exponent) is a symbol of the axiom.
+            out.append((name, "".join(f", {p.name}=f" for p in spec.params)))
     return out
+
+
+def _binary_ops() -> tuple[str, ...]:
+    """The broadcasting elementwise operators of two tensors."""
+    return tuple(n for n, s in OPERATORS.items() if isinstance(s, BinaryElementwise))
 
 
 def _layout() -> list[Axiom]:
@@ -189,7 +195,7 @@ def _layout() -> list[Axiom]:
                             conditions=(f"s + t == size(x, {a})",),
                         )
                     )
-            for op in ("add", "mul"):
+            for op in _binary_ops():
                 d4 = {"x1": _decl(xa), "x2": _decl(ya), "y1": _decl(xa), "y2": _decl(ya)}
                 out.append(
                     Axiom(
@@ -318,7 +324,7 @@ def _elementwise() -> list[Axiom]:
                 {"x": s},
             ),
         ]
-    for op in ("add", "mul"):
+    for op in _binary_ops():
         out.append(
             Axiom(
                 f"{op}_over_transpose",

@@ -13,9 +13,30 @@ from types import MappingProxyType
 
 from pcgopt.errors import UnknownOperatorError
 from pcgopt.ops.conv import Conv2D, Pool2D
-from pcgopt.ops.elementwise import GELU, Add, Dropout, Mul, ReLU, Scale, Sigmoid, Tanh
+from pcgopt.ops.elementwise import (
+    GELU,
+    Add,
+    Div,
+    Dropout,
+    Erf,
+    Exp,
+    GELUExact,
+    Log,
+    Maximum,
+    Mul,
+    Neg,
+    Pow,
+    Reciprocal,
+    ReLU,
+    Rsqrt,
+    Scale,
+    Sigmoid,
+    Sqrt,
+    Sub,
+    Tanh,
+)
 from pcgopt.ops.embedding import Embedding, EmbeddingBag
-from pcgopt.ops.layout import Concat, Reshape, Split, Transpose
+from pcgopt.ops.layout import Broadcast, Concat, Reshape, Slice, Split, Transpose
 from pcgopt.ops.linalg import BatchMatMul, Linear, MatMul
 from pcgopt.ops.normalization import BatchNorm, LayerNorm, Softmax
 from pcgopt.ops.parallel import (
@@ -57,8 +78,20 @@ _SPECS: tuple[OpSpec, ...] = (
     Tanh(),
     Dropout(),
     Scale(),
+    GELUExact(),
+    Erf(),
+    Exp(),
+    Log(),
+    Sqrt(),
+    Rsqrt(),
+    Reciprocal(),
+    Neg(),
+    Pow(),
     Add(),
+    Sub(),
     Mul(),
+    Div(),
+    Maximum(),
     # products
     MatMul(),
     BatchMatMul(),
@@ -73,8 +106,10 @@ _SPECS: tuple[OpSpec, ...] = (
     # layout
     Concat(),
     Split(),
+    Slice(),
     Transpose(),
     Reshape(),
+    Broadcast(),
     # lookups
     Embedding(),
     EmbeddingBag(),

@@ -1,5 +1,5 @@
-"""Layout operators: Concat, Split, Transpose, Reshape. They move data, compute nothing, and are
-linear, so partial sums pass through them."""
+"""Layout operators: Concat, Split, Slice, Transpose, Reshape, Broadcast. They move data, compute
+nothing, and are linear, so partial sums pass through them."""
 
 from __future__ import annotations
 
@@ -223,3 +223,89 @@ class Reshape(ComputeOp):
 
     def local(self, params, ctx, x):
         return (x.reshape(ctx.out_sizes[0]),)
+
+
+class Slice(ComputeOp):
+    """The elements ``start:stop`` of dimension ``axis`` (step 1); the other dimensions are kept.
+    The sliced dimension cannot be split (the slice of a block is not a block of the slice)."""
+
+    name = "slice"
+    input_names = ("x",)
+    params = (
+        Param("axis", ParamType.AXIS),
+        Param("start", ParamType.NONNEG_INT),
+        Param("stop", ParamType.POS_INT),
+    )
+
+    def infer_logical(self, params, inputs):
+        (x,) = inputs
+        axis, start, stop = params["axis"], params["start"], params["stop"]
+        if not start < stop <= x.sizes[axis]:
+            raise ShapeError(
+                f"slice {start}:{stop} of dimension {axis} (size {x.sizes[axis]}) must satisfy "
+                f"0 <= start < stop <= {x.sizes[axis]}"
+            )
+        sizes = list(x.sizes)
+        sizes[axis] = stop - start
+        return (ParallelTensorShape.of(sizes, x.dtype),)
+
+    def signature(self, params, in_sizes, out_sizes):
+        axis = params["axis"]
+        axes = tuple(
+            LoopAxis(f"d{k}", AxisKind.PARALLEL, (k,), (k,))
+            for k in range(len(in_sizes[0]))
+            if k != axis
+        )
+        why = "the slice of a block is not a block of the slice"
+        return Signature(axes, linear_in=(0,), notes=((0, axis, why),))
+
+    def resized_params(self, params, in_sizes, out_sizes):
+        # Positions along the sliced dimension keep their meaning only if it keeps its size.
+        return params if _slice_unchanged(params, in_sizes[0], out_sizes[0]) else None
+
+    def reference(self, params, x):
+        index = [slice(None)] * x.ndim
+        index[params["axis"]] = slice(params["start"], params["stop"])
+        return (x[tuple(index)],)
+
+
+def _slice_unchanged(params: Params, in_sizes: tuple[int, ...], out_sizes: tuple[int, ...]) -> bool:
+    axis = params["axis"]
+    return params["stop"] <= in_sizes[axis] and out_sizes[axis] == params["stop"] - params["start"]
+
+
+class Broadcast(ComputeOp):
+    """x broadcast to ``shape`` (numpy's rules: x's dimensions align with the last ones of
+    ``shape``; a dimension of size 1 is repeated). A repeated dimension of the output does not
+    vary in x, so splitting it needs x copied (as for a class token expanded over the batch)."""
+
+    name = "broadcast"
+    input_names = ("x",)
+    params = (Param("shape", ParamType.SHAPE),)
+
+    def infer_logical(self, params, inputs):
+        (x,) = inputs
+        shape = tuple(params["shape"])
+        lead = len(shape) - x.rank
+        if lead < 0 or any(s not in (1, t) for s, t in zip(x.sizes, shape[lead:], strict=True)):
+            raise ShapeError(
+                f"broadcast: {list(x.sizes)} cannot be broadcast to {list(shape)} (each dimension "
+                f"of x must be 1 or equal the matching trailing dimension of the shape)"
+            )
+        return (ParallelTensorShape.of(shape, x.dtype),)
+
+    def signature(self, params, in_sizes, out_sizes):
+        x, out = in_sizes[0], out_sizes[0]
+        lead = len(out) - len(x)
+        axes = []
+        for k, size in enumerate(out):
+            j = k - lead
+            dim = j if j >= 0 and x[j] == size else None
+            axes.append(LoopAxis(f"d{k}", AxisKind.PARALLEL, (dim,), (k,)))
+        return Signature(tuple(axes), linear_in=(0,))
+
+    def reference(self, params, x):
+        return (array_module(x).broadcast_to(x, params["shape"]).copy(),)
+
+    def local(self, params, ctx, x):
+        return (array_module(x).broadcast_to(x, ctx.out_sizes[0]).copy(),)

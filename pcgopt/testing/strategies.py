@@ -28,6 +28,7 @@ from pcgopt.graph import PCG
 from pcgopt.lower.layout import prime_factors
 from pcgopt.machine import DeviceSpec, Level, Link, Machine
 from pcgopt.ops import OPERATORS, ComputeOp, OpKind, Params, get_op
+from pcgopt.ops.elementwise import BinaryElementwise, UnaryElementwise
 from pcgopt.shapes import DType, ParallelDim, ParallelTensorShape
 
 SIZES = (1, 2, 3, 4, 6, 8)
@@ -103,10 +104,35 @@ def _i(s: Sequence[int]) -> ParallelTensorShape:
 _ACTS = st.sampled_from(("none", "relu", "gelu", "sigmoid", "tanh"))
 
 
+_UNARY_PARAMS: dict[str, st.SearchStrategy[dict]] = {
+    "dropout": st.just({"rate": 0.25}),
+    "scale": st.just({"factor": 0.5}),
+    "pow": st.sampled_from((2.0, 3.0, 0.5, -1.0)).map(lambda e: {"exponent": e}),
+}
+
+
 @st.composite
 def _unary(draw, op):
-    params = {"rate": 0.25} if op == "dropout" else {"factor": 0.5} if op == "scale" else {}
+    params = draw(_UNARY_PARAMS.get(op, st.just({})))
     return OpInstance(op, params, (_f(draw(sizes(1, 4))),))
+
+
+@st.composite
+def _slice(draw, op):
+    x = draw(sizes(1, 3))
+    axis = draw(st.integers(0, len(x) - 1))
+    start = draw(st.integers(0, x[axis] - 1))
+    stop = draw(st.integers(start + 1, x[axis]))
+    return OpInstance(op, {"axis": axis, "start": start, "stop": stop}, (_f(x),))
+
+
+@st.composite
+def _broadcast(draw, op):
+    out = draw(sizes(1, 4))
+    # x: a suffix of the target shape, with some dimensions of size 1.
+    suffix = out[draw(st.integers(0, len(out) - 1)) :]
+    x = tuple(1 if draw(st.booleans()) else s for s in suffix)
+    return OpInstance(op, {"shape": out}, (_f(x),))
 
 
 @st.composite
@@ -247,8 +273,8 @@ def _reduction(draw, op):
 
 
 _INSTANCES: dict[str, Callable[[str], st.SearchStrategy[OpInstance]]] = {
-    **dict.fromkeys(("relu", "gelu", "sigmoid", "tanh", "dropout", "scale"), _unary),
-    **dict.fromkeys(("add", "mul"), _binary),
+    **{name: _unary for name, spec in OPERATORS.items() if isinstance(spec, UnaryElementwise)},
+    **{name: _binary for name, spec in OPERATORS.items() if isinstance(spec, BinaryElementwise)},
     **dict.fromkeys(("matmul", "batch_matmul", "linear"), _matmul),
     "conv2d": _conv2d,
     "pool2d": _pool2d,
@@ -257,6 +283,8 @@ _INSTANCES: dict[str, Callable[[str], st.SearchStrategy[OpInstance]]] = {
     "softmax": _softmax,
     "concat": _concat,
     "split": _split,
+    "slice": _slice,
+    "broadcast": _broadcast,
     "transpose": _transpose,
     "reshape": _reshape,
     **dict.fromkeys(("embedding", "embedding_bag"), _embedding),
@@ -288,8 +316,10 @@ def parallelizations(
     tasks = 1
     degrees = {}
     for ax in sig.axes:
+        # An axis no input varies along (a broadcast's new dimension) takes its degree from
+        # no input, so it stays whole.
         extent = ax.size or next(
-            instance.inputs[i].sizes[d] for i, d in enumerate(ax.inputs) if d is not None
+            (instance.inputs[i].sizes[d] for i, d in enumerate(ax.inputs) if d is not None), 1
         )
         options = [d for d in DEGREES if extent % d == 0 and tasks * d <= max_tasks]
         degrees[ax.name] = draw(st.sampled_from(options))
@@ -378,7 +408,7 @@ def _try_add(draw, b: PCGBuilder, tensors: list[Tensor], op: str, degrees: Seque
         if w_copies > 1:
             w = b.replicate(w, degree=w_copies)
         args = (t, w)
-    elif op in ("add", "mul", "concat", "stack_partial"):
+    elif op in ("add", "sub", "mul", "div", "maximum", "concat", "stack_partial"):
         other = _pick(draw, tensors, lambda u: u.shape == s)
         args = (t, other)
         if op == "concat":
