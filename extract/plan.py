@@ -89,6 +89,7 @@ from pcgopt.extract.placement import (
 from pcgopt.extract.splitting import MIN_SEGMENT_OPS, split_search, split_segments
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine, MachineError
+from pcgopt.names import restore_names
 from pcgopt.ops import OpKind
 from pcgopt.render import forward_flops
 from pcgopt.render import to_dot as pcg_to_dot
@@ -299,11 +300,15 @@ class Plan:
         hidden = 0
         if max_rows is not None and len(rows) > max_rows:
             hidden, rows = len(rows) - max_rows, rows[:max_rows]
-        lines.append(f"  {'time':>10}  {'node':<24} {'op':<14} output layout / collectives")
+        # Names as wide as the longest shown (imported models' names are module paths); a name
+        # beyond 64 characters keeps its end, where the layer is most specific.
+        width = max([24, *(min(64, len(r[1])) for r in rows)])
+        lines.append(f"  {'time':>10}  {'node':<{width}} {'op':<14} output layout / collectives")
         for t, name, op, layout, what in rows:
-            lines.append(f"  {t * 1e6:>8.4g}µs  {name[:24]:<24} {op:<14} {layout}")
+            shown = name if len(name) <= width else "..." + name[len(name) - width + 3 :]
+            lines.append(f"  {t * 1e6:>8.4g}µs  {shown:<{width}} {op:<14} {layout}")
             if what:
-                lines.append(f"  {'':>10}  {'':<24} {'':<14} {what}")
+                lines.append(f"  {'':>10}  {'':<{width}} {'':<14} {what}")
         if hidden:
             lines.append(f"  ... {hidden} more nodes")
         return "\n".join(lines)
@@ -731,6 +736,13 @@ def saturate_and_extract(
         phases["branch parallel"] = time.perf_counter() - start
     candidates.update(layerwise)
     candidates.update(extra)
+    # The model's names back on the nodes that compute what the model's nodes compute, so
+    # that the plan reads in the user's terms (the searches name what they build by operator).
+    for name, value in candidates.items():
+        if value is not None:
+            named = restore_names(pcg, value[0])
+            if named is not value[0]:
+                candidates[name] = (named, iteration_cost(named, machine, optimizer=optimizer))
 
     # Place every candidate's parallelism axes on the hierarchy (P^2's parallelism matrices,
     # reductions priced with synthesized programs) and compare the placed costs.

@@ -9,7 +9,8 @@
     pcgopt run PLAN.json [--devices N] [--steps K] [--model MODEL] [--seed S] [--lr LR]
     pcgopt reductions --machine PRESET:NODES --axes 4,16 --reduce 0 [--bytes N] [--top K]
 
-MODEL is a zoo name (``pcgopt models`` lists them) or a PCG JSON file.
+MODEL is a zoo name (``pcgopt models`` lists them), a PCG JSON file, or an ONNX file (with
+``--dims NAME=SIZE`` binding its symbolic input dimensions, e.g. ``--dims batch=64``).
 """
 
 from __future__ import annotations
@@ -32,9 +33,27 @@ class UsageError(Exception):
     """A mistake in the command line or its files; printed without a traceback."""
 
 
-def load_model(spec: str, *, small: bool = False, overrides: Sequence[str] = ()) -> PCG:
-    """A zoo model by name (with ``KEY=VALUE`` size overrides, values in JSON) or a PCG file."""
+def load_model(
+    spec: str,
+    *,
+    small: bool = False,
+    overrides: Sequence[str] = (),
+    dims: Sequence[str] | None = None,
+) -> PCG:
+    """A zoo model by name (with ``KEY=VALUE`` size overrides, values in JSON), a PCG file, or
+    an ONNX file (``dims``: ``NAME=SIZE`` bindings of its symbolic dimensions)."""
     path = Path(spec)
+    if dims and path.suffix.lower() != ".onnx":
+        raise UsageError("--dims applies to ONNX models (MODEL.onnx)")
+    if path.suffix.lower() == ".onnx":
+        if overrides or small:
+            raise UsageError("--set and --small apply to zoo models, not to ONNX files")
+        from pcgopt.frontend.model import load_model as import_model
+        from pcgopt.frontend.model import parse_dims
+
+        imported = import_model(path, dims=parse_dims(list(dims or ())))
+        print(imported.summary(), file=sys.stderr)
+        return imported.pcg
     if spec in ZOO:
         kwargs = {}
         for item in overrides:
@@ -62,7 +81,7 @@ def load_model(spec: str, *, small: bool = False, overrides: Sequence[str] = ())
 
 
 def _summary(args: argparse.Namespace) -> int:
-    pcg = load_model(args.model, small=args.small, overrides=args.set)
+    pcg = load_model(args.model, small=args.small, overrides=args.set, dims=args.dims)
     print(pcg.summary(max_rows=args.rows))
     if args.json:
         Path(args.json).write_text(pcg.to_json())
@@ -124,7 +143,7 @@ def _optimize(args: argparse.Namespace) -> int:
     optimizer = args.optimizer or (ZOO[args.model].optimizer if args.model in ZOO else "adam")
     if optimizer not in OPTIMIZERS:
         raise UsageError(f"--optimizer: unknown {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
-    pcg = load_model(args.model, small=args.small, overrides=args.set)
+    pcg = load_model(args.model, small=args.small, overrides=args.set, dims=args.dims)
     machine = machine_from_spec(args.machine) if args.machine else default_machine()
     plan = saturate_and_extract(
         pcg,
@@ -285,12 +304,22 @@ def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=_positive, default=3, help="training steps (default 3)")
 
 
+def _dims_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--dims",
+        nargs="+",
+        metavar="NAME=SIZE",
+        help="sizes of an ONNX model's symbolic input dimensions, e.g. --dims batch=64",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pcgopt", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("summary", help="build or load a PCG and print its summary")
-    p.add_argument("model", help="zoo name or PCG JSON file")
+    p.add_argument("model", help="zoo name, PCG JSON file or ONNX file")
+    _dims_option(p)
     p.add_argument("--small", action="store_true", help="the zoo model's small test variant")
     p.add_argument(
         "--set",
@@ -307,7 +336,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "optimize", help="find a fast equivalent parallel plan for a model on a machine"
     )
-    p.add_argument("model", help="zoo name or PCG JSON file")
+    p.add_argument("model", help="zoo name, PCG JSON file or ONNX file")
+    _dims_option(p)
     p.add_argument(
         "--machine",
         metavar="PRESET[:NODES[:GPUS]]",

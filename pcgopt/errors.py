@@ -69,5 +69,23 @@ class EvaluationError(PCGError):
     """The reference evaluator was given inputs that do not fit the graph."""
 
 
+class FrontendError(PCGError):
+    """A model from another framework (ONNX, JAX) cannot be imported as it is.
+
+    ``unsupported`` maps each operator or primitive pcgopt cannot import to how many times it
+    occurs and the names of its first occurrences, so one error lists everything at fault.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        node: str | None = None,
+        unsupported: dict[str, tuple[int, tuple[str, ...]]] | None = None,
+    ) -> None:
+        super().__init__(message, node=node)
+        self.unsupported = dict(unsupported or {})
+
+
 class NotEquivalentError(AssertionError):
     """Two PCGs were required to be equivalent and are not; the message says where they differ."""

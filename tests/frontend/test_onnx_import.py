@@ -1,0 +1,239 @@
+"""The ONNX importer's contract: constants and shape arithmetic fold, initializers become weights
+(parameters stay parameters), exporter patterns become pcgopt operators, symbolic dimensions
+must be bound, and anything unsupported is one error that lists it all."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+onnx = pytest.importorskip("onnx")
+from onnx import TensorProto, helper, numpy_helper  # noqa: E402
+
+from pcgopt import FrontendError, evaluate  # noqa: E402
+from pcgopt.frontend.export import EXPORTED_OPS  # noqa: E402
+from pcgopt.frontend.onnx import from_onnx, to_onnx  # noqa: E402
+from pcgopt.testing.strategies import feeds, small_pcgs  # noqa: E402
+
+RNG = np.random.default_rng(0)
+
+
+def _model(nodes, inputs, outputs, inits=(), opset=17):
+    graph = helper.make_graph(list(nodes), "g", list(inputs), list(outputs), list(inits))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _x(name="x", shape=("batch", 8)):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, list(shape))
+
+
+def _y(name="y"):
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, None)
+
+
+def _init(name, value):
+    return numpy_helper.from_array(np.asarray(value), name)
+
+
+def _dense_gelu_model(gelu="erf"):
+    """x @ W + b, then GELU written out as exporters do, then a reshape whose target is
+    computed from Shape(x) (folded once the batch is bound)."""
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="/layer/dense/MatMul"),
+        helper.make_node("Add", ["b", "h"], ["hb"], name="/layer/dense/Add"),
+    ]
+    if gelu == "erf":
+        nodes += [
+            helper.make_node("Div", ["hb", "sqrt2"], ["t1"], name="/layer/act/Div"),
+            helper.make_node("Erf", ["t1"], ["t2"], name="/layer/act/Erf"),
+            helper.make_node("Add", ["t2", "one"], ["t3"], name="/layer/act/Add"),
+            helper.make_node("Mul", ["hb", "t3"], ["t4"], name="/layer/act/Mul"),
+            helper.make_node("Mul", ["t4", "half"], ["a"], name="/layer/act/Mul_1"),
+        ]
+    else:
+        nodes += [
+            helper.make_node("Pow", ["hb", "three"], ["c1"], name="/layer/act/Pow"),
+            helper.make_node("Mul", ["c1", "k"], ["c2"], name="/layer/act/Mul"),
+            helper.make_node("Add", ["hb", "c2"], ["c3"], name="/layer/act/Add"),
+            helper.make_node("Mul", ["c3", "s2pi"], ["c4"], name="/layer/act/Mul_1"),
+            helper.make_node("Tanh", ["c4"], ["c5"], name="/layer/act/Tanh"),
+            helper.make_node("Add", ["c5", "one"], ["c6"], name="/layer/act/Add_1"),
+            helper.make_node("Mul", ["hb", "half"], ["c7"], name="/layer/act/Mul_2"),
+            helper.make_node("Mul", ["c7", "c6"], ["a"], name="/layer/act/Mul_3"),
+        ]
+    nodes += [
+        helper.make_node("Shape", ["x"], ["s"], name="/shape/Shape"),
+        helper.make_node("Gather", ["s", "zero"], ["n"], name="/shape/Gather", axis=0),
+        helper.make_node("Unsqueeze", ["n", "axes0"], ["n1"], name="/shape/Unsqueeze"),
+        helper.make_node("Concat", ["n1", "tail"], ["target"], name="/shape/Concat", axis=0),
+        helper.make_node("Reshape", ["a", "target"], ["y"], name="/out/Reshape"),
+    ]
+    inits = [
+        _init("W", RNG.standard_normal((8, 6)).astype(np.float32)),
+        _init("b", RNG.standard_normal(6).astype(np.float32)),
+        _init("sqrt2", np.float32(math.sqrt(2))),
+        _init("one", np.float32(1)),
+        _init("half", np.float32(0.5)),
+        _init("three", np.float32(3)),
+        _init("k", np.float32(0.044715)),
+        _init("s2pi", np.float32(math.sqrt(2 / math.pi))),
+        _init("zero", np.int64(0)),
+        _init("axes0", np.array([0], np.int64)),
+        _init("tail", np.array([2, 3], np.int64)),
+    ]
+    return _model(nodes, [_x()], [_y()], inits)
+
+
+@pytest.mark.parametrize(("form", "op"), [("erf", "gelu_erf"), ("tanh", "gelu")])
+def test_dense_layer_and_gelu_become_one_operator_each(form, op):
+    m = from_onnx(_dense_gelu_model(form), dims={"batch": 4})
+    ops = [n.op for n in m.pcg.nodes if n.op not in ("input", "weight")]
+    assert ops == ["linear", op, "reshape"]
+    linear = next(n for n in m.pcg.nodes if n.op == "linear")
+    assert linear.name == "/layer/dense/MatMul"
+    assert m.parameter_count == 8 * 6 + 6
+    # The scalar constants of the formula are gone with it.
+    assert set(m.weights) == {"W", "b"}
+    x = RNG.standard_normal((4, 8)).astype(np.float32)
+    h = x.astype(np.float64) @ m.weights["W"] + m.weights["b"]
+    if form == "erf":
+        want = 0.5 * h * (1 + np.vectorize(math.erf)(h / math.sqrt(2)))
+    else:
+        want = 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h**3)))
+    np.testing.assert_allclose(m.run({"x": x})["y"], want.reshape(4, 2, 3), atol=1e-6)
+
+
+def test_a_formula_that_is_not_gelu_stays_as_written():
+    model = _dense_gelu_model("erf")
+    for init in model.graph.initializer:
+        if init.name == "half":
+            init.CopyFrom(_init("half", np.float32(0.6)))
+    m = from_onnx(model, dims={"batch": 2})
+    assert "gelu_erf" not in {n.op for n in m.pcg.nodes}
+    assert "erf" in {n.op for n in m.pcg.nodes}
+
+
+def test_unbound_symbolic_dimension_is_named():
+    with pytest.raises(FrontendError, match=r"batch \(in x\).*dims"):
+        from_onnx(_dense_gelu_model())
+
+
+def test_a_dimension_that_names_nothing_is_an_error():
+    with pytest.raises(FrontendError, match="seq name no symbolic dimension"):
+        from_onnx(_dense_gelu_model(), dims={"batch": 2, "seq": 4})
+
+
+def test_old_opsets_are_refused_with_the_fix():
+    model = _model([helper.make_node("Relu", ["x"], ["y"])], [_x(shape=(2, 2))], [_y()], opset=11)
+    with pytest.raises(FrontendError, match=r"opset 11.*opset_version=17"):
+        from_onnx(model)
+
+
+def test_every_unsupported_operator_is_listed_at_once():
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="ok"),
+        helper.make_node("Celu", ["r"], ["c1"], name="celu_a"),
+        helper.make_node("Celu", ["c1"], ["c2"], name="celu_b"),
+        helper.make_node("HardSwish", ["r"], ["h"], name="hs"),
+        helper.make_node("Add", ["c2", "h"], ["y"], name="sum"),
+    ]
+    with pytest.raises(FrontendError) as info:
+        from_onnx(_model(nodes, [_x(shape=(2, 2))], [_y()]))
+    err = info.value
+    # The second Celu reads the first one's output: it is still listed, counted by type.
+    assert err.unsupported == {"Celu": (1, ("celu_a",)), "HardSwish": (1, ("hs",))}
+    assert "Celu x1" in str(err) and "HardSwish x1" in str(err)
+
+
+def test_integer_input_must_be_a_lookup():
+    x = helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])
+    nodes = [helper.make_node("Cast", ["ids"], ["y"], to=TensorProto.FLOAT, name="cast")]
+    with pytest.raises(FrontendError, match="'ids' holds integers"):
+        from_onnx(_model(nodes, [x], [_y()]))
+
+
+def test_lookup_bounds_its_indices_by_the_table():
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 5])
+    table = RNG.standard_normal((11, 4)).astype(np.float32)
+    nodes = [helper.make_node("Gather", ["emb", "ids"], ["y"], name="/emb/Gather")]
+    m = from_onnx(_model(nodes, [ids], [_y()], [_init("emb", table)]), dims={"batch": 3})
+    assert m.pcg.node("ids").params["max_value"] == 11
+    assert [n.op for n in m.pcg.nodes if n.op not in ("input", "weight")] == ["embedding"]
+    idx = RNG.integers(0, 11, (3, 5))
+    np.testing.assert_allclose(m.run({"ids": idx})["y"], table[idx])
+
+
+def test_a_weight_stored_twice_is_one_parameter():
+    # A tied embedding and output projection, which exporters write as two initializers.
+    table = RNG.standard_normal((16, 8)).astype(np.float32)
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])
+    nodes = [
+        helper.make_node("Gather", ["wte", "ids"], ["h"], name="/emb/Gather"),
+        helper.make_node("MatMul", ["h", "head"], ["y"], name="/head/MatMul"),
+    ]
+    inits = [_init("wte", table), _init("head", np.ascontiguousarray(table.T))]
+    m = from_onnx(_model(nodes, [ids], [_y()], inits))
+    assert m.parameter_count == table.size
+    assert "transpose" in {n.op for n in m.pcg.nodes}
+    idx = RNG.integers(0, 16, (2, 3))
+    np.testing.assert_allclose(m.run({"ids": idx})["y"], table[idx] @ table.T, rtol=1e-6)
+
+
+def test_constant_mask_where_is_exact():
+    mask = np.tril(np.ones((4, 4), bool))
+    nodes = [helper.make_node("Where", ["m", "x", "fill"], ["y"], name="/attn/Where")]
+    inits = [_init("m", mask), _init("fill", np.float32(-1e9))]
+    m = from_onnx(_model(nodes, [_x(shape=(2, 4, 4))], [_y()], inits))
+    x = RNG.standard_normal((2, 4, 4)).astype(np.float32)
+    np.testing.assert_array_equal(m.run({"x": x})["y"], np.where(mask, x, np.float32(-1e9)))
+
+
+def test_bad_files_are_clear_errors(tmp_path):
+    with pytest.raises(FrontendError, match="no such ONNX file"):
+        from_onnx(tmp_path / "missing.onnx")
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00\x01not a model")
+    with pytest.raises(FrontendError, match="not a readable ONNX model"):
+        from_onnx(junk)
+
+
+_ROUND_TRIP_OPS = tuple(
+    op
+    for op in (
+        "matmul",
+        "relu",
+        "tanh",
+        "sigmoid",
+        "gelu",
+        "gelu_erf",
+        "exp",
+        "add",
+        "sub",
+        "mul",
+        "scale",
+        "transpose",
+        "concat",
+        "softmax",
+    )
+    if op in EXPORTED_OPS
+)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_pcgs_written_as_onnx_read_back_equal(data):
+    pcg = data.draw(small_pcgs(max_ops=6, ops=_ROUND_TRIP_OPS, degrees=(1,)), label="pcg")
+    weights = {
+        n.name: np.asarray(RNG.standard_normal(pcg.shape(n.name).sizes), np.float32)
+        for n in pcg.weights
+    }
+    m = from_onnx(to_onnx(pcg, weights=weights))
+    values = data.draw(feeds(pcg), label="inputs")
+    inputs = {n.name: values[n.name].astype(np.float32) for n in pcg.inputs}
+    want = evaluate(pcg, {**inputs, **weights}).outputs[0].logical()
+    got = next(iter(m.run(inputs).values()))
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
