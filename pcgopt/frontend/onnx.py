@@ -316,7 +316,7 @@ class _Importer:
         )
 
     def _node(self, node: Any, k: int) -> None:
-        name = node.name or f"{node.op_type}_{k}"
+        name = _module_path(node) or node.name or f"{node.op_type}_{k}"
         if node.domain not in ("", "ai.onnx"):
             self._skip(node, f"{node.domain}.{node.op_type}", name, "operator of a custom domain")
             return
@@ -374,6 +374,9 @@ class _Importer:
     def _fold(self, node: Any, ins: list[Any]) -> list[np.ndarray]:
         from onnx.reference.ops import load_op
 
+        own = _OWN_FOLDS.get(node.op_type)
+        if own is not None:
+            return own(_attrs(self.onnx, node), [None if v is None else v.value for v in ins])
         try:
             impl = load_op(node.domain or "", node.op_type, self.opset)
             run_params = {"log": lambda *a: None, "opsets": {"": self.opset}, "verbose": 0}
@@ -402,6 +405,20 @@ class _Importer:
         self._mark(node, _SKIPPED)
 
 
+def _gather_elements(attrs: dict[str, Any], ins: list[Any]) -> list[np.ndarray]:
+    data, idx = ins
+    axis = attrs.get("axis", 0) % data.ndim
+    idx = np.where(idx < 0, idx + data.shape[axis], idx)
+    return [np.take_along_axis(data, idx, axis=axis)]
+
+
+#: Constant folds done here rather than by ONNX's reference evaluator (whose GatherElements
+#: fails when the indices are smaller than the data along the other axes, as in BERT-base).
+_OWN_FOLDS: dict[str, Callable[[dict[str, Any], list[Any]], list[np.ndarray]]] = {
+    "GatherElements": _gather_elements,
+}
+
+
 class _Unsupported(Exception):
     """A node of a known type used in a way pcgopt cannot import (the message says how)."""
 
@@ -416,6 +433,19 @@ class _Ctx:
 
     def sub(self, suffix: str) -> str:
         return f"{self.name}/{suffix}"
+
+
+def _module_path(node: Any) -> str | None:
+    """``module/path/node_name`` from the PyTorch module path the dynamo exporter records in a
+    node's metadata (the TorchScript exporter puts it in the node name instead)."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.name_scopes":
+            # The module path of every enclosing module, innermost last, then the op's own.
+            scopes = [s.strip(" '\"") for s in prop.value.strip("[]").split(",")]
+            path = scopes[-2] if len(scopes) >= 2 else ""
+            if path:
+                return f"{path.replace('.', '/')}/{node.name or node.op_type}"
+    return None
 
 
 def _attrs(onnx: Any, node: Any) -> dict[str, Any]:

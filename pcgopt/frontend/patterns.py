@@ -62,7 +62,7 @@ def _fuse_dense(pcg: PCG, nodes: list[Node]) -> tuple[list[Node], int]:
     replace: dict[str, Node] = {}
     drop: set[str] = set()
     for add in nodes:
-        if add.op != "add" or TensorRef(add.name) in pcg.outputs:
+        if add.op != "add":
             continue
         for mm_slot in (0, 1):
             mm_ref, bias_ref = add.inputs[mm_slot], add.inputs[1 - mm_slot]
@@ -73,14 +73,25 @@ def _fuse_dense(pcg: PCG, nodes: list[Node]) -> tuple[list[Node], int]:
                 continue
             bias = by_name[bias_ref.node]
             width = pcg.shape(mm_ref).sizes[-1]
+            reshaped = None
+            if bias.op == "reshape" and len(consumers.get(bias_ref, [])) == 1:
+                # A bias vector reshaped to [1, ..., 1, n] for broadcasting (JAX writes it so).
+                inner = by_name[bias.inputs[0].node]
+                sizes = pcg.shape(bias_ref).sizes
+                if inner.op == "weight" and set(sizes[:-1]) <= {1}:
+                    reshaped, bias, bias_ref = bias.name, inner, bias.inputs[0]
             if bias.op != "weight" or pcg.shape(bias_ref).sizes != (width,):
                 continue
-            replace[add.name] = Node(mm.name, "linear", (*mm.inputs, bias_ref))
+            # Named after the product (the layer), unless the sum is a graph output.
+            keep = add.name if TensorRef(add.name) in pcg.outputs else mm.name
+            replace[add.name] = Node(keep, "linear", (*mm.inputs, bias_ref))
             drop.add(mm.name)
+            if reshaped:
+                drop.add(reshaped)
             break
     if not replace:
         return nodes, 0
-    renamed = {TensorRef(a): TensorRef(n.name) for a, n in replace.items()}
+    renamed = {TensorRef(a): TensorRef(n.name) for a, n in replace.items() if n.name != a}
     out = []
     for n in nodes:
         if n.name in drop:

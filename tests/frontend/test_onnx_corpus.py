@@ -91,3 +91,26 @@ def test_optimize_returns_a_checked_plan_in_the_models_names(name):
     shown = [n.name for n in plan.pcg.nodes if n.name in layer_names]
     assert len(shown) >= len(layer_names) // 2
     assert any(f"/{name}/" in line for line in text.splitlines())
+
+
+def test_cli_summary_and_optimize_read_onnx(tmp_path, capsys):
+    from pcgopt.cli import main
+
+    model = str(CORPUS / "vit.onnx")
+    assert main(["summary", model, "--dims", "batch=4", "--rows", "3"]) == 0
+    captured = capsys.readouterr()
+    assert "imported from onnx" in captured.err and "f32[4, 3, 32, 32]" in captured.out
+    plan_file = tmp_path / "plan.json"
+    args = ["optimize", model, "--dims", "batch=8", "--machine", "dgx-a100:1", "--budget", "1"]
+    assert main([*args, "--quiet", "--json", str(plan_file)]) == 0
+    assert "/vit/" in capsys.readouterr().out and plan_file.exists()
+
+
+def test_cli_names_an_unbound_dimension(capsys):
+    from pcgopt.cli import main
+
+    assert main(["summary", str(CORPUS / "vit.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "batch (in pixel_values)" in err and "--dims batch=N" in err
+    assert main(["summary", "mlp", "--dims", "batch=4"]) == 2
+    assert "--dims applies to ONNX models" in capsys.readouterr().err

@@ -1,0 +1,152 @@
+"""Models that come in: the ONNX corpus imported, checked and optimized; full-size BERT-base and
+GPT-2 imported and set beside the zoo's hand-built equivalents.
+
+    python bench/frontend.py [--budget 20] [--batch 64] [--full DIR] [--write]
+
+For each model of tests/data/onnx: ONNX nodes, PCG nodes, import time, the largest difference
+of its outputs from PyTorch's (stored by tools/make_onnx_corpus.py) and from onnxruntime's, and
+``saturate_and_extract`` on one DGX-A100 node (16 GPUs) with ``--budget`` seconds: the predicted
+iteration time and the speedup over the best of the three baselines (data parallel, Megatron,
+the better of the two after single-device fusion). ``--full DIR``: the full-size models that
+``tools/make_onnx_corpus.py --full DIR`` exported (not committed: 1.1 GB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from _results import publish
+
+from pcgopt import Machine
+from pcgopt.extract.plan import saturate_and_extract
+from pcgopt.frontend.onnx import from_onnx
+from pcgopt.models import ZOO
+from pcgopt.render import forward_flops
+
+CORPUS = Path(__file__).parents[1] / "tests" / "data" / "onnx"
+BASELINES = ("data parallel", "megatron", "sequential")
+
+
+def _max_err(got: dict, want: dict) -> float:
+    return max(float(np.max(np.abs(got[k] - want[k]))) for k in got)
+
+
+def corpus_rows(budget: float, batch: int) -> list[str]:
+    import onnx
+    import onnxruntime as ort
+
+    manifest = json.loads((CORPUS / "manifest.json").read_text())
+    rows = [
+        "| model | ONNX nodes | PCG nodes | import | max err vs PyTorch | vs onnxruntime | "
+        f"plan (batch {batch}) | best baseline | speedup | search |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name in sorted(manifest):
+        entry = manifest[name]
+        path = CORPUS / f"{name}.onnx"
+        data = np.load(CORPUS / f"{name}.npz")
+        example_batch = entry["example_input_shapes"][next(iter(entry["inputs"]))][0]
+        start = time.perf_counter()
+        m = from_onnx(path, dims={entry["batch_symbol"]: example_batch})
+        import_s = time.perf_counter() - start
+        feeds = {k: data[k] for k in m.inputs}
+        got = m.run(feeds)
+        err_torch = _max_err(got, {k: data[k] for k in got})
+        session = ort.InferenceSession(str(path))
+        ort_out = dict(zip(entry["outputs"], session.run(entry["outputs"], feeds), strict=True))
+        err_ort = _max_err(got, ort_out)
+        big = from_onnx(path, dims={entry["batch_symbol"]: batch})
+        start = time.perf_counter()
+        plan = saturate_and_extract(big.pcg, Machine.preset("dgx-a100"), time_budget_s=budget)
+        search_s = time.perf_counter() - start
+        cands = plan.stats.candidates
+        best_name = min((k for k in BASELINES if cands.get(k) is not None), key=lambda k: cands[k])
+        speedup = cands[best_name] / plan.cost.total_s
+        onnx_nodes = len(onnx.load(str(path)).graph.node)
+        rows.append(
+            f"| {name} | {onnx_nodes} | {len(m.pcg)} | {import_s * 1e3:.0f} ms | "
+            f"{err_torch:.1e} | {err_ort:.1e} | {plan.cost.total_s * 1e3:.3f} ms "
+            f"({plan.stats.chosen}) | {cands[best_name] * 1e3:.3f} ms ({best_name}) | "
+            f"{speedup:.2f}x | {search_s:.1f} s |"
+        )
+        print(rows[-1], file=sys.stderr)
+    return rows
+
+
+ZOO_TWINS = {
+    # The zoo's hand-built model with the exported one's sizes.
+    "bert_base": ("bert_large", {"hidden": 768, "layers": 12, "heads": 12, "seq": 128}),
+    "gpt2_small": (
+        "transformer",
+        {"hidden": 768, "layers": 12, "heads": 12, "seq": 128, "vocab": 50257},
+    ),
+}
+
+
+def full_rows(folder: Path, batch: int) -> list[str]:
+    rows = [
+        f"| model (batch {batch}, seq 128) | import | ONNX nodes | PCG nodes | parameters | "
+        "forward FLOPs | zoo twin | its PCG nodes | its parameters | its FLOPs |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: |",
+    ]
+    manifest = json.loads((folder / "manifest.json").read_text())
+    for name, (zoo_name, sizes) in ZOO_TWINS.items():
+        start = time.perf_counter()
+        m = from_onnx(folder / f"{name}.onnx", dims={"batch": batch})
+        import_s = time.perf_counter() - start
+        twin = ZOO[zoo_name].build(batch=batch, **sizes)
+        twin_params = sum(
+            int(np.prod(twin.shape(n.name).sizes)) for n in twin.weights if n.params["trainable"]
+        )
+        onnx_nodes = manifest[name].get("nodes", "?")
+        twin_args = ", ".join(f"{k}={v}" for k, v in sizes.items())
+        rows.append(
+            f"| {name} | {import_s:.1f} s | {onnx_nodes} | {len(m.pcg)} | "
+            f"{m.parameter_count:,} (PyTorch: {manifest[name]['params']:,}) | "
+            f"{forward_flops(m.pcg) / 1e9:.1f} G | {zoo_name}({twin_args}) | "
+            f"{len(twin)} | {twin_params:,} | {forward_flops(twin) / 1e9:.1f} G |"
+        )
+        print(rows[-1], file=sys.stderr)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--budget", type=float, default=20.0)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--full", type=Path, help="folder of make_onnx_corpus.py --full")
+    parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
+    args = parser.parse_args()
+    lines = [
+        f"`python bench/frontend.py --budget {args.budget:g} --batch {args.batch}"
+        + (f" --full {args.full}" if args.full else "")
+        + " --write` (2-core CPU). The corpus (tests/data/onnx) was exported by "
+        "`tools/make_onnx_corpus.py` from transformers 5.24 and PyTorch 2.13 (TorchScript "
+        "exporter, opset 17). Errors: the largest absolute difference over all outputs, "
+        "float64 evaluation of the imported PCG against float32 PyTorch and onnxruntime, at the "
+        "stored example inputs (batch 2). Plans: one DGX-A100 node (16 A100), Adam; speedup "
+        "over the best baseline, all on pcgopt's cost model.",
+        "",
+        *corpus_rows(args.budget, args.batch),
+    ]
+    if args.full:
+        lines += [
+            "",
+            "Full-size models (exported by `tools/make_onnx_corpus.py --full`, not committed), "
+            "beside the zoo's hand-built equivalents. The exported BERT-base is `BertModel` "
+            "(embeddings with token types, 12 layers, pooler; no masked-LM head); the zoo's "
+            "`bert_large` has the masked-LM head with logits over the vocabulary and no pooler, "
+            "hence its larger FLOPs. The exported GPT-2 is `GPT2LMHeadModel` (tied head).",
+            "",
+            *full_rows(args.full, 8),
+        ]
+    publish("## Models that come in: ONNX corpus and full-size imports", lines, write=args.write)
+
+
+if __name__ == "__main__":
+    main()
