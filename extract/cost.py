@@ -830,6 +830,11 @@ class CostBreakdown:
     def feasible(self) -> bool:
         return self.memory.total <= self.memory_capacity
 
+    def renamed(self, names: Mapping[str, str]) -> CostBreakdown:
+        """The same costs for the PCG with node ``n`` named ``names[n]`` (``PCG.renamed``)."""
+        per_node = {names[k]: replace(v, name=names[k]) for k, v in self.per_node.items()}
+        return replace(self, per_node=MappingProxyType(per_node))
+
     def __repr__(self) -> str:
         fits = "feasible" if self.feasible else "INFEASIBLE"
         if self.micro_batches > 1:

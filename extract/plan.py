@@ -89,7 +89,7 @@ from pcgopt.extract.placement import (
 from pcgopt.extract.splitting import MIN_SEGMENT_OPS, split_search, split_segments
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine, MachineError
-from pcgopt.names import restore_names
+from pcgopt.names import model_names
 from pcgopt.ops import OpKind
 from pcgopt.render import forward_flops
 from pcgopt.render import to_dot as pcg_to_dot
@@ -598,17 +598,7 @@ def saturate_and_extract(
     bug) is left out with a warning, and the others still compete; if none is left, the
     :class:`CostError` says why.
     """
-    if not isinstance(pcg, PCG):
-        raise PCGError(f"saturate_and_extract takes a pcgopt.PCG, got {type(pcg).__name__}")
-    if machine is None:
-        machine = default_machine()
-    if not isinstance(machine, Machine):
-        raise PCGError(
-            f"machine must be a pcgopt.Machine (or None for the default), got "
-            f"{type(machine).__name__}"
-        )
-    if not time_budget_s > 0:
-        raise PCGError(f"time_budget_s must be > 0 seconds, got {time_budget_s!r}")
+    machine = _checked_arguments(pcg, machine, time_budget_s, seeds)
     say = _reporter(progress)
     clock = _Clock.start(time_budget_s)
     # The shipped rules load (once per process) on the second core while the layer-wise
@@ -617,44 +607,15 @@ def saturate_and_extract(
     phases: dict[str, float] = {}
     input_cost = iteration_cost(pcg, machine, optimizer=optimizer)
 
-    # AutoDDL's searches over per-layer SBP matmul strategies: coordinate descent, then
-    # Metropolis-Hastings from its result (it escapes the local optima where every single-layer
-    # change costs a redistribution). Their plans seed the e-graph (the rules do not build 2D/3D
-    # matmul splits within a budget), so extraction can combine their layouts with rewrites
-    # elsewhere, and they are candidates the joint plan must not lose to.
     layerwise: dict[str, tuple[PCG, CostBreakdown] | None] = {}
     if baselines:
         start = time.perf_counter()
-        say("coordinate descent over per-layer SBP strategies")
-        try:
-            found = coordinate_descent(
-                pcg,
-                machine,
-                restarts=4,
-                optimizer=optimizer,
-                time_limit_s=clock.limit("coordinate descent"),
-            )
-            layerwise["coordinate descent"] = (found.pcg, found.cost)
-            say(repr(found))
-            walked = metropolis_hastings(
-                pcg,
-                machine,
-                steps=found.evaluations,
-                start=found.strategies,
-                optimizer=optimizer,
-                time_limit_s=clock.limit("metropolis-hastings"),
-            )
-            layerwise["metropolis-hastings"] = (walked.pcg, walked.cost)
-            say(repr(walked))
-        except (BaselineError, CostError) as e:
-            say(f"the layer-wise searches do not apply: {e}")
-            layerwise = dict.fromkeys(("coordinate descent", "metropolis-hastings"))
+        layerwise = _layerwise_searches(pcg, machine, optimizer, clock, say)
         phases["layer-wise search"] = time.perf_counter() - start
-    extra: dict[str, tuple[PCG, CostBreakdown] | None] = {}
-    for k, seed in enumerate(seeds):
-        if not isinstance(seed, PCG):
-            raise PCGError(f"seeds[{k}] must be a pcgopt.PCG, got {type(seed).__name__}")
-        extra[f"seed {k}"] = (seed, iteration_cost(seed, machine, optimizer=optimizer))
+    extra: dict[str, tuple[PCG, CostBreakdown] | None] = {
+        f"seed {k}": (seed, iteration_cost(seed, machine, optimizer=optimizer))
+        for k, seed in enumerate(seeds)
+    }
     seed_plans = [
         v[0] for v in (*layerwise.values(), *extra.values()) if v is not None and v[0] != pcg
     ]
@@ -662,15 +623,7 @@ def saturate_and_extract(
     # The baselines are built before saturation, so that their time comes out of its share
     # (the phases after it have shares of their own); graph splitting seeds with them.
     start = time.perf_counter()
-    fixed: dict[str, tuple[PCG, CostBreakdown] | None] = {}
-    makers = (("data parallel", data_parallel), ("megatron", megatron), ("sequential", sequential))
-    for name, make in makers if baselines else ():
-        try:
-            plan = make(pcg, machine)
-            fixed[name] = (plan, iteration_cost(plan, machine, optimizer=optimizer))
-        except (BaselineError, CostError) as e:
-            say(f"baseline {name} does not apply: {e}")
-            fixed[name] = None
+    fixed = _baselines(pcg, machine, optimizer, say) if baselines else {}
     phases["baselines"] = time.perf_counter() - start
 
     segments = split_segments(pcg, min_segment_ops) if split is not False else ()
@@ -715,40 +668,165 @@ def saturate_and_extract(
     }
     candidates.update(fixed)
     if baselines:
-        # Data parallelism narrowed where branches run at once: only cheaper once mapped, so
-        # extraction (which costs plans in sequence) would not propose it.
-        try:
-            branches = branch_parallel(
-                pcg,
-                machine,
-                optimizer=optimizer,
-                time_limit_s=clock.limit("branch parallel"),
-            )
-            say(repr(branches) if branches else "branch parallel: no branch narrows")
-            candidates["branch parallel"] = (
-                None
-                if branches is None
-                else (branches.pcg, iteration_cost(branches.pcg, machine, optimizer=optimizer))
-            )
-        except (BaselineError, CostError) as e:
-            say(f"branch parallel does not apply: {e}")
-            candidates["branch parallel"] = None
+        candidates["branch parallel"] = _branch_parallel(pcg, machine, optimizer, clock, say)
         phases["branch parallel"] = time.perf_counter() - start
     candidates.update(layerwise)
     candidates.update(extra)
-    # The model's names back on the nodes that compute what the model's nodes compute, so
-    # that the plan reads in the user's terms (the searches name what they build by operator).
-    for name, value in candidates.items():
-        if value is not None:
-            named = restore_names(pcg, value[0])
-            if named is not value[0]:
-                candidates[name] = (named, iteration_cost(named, machine, optimizer=optimizer))
-
-    # Place every candidate's parallelism axes on the hierarchy (P^2's parallelism matrices,
-    # reductions priced with synthesized programs) and compare the placed costs.
-    # Then map each onto the machine (branches at once on disjoint devices where faster), with
-    # one memo table: candidates share most sub-graphs.
+    _in_model_names(pcg, candidates)
     start = time.perf_counter()
+    placements, mappings, failed = _place_and_map(candidates, machine, optimizer, clock, say)
+    phases["placement and mapping"] = time.perf_counter() - start
+
+    chosen, (best, best_cost) = _best(candidates, failed)
+    start = time.perf_counter()
+    verdict = _check(pcg, best, check_flops_limit) if check else "not checked (check=False)"
+    phases["check"] = time.perf_counter() - start
+    stats = search.stats(candidates, chosen, phases)
+    return Plan(
+        pcg=best,
+        machine=machine,
+        cost=best_cost,
+        mapping=mappings[chosen].device_groups(
+            {**default_placement(best), **placements[chosen].devices}
+        ),
+        stats=stats,
+        check=verdict,
+        input_cost=input_cost,
+        placement=placements[chosen],
+        machine_mapping=mappings[chosen],
+    )
+
+
+def _checked_arguments(
+    pcg: Any, machine: Any, time_budget_s: float, seeds: Sequence[Any]
+) -> Machine:
+    """The machine to plan for (the default for None), after checking the arguments' types."""
+    if not isinstance(pcg, PCG):
+        raise PCGError(f"saturate_and_extract takes a pcgopt.PCG, got {type(pcg).__name__}")
+    if machine is None:
+        machine = default_machine()
+    if not isinstance(machine, Machine):
+        raise PCGError(
+            f"machine must be a pcgopt.Machine (or None for the default), got "
+            f"{type(machine).__name__}"
+        )
+    if not time_budget_s > 0:
+        raise PCGError(f"time_budget_s must be > 0 seconds, got {time_budget_s!r}")
+    for k, seed in enumerate(seeds):
+        if not isinstance(seed, PCG):
+            raise PCGError(f"seeds[{k}] must be a pcgopt.PCG, got {type(seed).__name__}")
+    return machine
+
+
+def _best(
+    candidates: Mapping[str, tuple[PCG, CostBreakdown] | None], failed: Mapping[PCG, str]
+) -> tuple[str, tuple[PCG, CostBreakdown]]:
+    """The fastest candidate that fits in memory (else the fastest), with its name."""
+    left = [(k, v) for k, v in candidates.items() if v is not None]
+    if not left:
+        raise CostError(
+            "no candidate plan could be placed and mapped: "
+            + "; ".join(dict.fromkeys(failed.values()))
+        )
+    return min(left, key=lambda item: (not item[1][1].feasible, item[1][1].total_s))
+
+
+def _layerwise_searches(
+    pcg: PCG, machine: Machine, optimizer: str, clock: _Clock, say: Callable[[str], None]
+) -> dict[str, tuple[PCG, CostBreakdown] | None]:
+    """AutoDDL's searches over per-layer SBP matmul strategies: coordinate descent, then
+    Metropolis-Hastings from its result (it escapes the local optima where every single-layer
+    change costs a redistribution). Their plans seed the e-graph (the rules do not build 2D/3D
+    matmul splits within a budget), so extraction can combine their layouts with rewrites
+    elsewhere, and they are candidates the joint plan must not lose to."""
+    say("coordinate descent over per-layer SBP strategies")
+    try:
+        found = coordinate_descent(
+            pcg,
+            machine,
+            restarts=4,
+            optimizer=optimizer,
+            time_limit_s=clock.limit("coordinate descent"),
+        )
+        say(repr(found))
+        walked = metropolis_hastings(
+            pcg,
+            machine,
+            steps=found.evaluations,
+            start=found.strategies,
+            optimizer=optimizer,
+            time_limit_s=clock.limit("metropolis-hastings"),
+        )
+        say(repr(walked))
+    except (BaselineError, CostError) as e:
+        say(f"the layer-wise searches do not apply: {e}")
+        return dict.fromkeys(("coordinate descent", "metropolis-hastings"))
+    return {
+        "coordinate descent": (found.pcg, found.cost),
+        "metropolis-hastings": (walked.pcg, walked.cost),
+    }
+
+
+def _baselines(
+    pcg: PCG, machine: Machine, optimizer: str, say: Callable[[str], None]
+) -> dict[str, tuple[PCG, CostBreakdown] | None]:
+    """The data-parallel, Megatron and sequential plans with their costs (None: not
+    applicable, said why)."""
+    fixed: dict[str, tuple[PCG, CostBreakdown] | None] = {}
+    makers = (("data parallel", data_parallel), ("megatron", megatron), ("sequential", sequential))
+    for name, make in makers:
+        try:
+            plan = make(pcg, machine)
+            fixed[name] = (plan, iteration_cost(plan, machine, optimizer=optimizer))
+        except (BaselineError, CostError) as e:
+            say(f"baseline {name} does not apply: {e}")
+            fixed[name] = None
+    return fixed
+
+
+def _branch_parallel(
+    pcg: PCG, machine: Machine, optimizer: str, clock: _Clock, say: Callable[[str], None]
+) -> tuple[PCG, CostBreakdown] | None:
+    """Data parallelism narrowed where branches run at once: only cheaper once mapped, so
+    extraction (which costs plans in sequence) would not propose it."""
+    try:
+        branches = branch_parallel(
+            pcg, machine, optimizer=optimizer, time_limit_s=clock.limit("branch parallel")
+        )
+    except (BaselineError, CostError) as e:
+        say(f"branch parallel does not apply: {e}")
+        return None
+    say(repr(branches) if branches else "branch parallel: no branch narrows")
+    if branches is None:
+        return None
+    return branches.pcg, iteration_cost(branches.pcg, machine, optimizer=optimizer)
+
+
+def _in_model_names(pcg: PCG, candidates: dict[str, tuple[PCG, CostBreakdown] | None]) -> None:
+    """Puts the model's names back on the candidates' nodes that compute what the model's nodes
+    compute, so that the plan reads in the user's terms (the searches name what they build by
+    operator). Their costs are renamed with them, not computed again."""
+    for name, value in candidates.items():
+        if value is None:
+            continue
+        plan, cost = value
+        names = model_names(pcg, plan)
+        if any(k != v for k, v in names.items()):
+            candidates[name] = (plan.renamed(names), cost.renamed(names))
+
+
+def _place_and_map(
+    candidates: dict[str, tuple[PCG, CostBreakdown] | None],
+    machine: Machine,
+    optimizer: str,
+    clock: _Clock,
+    say: Callable[[str], None],
+) -> tuple[dict[str, PlanPlacement], dict[str, MachineMapping], dict[PCG, str]]:
+    """Places every candidate's parallelism axes on the hierarchy (P^2's parallelism matrices,
+    reductions priced with synthesized programs), then maps each onto the machine (branches at
+    once on disjoint devices where faster), with one memo table: candidates share most
+    sub-graphs. Each candidate's cost becomes its placed and mapped cost; one that fails is
+    left out (None). Returns the placements, the mappings and why plans failed."""
     placements: dict[str, PlanPlacement] = {}
     mappings: dict[str, MachineMapping] = {}
     cache = MappingCache(machine)
@@ -776,7 +854,7 @@ def saturate_and_extract(
                 warnings.warn(
                     f"saturate_and_extract: the {name} plan could not be placed and mapped, "
                     f"so it was left out: {e}",
-                    stacklevel=2,
+                    stacklevel=3,
                 )
         if plan in failed:
             say(f"{name}: left out, placing and mapping it failed: {failed[plan]}")
@@ -784,49 +862,7 @@ def saturate_and_extract(
             continue
         placements[name], mappings[name], final = done[plan]
         candidates[name] = (plan, final)
-    phases["placement and mapping"] = time.perf_counter() - start
-
-    def rank(item: tuple[str, tuple[PCG, CostBreakdown] | None]) -> tuple[bool, float]:
-        _, value = item
-        assert value is not None
-        return (not value[1].feasible, value[1].total_s)
-
-    if all(v is None for v in candidates.values()):
-        raise CostError(
-            "no candidate plan could be placed and mapped: "
-            + "; ".join(dict.fromkeys(failed.values()))
-        )
-    chosen, (best, best_cost) = min(
-        ((k, v) for k, v in candidates.items() if v is not None), key=rank
-    )
-    start = time.perf_counter()
-    verdict = _check(pcg, best, check_flops_limit) if check else "not checked (check=False)"
-    phases["check"] = time.perf_counter() - start
-    stats = SearchStats(
-        num_enodes=search.num_enodes,
-        num_eclasses=search.num_eclasses,
-        iterations=search.iterations,
-        stop_reason=search.stop_reason,
-        extraction=search.extraction,
-        candidates={k: (v[1].total_s if v is not None else None) for k, v in candidates.items()},
-        chosen=chosen,
-        phase_seconds=phases,
-        peak_rss_bytes=search.peak_rss_bytes,
-        segments=search.segments,
-    )
-    return Plan(
-        pcg=best,
-        machine=machine,
-        cost=best_cost,
-        mapping=mappings[chosen].device_groups(
-            {**default_placement(best), **placements[chosen].devices}
-        ),
-        stats=stats,
-        check=verdict,
-        input_cost=input_cost,
-        placement=placements[chosen],
-        machine_mapping=mappings[chosen],
-    )
+    return placements, mappings, failed
 
 
 @dataclass(frozen=True)
@@ -840,6 +876,27 @@ class _Explored:
     extraction: str
     peak_rss_bytes: int
     segments: int = 1
+
+    def stats(
+        self,
+        candidates: Mapping[str, tuple[PCG, CostBreakdown] | None],
+        chosen: str,
+        phases: dict[str, float],
+    ) -> SearchStats:
+        """The search's statistics, with every candidate's cost and the one chosen."""
+        costs = {k: (v[1].total_s if v is not None else None) for k, v in candidates.items()}
+        return SearchStats(
+            num_enodes=self.num_enodes,
+            num_eclasses=self.num_eclasses,
+            iterations=self.iterations,
+            stop_reason=self.stop_reason,
+            extraction=self.extraction,
+            candidates=costs,
+            chosen=chosen,
+            phase_seconds=phases,
+            peak_rss_bytes=self.peak_rss_bytes,
+            segments=self.segments,
+        )
 
 
 def _whole_phase(

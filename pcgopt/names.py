@@ -26,11 +26,18 @@ from __future__ import annotations
 from pcgopt.graph import PCG, TensorRef
 from pcgopt.ops import OpKind
 
-__all__ = ["restore_names"]
+__all__ = ["model_names", "restore_names"]
 
 
 def restore_names(source: PCG, plan: PCG) -> PCG:
     """``plan`` with its nodes named after the ``source`` nodes they compute (module doc)."""
+    names = model_names(source, plan)
+    return plan if all(k == v for k, v in names.items()) else plan.renamed(names)
+
+
+def model_names(source: PCG, plan: PCG) -> dict[str, str]:
+    """The new name of every node of ``plan`` (:func:`restore_names`); a node that computes no
+    node of ``source`` keeps its own."""
     index: dict[tuple, str] = {}
     for n in source.nodes:
         if n.spec.kind is OpKind.COMPUTE:
@@ -57,8 +64,6 @@ def restore_names(source: PCG, plan: PCG) -> PCG:
         wanted[n.name] = name
         for k in range(len(plan.output_shapes(n.name))):
             value[n.output(k)] = TensorRef(name, k)
-    if not wanted:
-        return plan
     taken = {n.name for n in plan.nodes if n.name not in wanted}
     names: dict[str, str] = {}
     for n in plan.nodes:
@@ -72,6 +77,4 @@ def restore_names(source: PCG, plan: PCG) -> PCG:
             new = f"{base}~{k}"
         taken.add(new)
         names[n.name] = new
-    if all(k == v for k, v in names.items()):
-        return plan
-    return plan.renamed(names)
+    return names

@@ -39,7 +39,7 @@ from typing import Any
 
 from pcgopt.errors import PCGError, SchemaError
 from pcgopt.ops import OPERATORS, OpKind, Params, get_op
-from pcgopt.ops.elementwise import UnaryElementwise
+from pcgopt.ops.elementwise import BinaryElementwise, UnaryElementwise
 from pcgopt.ops.params import ParamType
 from pcgopt.shapes import DType, ParallelTensorShape
 from pcgopt.sharded import ShardedArray
@@ -659,14 +659,13 @@ def evaluate_side(
 
 #: Operators whose output has the shape of their first input.
 _SAME_SHAPE = {
-    *(name for name, spec in OPERATORS.items() if isinstance(spec, UnaryElementwise)),
+    *(
+        name
+        for name, spec in OPERATORS.items()
+        if isinstance(spec, UnaryElementwise | BinaryElementwise)
+    ),
     "softmax",
     "layer_norm",
-    "add",
-    "sub",
-    "mul",
-    "div",
-    "maximum",
     "partition",
     "combine",
     "replicate",

@@ -24,7 +24,14 @@ import numpy as np
 
 from pcgopt.builder import PCGBuilder, Tensor
 from pcgopt.errors import FrontendError, PCGError
-from pcgopt.frontend.model import ImportedModel, UnsupportedLog, clean_name
+from pcgopt.frontend.model import (
+    ImportedModel,
+    UniqueNames,
+    UnsupportedLog,
+    binary,
+    broadcast_to,
+    reshape_to,
+)
 from pcgopt.frontend.patterns import fuse_patterns
 from pcgopt.shapes import DType
 
@@ -48,19 +55,11 @@ class _Importer:
     def __init__(self) -> None:
         self.b = PCGBuilder()
         self.weights: dict[str, np.ndarray] = {}
-        self.names: set[str] = set()
+        self.name = UniqueNames()
         self.unsupported = UnsupportedLog()
         self.counts: dict[str, int] = {}
-        self.consts: dict[int, Tensor] = {}
-
-    def name(self, wanted: str) -> str:
-        name = clean_name(wanted)
-        base, k = name, 1
-        while name in self.names:
-            k += 1
-            name = f"{base}_{k}"
-        self.names.add(name)
-        return name
+        # id of a constant -> its Weight, and the constant (kept alive so the id stays its own).
+        self.consts: dict[int, tuple[Tensor, Any]] = {}
 
     def tensor(self, v: Any, owner: str) -> Tensor:
         if isinstance(v, Tensor):
@@ -73,8 +72,8 @@ class _Importer:
             shape = value.shape or (1,)
             t = self.b.weight(shape, DType.F32, name=self.name(f"{owner}/const"), trainable=False)
             self.weights[t.ref.node] = value.astype(np.float32).reshape(shape)
-            self.consts[key] = (t, v)  # type: ignore[assignment]
-        return self.consts[key][0]  # type: ignore[index]
+            self.consts[key] = (t, v)
+        return self.consts[key][0]
 
     def run_jaxpr(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], scope: str) -> list:
         env: dict[Any, Any] = {}
@@ -214,19 +213,9 @@ _HANDLERS["erfc"] = _erfc
 
 def _binary(op: str) -> Handler:
     def handle(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
-        a, b = ins
-        if op in ("mul", "div") and isinstance(a, Tensor) and _scalar(b) is not None:
-            factor = _scalar(b) if op == "mul" else 1.0 / _scalar(b)  # type: ignore[operator]
-            return imp.b.scale(a, factor=factor, name=name)
-        if op == "mul" and isinstance(b, Tensor) and _scalar(a) is not None:
-            return imp.b.scale(b, factor=_scalar(a), name=name)
-        if op == "maximum":
-            t, c = (a, b) if isinstance(a, Tensor) else (b, a)
-            if _scalar(c) == 0.0:
-                return imp.b.relu(t, name=name)
-            if _scalar(c) == -np.inf:
-                return t  # max(x, -inf) is x (softmax's guard)
-        return imp.b.apply(op, imp.tensor(a, name), imp.tensor(b, name), name=name)
+        return binary(
+            imp.b, op, *ins, name, scalar=_scalar, tensor=lambda v, slot: imp.tensor(v, name)
+        )
 
     return handle
 
@@ -271,12 +260,6 @@ _HANDLERS["reduce_sum"] = _reduce("reduce_sum")
 _HANDLERS["reduce_max"] = _reduce("reduce_max")
 
 
-def _reshape_to(imp: _Importer, x: Tensor, shape: tuple[int, ...], name: str) -> Tensor:
-    if x.shape.sizes == tuple(shape):
-        return x
-    return imp.b.reshape(x, shape=tuple(shape) or (1,), name=name)
-
-
 def _broadcast_in_dim(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
     x = imp.tensor(ins[0], name)
     shape, dims = tuple(p["shape"]), tuple(p["broadcast_dimensions"])
@@ -286,15 +269,15 @@ def _broadcast_in_dim(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
         aligned[d] = s
     if sorted(dims) != list(dims):
         raise _Unsupported("broadcast_in_dim that reorders dimensions")
-    y = _reshape_to(imp, x, tuple(aligned), f"{name}/reshape")
-    return y if y.shape.sizes == shape else imp.b.broadcast(y, shape=shape, name=name)
+    y = reshape_to(imp.b, x, tuple(aligned), f"{name}/reshape")
+    return broadcast_to(imp.b, y, shape, name)
 
 
 _HANDLERS["broadcast_in_dim"] = _broadcast_in_dim
 
 
 def _reshape(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
-    return _reshape_to(imp, imp.tensor(ins[0], name), tuple(p["new_sizes"]), name)
+    return reshape_to(imp.b, imp.tensor(ins[0], name), tuple(p["new_sizes"]), name)
 
 
 _HANDLERS["reshape"] = _reshape
@@ -304,7 +287,7 @@ def _squeeze(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
     x = imp.tensor(ins[0], name)
     drop = {d % x.shape.rank for d in p["dimensions"]}
     shape = tuple(s for k, s in enumerate(x.shape.sizes) if k not in drop)
-    return _reshape_to(imp, x, shape, name)
+    return reshape_to(imp.b, x, shape, name)
 
 
 _HANDLERS["squeeze"] = _squeeze

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from pcgopt.builder import PCGBuilder, Tensor
 from pcgopt.errors import FrontendError
 from pcgopt.evaluate import evaluate
 from pcgopt.graph import PCG
@@ -77,6 +78,63 @@ def clean_name(name: str) -> str:
     """A source name usable as a PCG node name: ``node:3`` would read as output 3 of ``node``,
     so a trailing ``:digits`` becomes ``_digits``."""
     return _TRAILING_INDEX.sub(r"_\1", name)
+
+
+class UniqueNames:
+    """Node names from source names: cleaned (:func:`clean_name`), and ``name_2``, ``name_3``
+    ... when a source name repeats (or several nodes come from one source node)."""
+
+    def __init__(self) -> None:
+        self.taken: set[str] = set()
+
+    def __call__(self, wanted: str) -> str:
+        name = clean_name(wanted) or "node"
+        base, k = name, 1
+        while name in self.taken:
+            k += 1
+            name = f"{base}_{k}"
+        self.taken.add(name)
+        return name
+
+
+def reshape_to(b: PCGBuilder, x: Tensor, shape: tuple[int, ...], name: str) -> Tensor:
+    """``x`` reshaped (a scalar shape ``()`` is ``(1,)``), or ``x`` itself if it has the shape."""
+    shape = tuple(shape) or (1,)
+    return x if x.shape.sizes == shape else b.reshape(x, shape=shape, name=name)
+
+
+def broadcast_to(b: PCGBuilder, x: Tensor, shape: tuple[int, ...], name: str) -> Tensor:
+    """``x`` broadcast to ``shape``, or ``x`` itself if it has the shape."""
+    shape = tuple(shape)
+    return x if x.shape.sizes == shape else b.broadcast(x, shape=shape, name=name)
+
+
+def binary(
+    b: PCGBuilder,
+    op: str,
+    x: Any,
+    y: Any,
+    name: str,
+    *,
+    scalar: Callable[[Any], float | None],
+    tensor: Callable[[Any, int], Tensor],
+) -> Tensor:
+    """A broadcasting elementwise ``op`` (add, sub, mul, div, maximum) of two operands, each a
+    traced :class:`Tensor` or an importer's constant: ``scalar(v)`` is a constant's value when it
+    is one element, ``tensor(v, slot)`` makes a constant a Weight. A product or quotient by a
+    scalar is a ``scale``; ``max(x, 0)`` is a ``relu`` and ``max(x, -inf)`` is ``x`` (softmax's
+    guard); anything else is ``op`` itself."""
+    if op in ("mul", "div") and isinstance(x, Tensor) and (c := scalar(y)) is not None:
+        return b.scale(x, factor=c if op == "mul" else 1.0 / c, name=name)
+    if op == "mul" and isinstance(y, Tensor) and (c := scalar(x)) is not None:
+        return b.scale(y, factor=c, name=name)
+    if op == "maximum" and isinstance(x, Tensor) != isinstance(y, Tensor):
+        t, c = (x, scalar(y)) if isinstance(x, Tensor) else (y, scalar(x))
+        if c == 0.0:
+            return b.relu(t, name=name)
+        if c == -np.inf:
+            return t
+    return b.apply(op, tensor(x, 0), tensor(y, 1), name=name)  # type: ignore[return-value]
 
 
 class UnsupportedLog:

@@ -35,7 +35,15 @@ import numpy as np
 
 from pcgopt.builder import PCGBuilder, Tensor
 from pcgopt.errors import FrontendError, PCGError
-from pcgopt.frontend.model import ImportedModel, UnsupportedLog, clean_name
+from pcgopt.frontend.model import (
+    ImportedModel,
+    UniqueNames,
+    UnsupportedLog,
+    binary,
+    broadcast_to,
+    clean_name,
+    reshape_to,
+)
 from pcgopt.frontend.patterns import fuse_patterns
 from pcgopt.shapes import DType
 
@@ -112,7 +120,7 @@ class _Importer:
         self.unsupported = UnsupportedLog()
         self.uses: dict[str, int] = {}
         self.folded = 0
-        self.names: set[str] = set()
+        self._name = UniqueNames()
         for node in self.graph.node:
             for name in node.input:
                 self.uses[name] = self.uses.get(name, 0) + 1
@@ -238,15 +246,6 @@ class _Importer:
                 bounds[src] = max(bounds.get(src, 0), dims[axis] if dims else 0)
         return bounds
 
-    def _name(self, wanted: str) -> str:
-        name = clean_name(wanted) or "node"
-        base, k = name, 1
-        while name in self.names:
-            k += 1
-            name = f"{base}_{k}"
-        self.names.add(name)
-        return name
-
     def buffer_of(self, v: Const) -> Const:
         """The non-trainable twin of a parameter constant (one per constant)."""
         if v not in self.buffers:
@@ -358,15 +357,19 @@ class _Importer:
         params = [v for v in ins if isinstance(v, Const) and v.param is not None]
         if not params:
             return True
-        if any(v.alias is not None or v.shared for v in params):
-            return False
-        # A parameter is re-laid-out in place only when nothing else reads it.
         return (
             node.op_type in _LAYOUT
             and len(params) == 1
             and ins[0] is params[0]
-            and self.uses.get(node.input[0], 0) == 1
+            and self.may_relayout(params[0], node.input[0])
         )
+
+    def may_relayout(self, v: Const, onnx_name: str) -> bool:
+        """Whether constant ``v`` (the ONNX tensor ``onnx_name``) may be stored re-laid-out: a
+        parameter only when nothing else reads it and it is no copy or original of a tied one."""
+        if v.param is None:
+            return True
+        return v.alias is None and not v.shared and self.uses.get(onnx_name, 0) == 1
 
     def _param_of(self, node: Any, ins: list[Any]) -> str | None:
         return next((v.param for v in ins if isinstance(v, Const) and v.param), None)
@@ -561,17 +564,16 @@ def _binary_handler(onnx_op: str) -> Handler:
     def handle(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
         if len(ins) != 2:
             raise _Unsupported(f"{onnx_op} of {len(ins)} inputs")
-        a, b = ins
-        # A scalar factor or divisor is a scale; max(x, 0) is a relu.
-        if op in ("mul", "div") and isinstance(a, Tensor) and _scalar(b) is not None:
-            factor = _scalar(b) if op == "mul" else 1.0 / _scalar(b)
-            return [imp.b.scale(a, factor=factor, name=ctx.name)]
-        if op == "mul" and isinstance(b, Tensor) and _scalar(a) is not None:
-            return [imp.b.scale(b, factor=_scalar(a), name=ctx.name)]
-        if op == "maximum" and _scalar(b) == 0.0 and isinstance(a, Tensor):
-            return [imp.b.relu(a, name=ctx.name)]
-        x, y = imp.tensor(a, ctx.name, 0), imp.tensor(b, ctx.name, 1)
-        return [imp.b.apply(op, x, y, name=ctx.name)]
+        return [
+            binary(
+                imp.b,
+                op,
+                *ins,
+                ctx.name,
+                scalar=_scalar,
+                tensor=lambda v, slot: imp.tensor(v, ctx.name, slot),
+            )
+        ]
 
     return handle
 
@@ -614,16 +616,10 @@ def _matmul(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     if ra > rb >= 3 or rb > ra >= 3:
         # Broadcast the batch dimensions of the shorter one.
         lead = np.broadcast_shapes(ta.shape.sizes[:-2], tb.shape.sizes[:-2])
-        ta = _broadcast_to(imp, ta, (*lead, *ta.shape.sizes[-2:]), ctx.sub("broadcast_a"))
-        tb = _broadcast_to(imp, tb, (*lead, *tb.shape.sizes[-2:]), ctx.sub("broadcast_b"))
+        ta = broadcast_to(imp.b, ta, (*lead, *ta.shape.sizes[-2:]), ctx.sub("broadcast_a"))
+        tb = broadcast_to(imp.b, tb, (*lead, *tb.shape.sizes[-2:]), ctx.sub("broadcast_b"))
         return [imp.b.batch_matmul(ta, tb, name=ctx.name)]
     raise _Unsupported(f"MatMul of ranks {ra} and {rb}")
-
-
-def _broadcast_to(imp: _Importer, t: Tensor, shape: tuple[int, ...], name: str) -> Tensor:
-    if t.shape.sizes == tuple(shape):
-        return t
-    return imp.b.broadcast(t, shape=tuple(shape), name=name)
 
 
 @_handles("Gemm")
@@ -634,7 +630,7 @@ def _gemm(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     x = imp.tensor(a, ctx.name, 0)
     if ctx.attrs.get("transA", 0):
         x = imp.b.transpose(x, perm=(1, 0), name=ctx.sub("transpose_a"))
-    if isinstance(b, Const) and ctx.attrs.get("transB", 0) and imp.uses.get(ctx.inputs[1]) == 1:
+    if isinstance(b, Const) and ctx.attrs.get("transB", 0) and imp.may_relayout(b, ctx.inputs[1]):
         # A weight stored transposed and read once: stored as the product uses it.
         w = imp.tensor(Const(np.ascontiguousarray(b.value.T), b.param, b.name), ctx.name, 1)
     else:
@@ -798,13 +794,6 @@ for _onnx_op, _pcg_op in _REDUCE.items():
     _HANDLERS[_onnx_op] = _reduce_handler(_pcg_op)
 
 
-def _reshape_to(imp: _Importer, x: Tensor, shape: tuple[int, ...], name: str) -> Tensor:
-    shape = tuple(shape) or (1,)
-    if x.shape.sizes == shape:
-        return x
-    return imp.b.reshape(x, shape=shape, name=name)
-
-
 @_handles("Reshape")
 def _reshape(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     x = imp.tensor(ins[0], ctx.name, 0)
@@ -815,7 +804,7 @@ def _reshape(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     if -1 in out:
         known = math.prod(s for s in out if s != -1)
         out[out.index(-1)] = x.shape.numel // known if known else 0
-    return [_reshape_to(imp, x, tuple(out), ctx.name)]
+    return [reshape_to(imp.b, x, tuple(out), ctx.name)]
 
 
 @_handles("Flatten")
@@ -823,7 +812,7 @@ def _flatten(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     x = ins[0]
     axis = ctx.attrs.get("axis", 1) % max(x.shape.rank, 1)
     s = x.shape.sizes
-    return [_reshape_to(imp, x, (math.prod(s[:axis]), math.prod(s[axis:])), ctx.name)]
+    return [reshape_to(imp.b, x, (math.prod(s[:axis]), math.prod(s[axis:])), ctx.name)]
 
 
 def _squeeze_handler(unsqueeze: bool) -> Handler:
@@ -845,7 +834,7 @@ def _squeeze_handler(unsqueeze: bool) -> Handler:
                 else {k for k, s in enumerate(sizes) if s == 1}
             )
             sizes = [s for k, s in enumerate(sizes) if k not in drop]
-        return [_reshape_to(imp, x, tuple(sizes), ctx.name)]
+        return [reshape_to(imp.b, x, tuple(sizes), ctx.name)]
 
     return handle
 
@@ -963,7 +952,7 @@ def _gather(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
         part = imp.b.slice(
             x, axis=0, start=int(flat[0]), stop=int(flat[0]) + 1, name=ctx.sub("row")
         )
-        part = _broadcast_to(imp, part, (flat.size, *sizes[1:]), ctx.sub("rows"))
+        part = broadcast_to(imp.b, part, (flat.size, *sizes[1:]), ctx.sub("rows"))
     elif axis == 0 and x.shape.rank == 2:
         # Any other constant rows: a product with their one-hot matrix (exact: one term each).
         onehot = Const(np.eye(sizes[0], dtype=np.float32)[flat])
@@ -971,9 +960,9 @@ def _gather(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     else:
         raise _Unsupported("a gather at constant indices that are not a range along axis 0")
     sizes[axis : axis + 1] = list(core.shape)
-    part = _reshape_to(imp, part, tuple(sizes), ctx.sub("reshape") if lead else ctx.name)
+    part = reshape_to(imp.b, part, tuple(sizes), ctx.sub("reshape") if lead else ctx.name)
     if lead:
-        part = _broadcast_to(imp, part, (*lead, *part.shape.sizes), ctx.name)
+        part = broadcast_to(imp.b, part, (*lead, *part.shape.sizes), ctx.name)
     return [part]
 
 
@@ -982,7 +971,7 @@ def _expand(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     x = imp.tensor(ins[0], ctx.name, 0)
     shape = tuple(int(s) for s in _const(ins[1], "the shape of Expand"))
     target = tuple(np.broadcast_shapes(x.shape.sizes, shape))
-    return [_broadcast_to(imp, x, target, ctx.name)]
+    return [broadcast_to(imp.b, x, target, ctx.name)]
 
 
 # ------------------------------------------------------------------------------------------------

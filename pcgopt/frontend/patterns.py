@@ -47,7 +47,7 @@ def fuse_patterns(
     fused = 0
     nodes, k = _fuse_gelus(pcg, nodes, weights)
     fused += k
-    nodes, k = _fuse_dense(PCG(nodes, pcg.outputs), nodes)
+    nodes, k = _fuse_dense(PCG(nodes, pcg.outputs) if fused else pcg, nodes)
     fused += k
     used = {r.node for n in nodes for r in n.inputs} | {r.node for r in pcg.outputs}
     nodes = [n for n in nodes if n.op != "weight" or n.name in used]

@@ -106,6 +106,12 @@ class Tanh(UnaryElementwise):
         return array_module(x).tanh(x)
 
 
+def _outside_domain() -> np.errstate:
+    """numpy's warnings silenced where an operator is undefined (log, sqrt of a negative; 1/0):
+    the result is NaN or inf, as in JAX, and the evaluator compares it as a value."""
+    return np.errstate(divide="ignore", invalid="ignore")
+
+
 class GELUExact(UnaryElementwise):
     """GELU, exact form: x Phi(x) = 0.5 x (1 + erf(x / sqrt(2))) (PyTorch's and BERT's default).
     It differs from the tanh form :class:`GELU` by up to about 5e-4."""
@@ -160,11 +166,8 @@ class Log(UnaryElementwise):
     flops_per_element = 4
 
     def fn(self, params, x):
-        xp = array_module(x)
-        if xp is np:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                return np.log(x)
-        return xp.log(x)
+        with _outside_domain():
+            return array_module(x).log(x)
 
 
 class Sqrt(UnaryElementwise):
@@ -174,11 +177,8 @@ class Sqrt(UnaryElementwise):
     flops_per_element = 4
 
     def fn(self, params, x):
-        xp = array_module(x)
-        if xp is np:
-            with np.errstate(invalid="ignore"):
-                return np.sqrt(x)
-        return xp.sqrt(x)
+        with _outside_domain():
+            return array_module(x).sqrt(x)
 
 
 class Rsqrt(UnaryElementwise):
@@ -188,11 +188,8 @@ class Rsqrt(UnaryElementwise):
     flops_per_element = 5
 
     def fn(self, params, x):
-        xp = array_module(x)
-        if xp is np:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                return 1.0 / np.sqrt(x)
-        return 1.0 / xp.sqrt(x)
+        with _outside_domain():
+            return 1.0 / array_module(x).sqrt(x)
 
 
 class Reciprocal(UnaryElementwise):
@@ -201,10 +198,8 @@ class Reciprocal(UnaryElementwise):
     name = "reciprocal"
 
     def fn(self, params, x):
-        if array_module(x) is np:
-            with np.errstate(divide="ignore"):
-                return 1.0 / x
-        return 1.0 / x
+        with _outside_domain():
+            return 1.0 / x
 
 
 class Neg(UnaryElementwise):
@@ -232,21 +227,12 @@ class Pow(UnaryElementwise):
             y = array_module(x).ones_like(x) if n == 0 else x
             for _ in range(n - 1):
                 y = y * x
-            if e < 0:
-                return self._reciprocal(y)
-            return y
-        xp = array_module(x)
-        if xp is np:
-            with np.errstate(invalid="ignore", divide="ignore"):
-                return np.power(x, e)
-        return xp.power(x, e)
-
-    @staticmethod
-    def _reciprocal(y):
-        if array_module(y) is np:
-            with np.errstate(divide="ignore"):
+            if e >= 0:
+                return y
+            with _outside_domain():
                 return 1.0 / y
-        return 1.0 / y
+        with _outside_domain():
+            return array_module(x).power(x, e)
 
 
 def dropout_mask(
@@ -430,10 +416,8 @@ class Div(BinaryElementwise):
     linear_inputs = (0,)
 
     def fn(self, x, y):
-        if array_module(x, y) is np:
-            with np.errstate(divide="ignore", invalid="ignore"):
-                return x / y
-        return x / y
+        with _outside_domain():
+            return x / y
 
 
 class Maximum(BinaryElementwise):

@@ -408,7 +408,7 @@ def _try_add(draw, b: PCGBuilder, tensors: list[Tensor], op: str, degrees: Seque
         if w_copies > 1:
             w = b.replicate(w, degree=w_copies)
         args = (t, w)
-    elif op in ("add", "sub", "mul", "div", "maximum", "concat", "stack_partial"):
+    elif isinstance(spec, BinaryElementwise) or op in ("concat", "stack_partial"):
         other = _pick(draw, tensors, lambda u: u.shape == s)
         args = (t, other)
         if op == "concat":
