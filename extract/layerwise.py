@@ -441,10 +441,11 @@ class _LayerwiseLowering(_Lowering):
                 targets.append((s.degrees, s.copy_degree))
             for degrees, copies in targets:
                 attempts.append(self._matching(node, data, first, degrees, copies))
-            gathered = [1] * s.rank
-            gathered[0] = s.degrees[0]
-            copies = math.prod(s.degrees) * s.copy_degree * s.sum_degree // gathered[0]
-            attempts.append(self._matching(node, data, first, tuple(gathered), copies))
+            if s.rank:  # a scalar (a loss) has no batch dimension to keep
+                gathered = [1] * s.rank
+                gathered[0] = s.degrees[0]
+                copies = math.prod(s.degrees) * s.copy_degree * s.sum_degree // gathered[0]
+                attempts.append(self._matching(node, data, first, tuple(gathered), copies))
         attempts.append(lambda: {i: self._whole(node.inputs[i], t) for i, t in data.items()})
         return attempts
 

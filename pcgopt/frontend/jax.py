@@ -7,11 +7,21 @@
 
 The arguments at the positions in ``params`` are the model's parameters: every array leaf of
 them becomes a Weight named by its path in the pytree (``w1``, ``layers/0/kernel``); every leaf
-of the other arguments becomes an Input (``x``, or ``arg1/...`` for nested ones). Nodes are named
-after the JAX name stack (``jax.named_scope``, Flax module paths) and the primitive, e.g.
-``layer1/dot_general``. Calls (``pjit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``)
-are inlined. Unsupported primitives raise one :class:`~pcgopt.FrontendError` that lists them
-all, with counts and first names.
+of the other arguments becomes an Input named after the function's parameter and the leaf's
+path (``x``, ``batch/tokens``). Nodes are named after the JAX name stack (``jax.named_scope``,
+Flax module paths) and the primitive, e.g. ``layer1/dot_general``. Calls (``pjit``,
+``custom_jvp_call``, ``custom_vjp_call``, ``remat``) are inlined. Unsupported primitives raise
+one :class:`~pcgopt.FrontendError` that lists them all, with counts and first names.
+
+Integer arguments are indices (token ids, labels): non-negative, each bounded by the rows of
+the table it indexes. ``table[i]`` becomes an embedding; ``jax.nn.one_hot(i, n)`` a lookup in
+the identity; ``take_along_axis(x, i[..., None], -1)`` (a cross-entropy's pick of the label's
+log-probability) the sum of ``x`` times that one-hot, so a function that ends in its loss is
+imported with the loss. Integer arithmetic on indices is not held by the PCG: jnp's wrap of
+negative indices is dropped (they are non-negative), anything else that reads it is listed as
+unsupported. A ``where`` with a constant mask is exact arithmetic (``x * keep + fill``).
+Softmax, LayerNorm and GELU, which JAX writes out, are recognized as pcgopt's operators by
+:func:`~pcgopt.frontend.patterns.fuse_patterns`.
 """
 
 from __future__ import annotations
@@ -30,14 +40,25 @@ from pcgopt.frontend.model import (
     UnsupportedLog,
     binary,
     broadcast_to,
+    masked,
     reshape_to,
 )
 from pcgopt.frontend.patterns import fuse_patterns
+from pcgopt.graph import PCG, Node
 from pcgopt.shapes import DType
 
 __all__ = ["from_jax", "supported_primitives"]
 
-_DTYPES = {"float32": DType.F32, "float64": DType.F64, "float16": DType.F16, "bfloat16": DType.BF16}
+_DTYPES = {
+    "float32": DType.F32,
+    "float64": DType.F64,
+    "float16": DType.F16,
+    "bfloat16": DType.BF16,
+    "int32": DType.I32,
+    "int64": DType.I64,
+}
+# An integer input's bound until the tables it indexes are known (from_jax then sets it).
+_UNBOUNDED = 2**31 - 1
 
 
 class _Unsupported(Exception):
@@ -49,6 +70,30 @@ class _Skipped:
 
 
 _SKIPPED = _Skipped()
+
+
+class _Unrepresented:
+    """An integer value computed from indices, which the PCG does not hold: fine while nothing
+    reads it (jnp's wrap of negative indices, ``select_n(i < 0, i, i + n)``, discards it)."""
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+class _OneHot:
+    """``indices[..., None] == arange(n)``: becomes a float one-hot when converted to one."""
+
+    def __init__(self, indices: Tensor, n: int) -> None:
+        self.indices, self.n = indices, n
+
+
+# Primitives that read integer tensors (indices) or the values above; every other one given an
+# integer tensor yields an unrepresented value.
+_INDEX_AWARE = frozenset(
+    {"gather", "eq", "lt", "le", "gt", "ge", "select_n", "broadcast_in_dim", "reshape",
+     "squeeze", "convert_element_type", "copy", "copy_p", "stop_gradient",
+     "optimization_barrier"}
+)  # fmt: skip
 
 
 class _Importer:
@@ -96,8 +141,10 @@ class _Importer:
             label = f"{where}/{prim}" if where else prim
             if any(x is _SKIPPED for x in ins):
                 outs = [_SKIPPED] * len(eqn.outvars)
-            elif all(not isinstance(x, Tensor) for x in ins) and prim not in _CALLS:
+            elif all(_is_constant(x) for x in ins) and prim not in _CALLS:
                 outs = self._fold(eqn, ins, label)
+            elif prim not in _CALLS and prim not in _INDEX_AWARE and any(map(_is_index, ins)):
+                outs = [_Unrepresented(f"{prim} of integer tensors")] * len(eqn.outvars)
             else:
                 outs = self._map(eqn, prim, ins, label, where)
             for var, out in zip(eqn.outvars, outs, strict=True):
@@ -118,6 +165,11 @@ class _Importer:
         if prim in _CALLS:
             inner, consts = _CALLS[prim](eqn.params)
             return self.run_jaxpr(inner, consts, ins, where)
+        odd = [x for x in ins if isinstance(x, _Unrepresented | _OneHot)]
+        if odd and not (prim == "select_n" or (prim == "convert_element_type" and ins == odd)):
+            why = odd[0].why if isinstance(odd[0], _Unrepresented) else "a boolean one-hot"
+            self.unsupported.add(prim, label, f"reads {why}")
+            return [_SKIPPED] * len(eqn.outvars)
         handler = _HANDLERS.get(prim)
         if handler is None:
             self.unsupported.add(prim, label)
@@ -131,7 +183,7 @@ class _Importer:
             raise FrontendError(
                 f"JAX equation {label!r} ({prim}): {e.message}", node=label
             ) from None
-        return [out]
+        return list(out) if isinstance(out, list) else [out]
 
 
 def _closed(params: dict, key: str) -> tuple[Any, Sequence[Any]]:
@@ -159,6 +211,16 @@ def supported_primitives() -> tuple[str, ...]:
     """Primitives mapped when an input is a traced tensor (calls are inlined; primitives of
     constants only are computed by JAX)."""
     return tuple(sorted({*_HANDLERS, *_CALLS}))
+
+
+def _is_constant(v: Any) -> bool:
+    return not isinstance(v, Tensor | _Unrepresented | _OneHot)
+
+
+def _is_index(v: Any) -> bool:
+    return isinstance(v, _Unrepresented | _OneHot) or (
+        isinstance(v, Tensor) and v.shape.dtype.is_integer
+    )
 
 
 def _scalar(v: Any) -> float | None:
@@ -194,8 +256,19 @@ for _prim in ("copy", "copy_p", "stop_gradient", "optimization_barrier"):
 
 
 def _convert(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
+    kind = np.dtype(p["new_dtype"]).kind
+    if isinstance(ins[0], _OneHot) and kind == "f":
+        # A one-hot is a lookup in the identity: exact, and partitioned like any embedding.
+        idx, n = ins[0].indices, ins[0].n
+        flat = reshape_to(imp.b, idx, idx.shape.sizes[:-1], f"{name}/indices")
+        eye = imp.tensor(np.eye(n, dtype=np.float32), f"{name}/identity")
+        return imp.b.embedding(flat, eye, name=name)
+    if isinstance(ins[0], _OneHot):
+        raise _Unsupported("a one-hot converted to a non-float type")
     x = imp.tensor(ins[0], name)
-    if np.dtype(p["new_dtype"]).kind != "f" or x.shape.dtype.is_integer:
+    if x.shape.dtype.is_integer and kind in "iu":
+        return x  # an index stays an index
+    if kind != "f" or x.shape.dtype.is_integer:
         raise _Unsupported("only conversions between float types of a traced tensor")
     return x
 
@@ -238,6 +311,13 @@ def _integer_pow(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
 _HANDLERS["integer_pow"] = _integer_pow
 
 
+def _square(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
+    return imp.b.pow(imp.tensor(ins[0], name), exponent=2.0, name=name)
+
+
+_HANDLERS["square"] = _square
+
+
 def _pow(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
     e = _scalar(ins[1])
     if e is None:
@@ -246,6 +326,105 @@ def _pow(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
 
 
 _HANDLERS["pow"] = _pow
+
+
+def _select_n(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
+    # cases[pred]: with a constant predicate (a mask, or a guard such as jnp.var's against a
+    # zero count) it is a choice made now, or a masked tensor.
+    pred, cases = ins[0], ins[1:]
+    if not _is_constant(pred):
+        raise _Unsupported("only a constant predicate")
+    pred = np.asarray(pred).astype(np.int64)
+    if np.all(pred == pred.flat[0]):
+        chosen = cases[int(pred.flat[0])]
+        if isinstance(chosen, _Unrepresented):
+            raise _Unsupported(f"it selects {chosen.why}")
+        return chosen if isinstance(chosen, Tensor) else imp.tensor(chosen, name)
+    traced = [k for k, c in enumerate(cases) if isinstance(c, Tensor)]
+    if len(cases) != 2 or len(traced) != 1:
+        raise _Unsupported("only where(constant mask, tensor, constant)")
+    (k,) = traced
+    return masked(
+        imp.b,
+        cases[k],
+        pred == k,
+        np.asarray(cases[1 - k], np.float32),
+        name,
+        lambda v, role: imp.tensor(v, f"{name}/{role}"),
+    )
+
+
+_HANDLERS["select_n"] = _select_n
+
+
+def _compare(op: str) -> Handler:
+    # Integer inputs are indices: non-negative (the embedding they feed checks its range), so
+    # jnp's test for negative indices is a constant. One-hot encodings compare with an iota.
+    def handle(imp: _Importer, p: dict, ins: list, name: str) -> Any:
+        a, b = ins
+        flipped = not isinstance(a, Tensor)
+        t, c = (b, a) if flipped else (a, b)
+        if not isinstance(t, Tensor) or not t.shape.dtype.is_integer:
+            raise _Unsupported("comparisons other than of indices")
+        c = np.asarray(c)
+        rel = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}.get(op, op) if flipped else op
+        if c.size == 1 and float(c.reshape(())) == 0 and rel in ("lt", "ge"):
+            return np.full(t.shape.sizes, rel == "ge")
+        n = c.shape[-1] if c.ndim else 0
+        if (
+            rel == "eq"
+            and t.shape.sizes[-1:] == (1,)
+            and n > 1
+            and c.size == n
+            and np.array_equal(c.reshape(-1), np.arange(n))
+        ):
+            return _OneHot(t, n)
+        raise _Unsupported("comparisons of indices other than i < 0 and one-hot encodings")
+
+    return handle
+
+
+for _prim in ("eq", "lt", "le", "gt", "ge"):
+    _HANDLERS[_prim] = _compare(_prim)
+
+
+def _gather(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
+    table, idx = ins
+    if not isinstance(idx, Tensor) or not idx.shape.dtype.is_integer:
+        raise _Unsupported("gathers at constant indices")
+    table = imp.tensor(table, name)
+    dn = p["dimension_numbers"]
+    rank = table.shape.rank
+    lead = idx.shape.sizes[:-1]
+    if idx.shape.sizes[-1:] != (1,) or tuple(dn.start_index_map) != (dn.collapsed_slice_dims):
+        raise _Unsupported("gathers of more than one index per lookup")
+    axis = dn.start_index_map[0]
+    if rank == 2 and axis == 0 and not dn.operand_batching_dims:
+        # table[i]: rows of a table, an embedding.
+        if tuple(p["slice_sizes"]) != (1, table.shape.sizes[1]):
+            raise _Unsupported("gathers of partial rows")
+        flat = reshape_to(imp.b, idx, lead, f"{name}/indices")
+        return imp.b.embedding(flat, table, name=name)
+    batch = table.shape.sizes[:-1]
+    if (
+        axis == rank - 1
+        and tuple(dn.operand_batching_dims) == tuple(range(rank - 1))
+        and lead == (*batch, 1)
+    ):
+        # take_along_axis(x, i[..., None], -1), as a cross-entropy picks the label's
+        # log-probability: the sum of x times the label's one-hot, exact for finite x.
+        n = table.shape.sizes[-1]
+        onehot = imp.b.embedding(
+            reshape_to(imp.b, idx, batch, f"{name}/indices"),
+            imp.tensor(np.eye(n, dtype=np.float32), f"{name}/identity"),
+            name=f"{name}/one_hot",
+        )
+        picked = imp.b.mul(table, onehot, name=f"{name}/pick")
+        return imp.b.reduce_sum(picked, axes=(rank - 1,), keepdims=True, name=name)
+    raise _Unsupported("gathers other than table rows and take_along_axis on the last axis")
+
+
+_HANDLERS["gather"] = _gather
 
 
 def _reduce(op: str) -> Handler:
@@ -326,6 +505,19 @@ def _slice(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
 _HANDLERS["slice"] = _slice
 
 
+def _split(imp: _Importer, p: dict, ins: list, name: str) -> list[Tensor]:
+    x = imp.tensor(ins[0], name)
+    axis, out, start = p["axis"] % x.shape.rank, [], 0
+    for k, size in enumerate(p["sizes"]):
+        stop = start + int(size)
+        out.append(imp.b.slice(x, axis=axis, start=start, stop=stop, name=imp.name(f"{name}/{k}")))
+        start = stop
+    return out
+
+
+_HANDLERS["split"] = _split
+
+
 def _dot_general(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
     (lc, rc), (lb, rb) = p["dimension_numbers"]
     a, b = imp.tensor(ins[0], name), imp.tensor(ins[1], name)
@@ -382,6 +574,51 @@ def _conv(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
 _HANDLERS["conv_general_dilated"] = _conv
 
 
+def _bound_indices(pcg: PCG) -> PCG:
+    """Integer inputs bounded by the rows of the tables they index (through layout ops)."""
+    by_name = {n.name: n for n in pcg.nodes}
+    bounds: dict[str, int] = {}
+    for n in pcg.nodes:
+        if n.op != "embedding":
+            continue
+        src = by_name[n.inputs[0].node]
+        while src.op in ("reshape", "broadcast", "transpose", "slice", "concat"):
+            src = by_name[src.inputs[0].node]
+        rows = pcg.shape(n.inputs[1]).sizes[0]
+        bounds[src.name] = min(bounds.get(src.name, rows), rows)
+    nodes = []
+    for n in pcg.nodes:
+        if n.op == "input" and n.params["dtype"].is_integer:
+            if n.name not in bounds:
+                raise FrontendError(
+                    f"input {n.name!r} holds integers but is not used as indices into a table "
+                    "(an embedding, a one-hot or take_along_axis); pcgopt needs integer inputs "
+                    "to be lookups",
+                    node=n.name,
+                )
+            n = Node(n.name, n.op, n.inputs, {**n.params, "max_value": bounds[n.name]})
+        nodes.append(n)
+    return PCG(nodes, pcg.outputs)
+
+
+def _argument_names(fn: Callable[..., Any], count: int) -> list[str]:
+    """The names of ``fn``'s first ``count`` positional parameters (``arg{k}`` where it has
+    none, e.g. ``*args``): inputs are named after them."""
+    import inspect
+
+    names = [f"arg{k}" for k in range(count)]
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        return names
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    for k, p in enumerate(params[:count]):
+        if p.kind not in positional:
+            break
+        names[k] = p.name
+    return names
+
+
 def _leaves(tree: Any, prefix: str) -> list[tuple[str, Any]]:
     import jax
 
@@ -397,17 +634,17 @@ def _leaves(tree: Any, prefix: str) -> list[tuple[str, Any]]:
 
 
 def from_jax(
-    fn: Callable[..., Any], *example_args: Any, params: int | Sequence[int] = 0
+    fn: Callable[..., Any], *example_args: Any, params: int | Sequence[int] | None = 0
 ) -> ImportedModel:
     """Traces ``fn(*example_args)`` with ``jax.make_jaxpr`` and imports it (module docstring).
     ``params``: the position(s) of the arguments that hold the model's parameters (default: the
-    first, as in ``apply(params, x)``); ``()`` when there are none."""
+    first, as in ``apply(params, x)``); ``()`` or None when there are none."""
     try:
         import jax
     except ImportError:
         raise FrontendError("importing JAX functions needs pcgopt[jax]") from None
     start = time.perf_counter()
-    param_pos = {params} if isinstance(params, int) else set(params)
+    param_pos = {params} if isinstance(params, int) else set(params or ())
     bad = [k for k in param_pos if not 0 <= k < len(example_args)]
     if bad:
         raise FrontendError(
@@ -418,28 +655,32 @@ def from_jax(
     imp = _Importer()
     args: list[Any] = []
     inputs: dict[str, tuple[tuple[int, ...], np.dtype]] = {}
+    arg_names = _argument_names(fn, len(example_args))
     for k, arg in enumerate(example_args):
         is_param = k in param_pos
-        prefix = "" if is_param and len(param_pos) == 1 else f"arg{k}"
-        if not is_param and len(example_args) - len(param_pos) == 1:
-            prefix = "x"
+        prefix = "" if is_param and len(param_pos) == 1 else arg_names[k]
         for path, leaf in _leaves(arg, prefix):
             value = np.asarray(leaf)
             dtype = _DTYPES.get(str(value.dtype))
             if dtype is None:
                 raise FrontendError(
-                    f"argument leaf {path!r} has dtype {value.dtype}; pcgopt imports float "
-                    "arrays (integer inputs such as token ids: use an embedding lookup in "
-                    "ONNX, or pass embeddings)",
+                    f"argument leaf {path!r} has dtype {value.dtype}; pcgopt imports float16/"
+                    "32/64 and bfloat16 arrays, and int32/64 arrays of indices",
                     node=path,
                 )
             shape = value.shape or (1,)
             name = imp.name(path)
+            if is_param and dtype.is_integer:
+                raise FrontendError(
+                    f"parameter leaf {path!r} holds integers; parameters must be float arrays",
+                    node=path,
+                )
             if is_param:
                 t = imp.b.weight(shape, dtype, name=name)
                 imp.weights[name] = value.reshape(shape)
             else:
-                t = imp.b.input(shape, dtype, name=name)
+                bound = _UNBOUNDED if dtype.is_integer else None
+                t = imp.b.input(shape, dtype, name=name, max_value=bound)
                 inputs[name] = (shape, value.dtype)
             args.append(t)
     outs = imp.run_jaxpr(closed.jaxpr, closed.consts, args, "")
@@ -450,7 +691,7 @@ def from_jax(
         if not isinstance(o, Tensor):
             raise FrontendError(f"output {k} of the function does not depend on its inputs")
         tensors.append(o)
-    pcg = imp.b.build(*tensors)
+    pcg = _bound_indices(imp.b.build(*tensors))
     pcg, weights, fused = fuse_patterns(pcg, imp.weights)
     return ImportedModel(
         pcg,

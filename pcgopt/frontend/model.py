@@ -109,6 +109,25 @@ def broadcast_to(b: PCGBuilder, x: Tensor, shape: tuple[int, ...], name: str) ->
     return x if x.shape.sizes == shape else b.broadcast(x, shape=shape, name=name)
 
 
+def masked(
+    b: PCGBuilder,
+    x: Tensor,
+    keep: np.ndarray,
+    fill: np.ndarray,
+    name: str,
+    constant: Callable[[np.ndarray, str], Tensor],
+) -> Tensor:
+    """``where(keep, x, fill)`` for a constant mask and fill, as ``x * keep + fill'`` with
+    ``fill'`` zero where ``keep`` holds: exact for finite ``x``, since each element adds an exact
+    zero (a causal mask; a variance's guard against a zero count). ``constant(value, role)``
+    makes a tensor of a constant."""
+    keep = np.asarray(keep, bool)
+    shape = np.broadcast_shapes(keep.shape, np.shape(fill))
+    outside = np.where(keep, 0.0, np.broadcast_to(fill, shape)).astype(np.float32)
+    kept = b.mul(x, constant(keep.astype(np.float32), "keep"), name=f"{name}/keep")
+    return b.add(kept, constant(outside, "fill"), name=name)
+
+
 def binary(
     b: PCGBuilder,
     op: str,

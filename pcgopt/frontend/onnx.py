@@ -42,6 +42,7 @@ from pcgopt.frontend.model import (
     binary,
     broadcast_to,
     clean_name,
+    masked,
     reshape_to,
 )
 from pcgopt.frontend.patterns import fuse_patterns
@@ -592,16 +593,20 @@ def _pow(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
 
 @_handles("Where")
 def _where(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
-    # where(c, x, y) with a constant condition (a causal mask) is x * c + y * (1 - c): exact
-    # for finite x, since each element adds an exact zero.
     c = _const(ins[0], "the condition of Where").astype(bool)
     x, y = ins[1], ins[2]
-    if isinstance(y, Tensor) or not isinstance(x, Tensor):
+    if isinstance(x, Tensor) and not isinstance(y, Tensor):
+        keep, fill = c, y.value
+    elif isinstance(y, Tensor) and not isinstance(x, Tensor):
+        x, keep, fill = y, ~c, x.value
+    else:
         raise _Unsupported("only where(constant mask, tensor, constant) is imported")
-    keep = Const(c.astype(np.float32))
-    fill = Const(np.where(c, 0.0, np.broadcast_to(y.value, c.shape)).astype(np.float32))
-    kept = imp.b.mul(x, imp.tensor(keep, ctx.name, 0), name=ctx.sub("keep"))
-    return [imp.b.add(kept, imp.tensor(fill, ctx.name, 2), name=ctx.name)]
+    slots = {"keep": 0, "fill": 2}
+
+    def constant(value: np.ndarray, role: str) -> Tensor:
+        return imp.tensor(Const(value), ctx.name, slots[role])
+
+    return [masked(imp.b, x, keep, fill, ctx.name, constant)]
 
 
 @_handles("MatMul")

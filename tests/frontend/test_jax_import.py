@@ -98,3 +98,110 @@ def test_params_must_name_arguments():
     fn, params, x = CASES["mlp"]
     with pytest.raises(FrontendError, match="names argument"):
         from_jax(fn, params, x, params=3)
+
+
+def _layer_norm(x, g, b, eps=1e-5):
+    # As Flax writes it: jnp.var, and the scale folded into the reciprocal deviation.
+    mean, var = jnp.mean(x, -1, keepdims=True), jnp.var(x, -1, keepdims=True)
+    return (x - mean) * (jax.lax.rsqrt(var + eps) * g) + b
+
+
+def gpt_loss(p, tokens, targets):
+    """A two-block causal language model and its cross-entropy: token ids in, loss out."""
+    b, s = tokens.shape
+    d, heads = p["wte"].shape[1], 2
+    x = p["wte"][tokens] + p["wpe"][None, :s]
+    causal = jnp.tril(jnp.ones((s, s), bool))
+
+    def split(t):
+        return t.reshape(b, s, heads, d // heads).transpose(0, 2, 1, 3)
+
+    for i, blk in enumerate(p["blocks"]):
+        with jax.named_scope(f"h{i}"):
+            q, k, v = map(split, jnp.split(_layer_norm(x, *blk["ln1"]) @ blk["wqkv"], 3, -1))
+            att = jnp.where(causal, q @ k.transpose(0, 1, 3, 2) / np.sqrt(d // heads), -1e9)
+            o = (jax.nn.softmax(att, -1) @ v).transpose(0, 2, 1, 3).reshape(b, s, d)
+            x = x + o @ blk["wo"]
+            x = x + jax.nn.gelu(_layer_norm(x, *blk["ln2"]) @ blk["w1"] + blk["b1"]) @ blk["w2"]
+    logits = _layer_norm(x, *p["lnf"]) @ p["wte"].T  # the head is tied to the embedding
+    logp = jax.nn.log_softmax(logits, -1)
+    return -jnp.take_along_axis(logp, targets[..., None], -1).mean()
+
+
+def _gpt(vocab=40, d=16, seq=8, batch=4):
+    keys = iter(jax.random.split(KEYS[0], 32))
+
+    def n(*shape):
+        return 0.2 * jax.random.normal(next(keys), shape)
+
+    def ln():
+        return (1 + n(d), n(d))
+
+    blocks = [
+        {"ln1": ln(), "wqkv": n(d, 3 * d), "wo": n(d, d), "ln2": ln(), "w1": n(d, 4 * d),
+         "b1": n(4 * d), "w2": n(4 * d, d)}
+        for _ in range(2)
+    ]  # fmt: skip
+    params = {"wte": n(vocab, d), "wpe": n(seq, d), "blocks": blocks, "lnf": ln()}
+    tokens = jax.random.randint(KEYS[1], (batch, seq), 0, vocab)
+    targets = jax.random.randint(KEYS[2], (batch, seq), 0, vocab)
+    return params, tokens, targets
+
+
+def test_a_language_model_ending_in_its_loss_imports_with_the_loss():
+    params, tokens, targets = _gpt()
+    m = from_jax(gpt_loss, params, tokens, targets)
+    feeds = {"tokens": np.asarray(tokens), "targets": np.asarray(targets)}
+    got = m.run(feeds)["output0"]
+    assert got.shape == () and abs(float(got) - float(gpt_loss(params, tokens, targets))) < 1e-5
+    ops = [n.op for n in m.pcg.nodes]
+    # Every LayerNorm and softmax JAX wrote out is one operator; the log-softmax of the loss
+    # (not an operator of pcgopt) stays as written.
+    assert ops.count("layer_norm") == 5 and ops.count("softmax") == 2
+    assert ops.count("embedding") == 2  # the tokens' lookup and the targets' one-hot
+    bounds = {n.name: n.params["max_value"] for n in m.pcg.inputs}
+    assert bounds == {"tokens": 40, "targets": 40}
+    assert m.parameter_count == sum(np.size(x) for x in jax.tree_util.tree_leaves(params))
+
+
+def test_a_data_parallel_plan_of_the_loss_trains_as_jax_differentiates_it():
+    from pcgopt.extract.baselines import data_parallel
+    from pcgopt.extract.plan import machine_from_spec
+    from pcgopt.lower.jax import lower
+
+    params, tokens, targets = _gpt()
+    m = from_jax(gpt_loss, params, tokens, targets)
+    plan = data_parallel(m.pcg, machine_from_spec("dgx-a100:1:4"))
+    trainable = {n.name for n in m.pcg.weights if n.params["trainable"]}
+    feeds = {"tokens": np.asarray(tokens), "targets": np.asarray(targets)}
+    feeds.update({k: v for k, v in m.weights.items() if k not in trainable})
+    loss, grads = lower(plan, 4).loss_and_grads(feeds, {k: m.weights[k] for k in trainable})
+    want_loss, want_grads = jax.value_and_grad(gpt_loss)(params, tokens, targets)
+    assert abs(float(loss) - float(want_loss)) < 1e-5
+    flat = {"/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path): g
+            for path, g in jax.tree_util.tree_flatten_with_path(want_grads)[0]}  # fmt: skip
+    assert set(flat) == set(grads)
+    for name, g in flat.items():
+        np.testing.assert_allclose(np.asarray(grads[name]), g, rtol=1e-4, atol=1e-5)
+
+
+def test_one_hot_labels_are_a_lookup_in_the_identity():
+    def loss(p, x, labels):
+        logp = jax.nn.log_softmax(x @ p["w"], -1)
+        return -(jax.nn.one_hot(labels, 5) * logp).sum(-1).mean()
+
+    p, x = {"w": _normal(0, (8, 5))}, _normal(1, (6, 8))
+    labels = jax.random.randint(KEYS[2], (6,), 0, 5)
+    m = from_jax(loss, p, x, labels)
+    got = m.run({"x": np.asarray(x), "labels": np.asarray(labels)})["output0"]
+    assert abs(float(got) - float(loss(p, x, labels))) < 1e-5
+    assert "embedding" in {n.op for n in m.pcg.nodes}
+
+
+def test_integers_used_other_than_as_indices_are_refused():
+    def fn(p, x, steps):
+        return x @ p["w"] * steps.astype(jnp.float32)
+
+    with pytest.raises(FrontendError) as info:
+        from_jax(fn, {"w": _normal(0, (8, 8))}, _normal(1, (2, 8)), jnp.ones((2, 1), jnp.int32))
+    assert "convert_element_type" in info.value.unsupported
