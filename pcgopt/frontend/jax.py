@@ -556,8 +556,8 @@ def _conv(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
         (0, 1, 2, 3),
     ):
         raise _Unsupported("convolutions other than NCHW x OIHW")
-    if any(d != 1 for d in (*p["lhs_dilation"], *p["rhs_dilation"])):
-        raise _Unsupported("dilated convolution")
+    if any(d != 1 for d in p["lhs_dilation"]):
+        raise _Unsupported("input dilation (a transposed convolution)")
     pads = p["padding"]
     if any(lo != hi for lo, hi in pads) or p.get("batch_group_count", 1) != 1:
         raise _Unsupported("asymmetric padding or batch groups")
@@ -567,6 +567,7 @@ def _conv(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
         stride=tuple(p["window_strides"]),
         padding=(pads[0][0], pads[1][0]),
         groups=p["feature_group_count"],
+        dilation=tuple(p["rhs_dilation"]),
         name=name,
     )
 

@@ -229,6 +229,17 @@ class _Importer:
         """Integer graph inputs read (through layout operators) as indices by a Gather on an
         initializer: the table's row count bounds them."""
         inits = {i.name: tuple(i.dims) for i in self.graph.initializer}
+        integer = (self.onnx.TensorProto.INT64, self.onnx.TensorProto.INT32)
+        depths = {
+            i.name: int(self.onnx.numpy_helper.to_array(i).reshape(-1)[0])
+            for i in self.graph.initializer
+            if tuple(i.dims) in ((), (1,)) and i.data_type in integer
+        }
+        for node in self.graph.node:
+            if node.op_type == "Constant":
+                value = np.asarray(_constant_value(self.onnx, node))
+                if value.size == 1 and value.dtype.kind in "iu":
+                    depths[node.output[0]] = int(value.reshape(()))
         origin = {vi.name: vi.name for vi in self.graph.input}
         bounds: dict[str, int] = {}
         for node in self.graph.node:
@@ -245,6 +256,9 @@ class _Importer:
                 dims = inits[node.input[0]]
                 src = origin[node.input[1]]
                 bounds[src] = max(bounds.get(src, 0), dims[axis] if dims else 0)
+            if node.op_type == "OneHot" and node.input[0] in origin and node.input[1] in depths:
+                src = origin[node.input[0]]
+                bounds[src] = max(bounds.get(src, 0), depths[node.input[1]])
         return bounds
 
     def buffer_of(self, v: Const) -> Const:
@@ -661,8 +675,6 @@ def _conv(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     if x.shape.rank != 4:
         raise _Unsupported(f"{x.shape.rank - 2}-D convolution (pcgopt has conv2d)")
     a = ctx.attrs
-    if any(d != 1 for d in a.get("dilations", [1, 1])):
-        raise _Unsupported("dilated convolution")
     if a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
         raise _Unsupported(f"auto_pad={a['auto_pad']}")
     pads = a.get("pads", [0, 0, 0, 0])
@@ -678,6 +690,7 @@ def _conv(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
             stride=tuple(a.get("strides", [1, 1])),
             padding=(pads[0], pads[1]),
             groups=a.get("group", 1),
+            dilation=tuple(a.get("dilations", [1, 1])),
             name=ctx.name,
         )
     ]
@@ -921,6 +934,20 @@ def _clamp(i: int, size: int) -> int:
     if i < 0:
         i += size
     return min(max(i, 0), size)
+
+
+@_handles("OneHot")
+def _one_hot(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
+    # A one-hot is a lookup in off + (on - off) * I: exact, and partitioned like any embedding.
+    idx = ins[0]
+    depth = int(np.asarray(_const(ins[1], "OneHot's depth")).reshape(()))
+    off, on = np.asarray(_const(ins[2], "OneHot's values"), np.float32).reshape(2)
+    if not isinstance(idx, Tensor) or not idx.shape.dtype.is_integer:
+        raise _Unsupported("a one-hot of constant or non-integer indices")
+    if ctx.attrs.get("axis", -1) not in (-1, idx.shape.rank):
+        raise _Unsupported("a one-hot along an axis other than the last")
+    table = Const((off + (on - off) * np.eye(depth)).astype(np.float32))
+    return [imp.b.embedding(idx, imp.tensor(table, ctx.name, 2), name=ctx.name)]
 
 
 @_handles("Gather")

@@ -48,11 +48,19 @@ def spatial_axes(
     return axes, notes
 
 
-def _windows(x: np.ndarray, kernel, stride, padding, fill: float) -> np.ndarray:
-    """(N, C, H', W', kh, kw) views of the padded input."""
-    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+def _windows(x: np.ndarray, kernel, stride, padding, fill: float, dilation=(1, 1)) -> np.ndarray:
+    """(N, C, H', W', kh, kw) views of the padded input (taps ``dilation`` apart)."""
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill)
-    return sliding_window_view(xp, (kh, kw), axis=(2, 3))[:, :, ::sh, ::sw]
+    span = (dh * (kh - 1) + 1, dw * (kw - 1) + 1)
+    return sliding_window_view(xp, span, axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
+
+
+def dilated_kernel(params, kernel: tuple[int, int]) -> tuple[int, int]:
+    """The extent a kernel's taps span: ``dilation * (k - 1) + 1`` (the kernel itself for
+    operators without dilation)."""
+    d = params.get("dilation") or (1, 1)
+    return (d[0] * (kernel[0] - 1) + 1, d[1] * (kernel[1] - 1) + 1)
 
 
 def _conv_jax(params: Params, x: Any, w: Any, groups: int) -> Any:
@@ -65,6 +73,7 @@ def _conv_jax(params: Params, x: Any, w: Any, groups: int) -> Any:
         w,
         window_strides=tuple(params["stride"]),
         padding=((ph, ph), (pw, pw)),
+        rhs_dilation=tuple(params["dilation"]),
         dimension_numbers=("NCHW", "OIHW", "NCHW"),
         feature_group_count=groups,
     )
@@ -98,7 +107,8 @@ def _windows_resized(
 
 class Conv2D(ComputeOp):
     """2-D convolution: x [N, C, H, W], w [O, C/groups, kh, kw], bias [O] (optional)
-    -> [N, O, H', W'].
+    -> [N, O, H', W']. ``dilation`` spaces the kernel's taps (atrous convolution), so that a
+    kernel spans ``dilation * (k - 1) + 1`` pixels.
 
     Splits: the batch; output channels (groups = 1; x must be copied); input channels, leaving
     partial sums (groups = 1, no bias, no activation); groups (grouped and depthwise convs:
@@ -117,6 +127,7 @@ class Conv2D(ComputeOp):
         Param("padding", ParamType.PAIR, (0, 0)),
         Param("groups", ParamType.POS_INT, 1),
         Param("activation", ParamType.STR, "none", ACTIVATION_CHOICES),
+        Param("dilation", ParamType.POS_PAIR, (1, 1), doc="spacing of the kernel's taps"),
     )
 
     def infer_logical(self, params, inputs):
@@ -142,6 +153,7 @@ class Conv2D(ComputeOp):
         if len(inputs) == 3 and inputs[2].sizes != (o,):
             raise ShapeError(f"conv2d: bias must be [{o}], got {inputs[2]}")
         (sh, sw), (ph, pw) = params["stride"], params["padding"]
+        kh, kw = dilated_kernel(params, (kh, kw))
         oh = _out_extent(self.name, h, kh, sh, ph, "height")
         ow = _out_extent(self.name, wd, kw, sw, pw, "width")
         return (ParallelTensorShape.of((n, o, oh, ow), x.dtype),)
@@ -167,7 +179,11 @@ class Conv2D(ComputeOp):
                 LoopAxis("group", AxisKind.PARALLEL, (1, 0, *b(0)), (1,), size=params["groups"])
             )
         spatial, spatial_notes = spatial_axes(
-            params, in_sizes[0][2:], out_sizes[0][2:], in_sizes[1][2:], len(in_sizes)
+            params,
+            in_sizes[0][2:],
+            out_sizes[0][2:],
+            dilated_kernel(params, in_sizes[1][2:]),
+            len(in_sizes),
         )
         return Signature(
             (*axes, *spatial), linear_in=(0, 1) if linear else (), notes=(*notes, *spatial_notes)
@@ -192,7 +208,7 @@ class Conv2D(ComputeOp):
             return apply_activation(params["activation"], y)
         n = x.shape[0]
         o, cg, kh, kw = w.shape
-        win = _windows(x, (kh, kw), params["stride"], params["padding"], 0.0)
+        win = _windows(x, (kh, kw), params["stride"], params["padding"], 0.0, params["dilation"])
         oh, ow = win.shape[2], win.shape[3]
         win = win.reshape(n, groups, cg, oh, ow, kh, kw)
         wg = w.reshape(groups, o // groups, cg, kh, kw)

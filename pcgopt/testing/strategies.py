@@ -170,8 +170,11 @@ def _conv2d(draw, op):
         "padding": (draw(st.integers(0, kh // 2)), draw(st.integers(0, kw // 2))),
         "groups": g,
         "activation": draw(_ACTS),
+        "dilation": draw(st.sampled_from(((1, 1), (1, 1), (2, 2), (1, 2)))),
     }
-    assume(h + 2 * params["padding"][0] >= kh and w + 2 * params["padding"][1] >= kw)
+    (dh, dw) = params["dilation"]
+    span_h, span_w = dh * (kh - 1) + 1, dw * (kw - 1) + 1
+    assume(h + 2 * params["padding"][0] >= span_h and w + 2 * params["padding"][1] >= span_w)
     ins = [_f((n, g * cg, h, w)), _f((g * og, cg, kh, kw))]
     if draw(st.booleans()):
         ins.append(_f((g * og,)))

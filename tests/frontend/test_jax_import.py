@@ -43,6 +43,8 @@ def attention_block(p, x):
 
 def conv_net(p, x):
     y = jax.lax.conv_general_dilated(x, p["k"], (1, 1), ((1, 1), (1, 1)))
+    # An atrous (dilated) convolution, as in DeepLab's ASPP.
+    y = jax.lax.conv_general_dilated(y, p["k2"], (1, 1), ((2, 2), (2, 2)), rhs_dilation=(2, 2))
     return jnp.mean(jax.nn.relu(y), axis=(2, 3))
 
 
@@ -62,7 +64,11 @@ CASES = {
         {**{n: _normal(k, (8, 8)) for k, n in enumerate(("wq", "wk", "wv"))}, "g": jnp.ones(8)},
         _normal(5, (2, 4, 8)),
     ),
-    "conv": (conv_net, {"k": _normal(6, (4, 3, 3, 3))}, _normal(7, (2, 3, 6, 6))),
+    "conv": (
+        conv_net,
+        {"k": _normal(6, (4, 3, 3, 3)), "k2": _normal(5, (4, 4, 3, 3))},
+        _normal(7, (2, 3, 6, 6)),
+    ),
 }
 
 

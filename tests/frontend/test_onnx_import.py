@@ -237,3 +237,67 @@ def test_random_pcgs_written_as_onnx_read_back_equal(data):
     want = evaluate(pcg, {**inputs, **weights}).outputs[0].logical()
     got = next(iter(m.run(inputs).values()))
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_one_hot_is_a_lookup_that_bounds_its_indices():
+    labels = helper.make_tensor_value_info("labels", TensorProto.INT64, [6])
+    nodes = [
+        helper.make_node("OneHot", ["labels", "depth", "values"], ["oh"], name="/loss/OneHot"),
+        helper.make_node("Mul", ["oh", "x"], ["y"], name="/loss/Mul"),
+    ]
+    inits = [_init("depth", np.int64(5)), _init("values", np.array([0.0, 1.0], np.float32))]
+    m = from_onnx(_model(nodes, [labels, _x(shape=(6, 5))], [_y()], inits))
+    assert m.pcg.node("labels").params["max_value"] == 5
+    idx, x = RNG.integers(0, 5, 6), RNG.standard_normal((6, 5)).astype(np.float32)
+    np.testing.assert_array_equal(m.run({"labels": idx, "x": x})["y"], np.eye(5)[idx] * x)
+
+
+def test_layer_norm_and_softmax_as_old_exporters_wrote_them_are_operators():
+    d = 8
+    g, b = RNG.standard_normal(d).astype(np.float32), RNG.standard_normal(d).astype(np.float32)
+    nodes = [
+        helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1], name="/ln/ReduceMean"),
+        helper.make_node("Sub", ["x", "mu"], ["dx"], name="/ln/Sub"),
+        helper.make_node("Pow", ["dx", "two"], ["sq"], name="/ln/Pow"),
+        helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1], name="/ln/ReduceMean_1"),
+        helper.make_node("Add", ["var", "eps"], ["ve"], name="/ln/Add"),
+        helper.make_node("Sqrt", ["ve"], ["sd"], name="/ln/Sqrt"),
+        helper.make_node("Div", ["dx", "sd"], ["n"], name="/ln/Div"),
+        helper.make_node("Mul", ["n", "g"], ["ng"], name="/ln/Mul"),
+        helper.make_node("Add", ["ng", "b"], ["h"], name="/ln/Add_1"),
+        helper.make_node("Exp", ["h"], ["e"], name="/sm/Exp"),
+        helper.make_node("ReduceSum", ["e", "last"], ["s"], name="/sm/ReduceSum"),
+        helper.make_node("Div", ["e", "s"], ["y"], name="/sm/Div"),
+    ]
+    inits = [
+        _init("two", np.float32(2.0)),
+        _init("eps", np.float32(1e-5)),
+        _init("g", g),
+        _init("b", b),
+        _init("last", np.array([-1], np.int64)),
+    ]
+    m = from_onnx(_model(nodes, [_x(shape=(3, d))], [_y()], inits))
+    assert [n.op for n in m.pcg.nodes if n.op not in ("input", "weight")] == [
+        "layer_norm",
+        "softmax",
+    ]
+    assert set(m.weights) == {"g", "b"} and m.pcg.node("/ln/Add_1").op == "layer_norm"
+    x = RNG.standard_normal((3, d))
+    h = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + 1e-5) * g + b
+    want = np.exp(h) / np.exp(h).sum(-1, keepdims=True)
+    np.testing.assert_allclose(m.run({"x": x.astype(np.float32)})["y"], want, rtol=1e-5)
+
+
+def test_dilated_convolution_computes_what_onnx_computes():
+    from onnx.reference import ReferenceEvaluator
+
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    node = helper.make_node(
+        "Conv", ["x", "w"], ["y"], dilations=[2, 2], pads=[2, 2, 2, 2], name="/aspp/Conv"
+    )
+    model = _model([node], [_x(shape=(2, 3, 9, 9))], [_y()], [_init("w", w)])
+    m = from_onnx(model)
+    assert m.pcg.node("/aspp/Conv").params["dilation"] == (2, 2)
+    x = RNG.standard_normal((2, 3, 9, 9)).astype(np.float32)
+    (want,) = ReferenceEvaluator(model).run(None, {"x": x})
+    np.testing.assert_allclose(m.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
