@@ -1,7 +1,7 @@
 """Models that come in: the ONNX corpus imported, checked and optimized; full-size BERT-base and
 GPT-2 imported and set beside the zoo's hand-built equivalents.
 
-    python bench/frontend.py [--budget 20] [--batch 64] [--full DIR] [--write]
+    python bench/frontend.py [--budget 20] [--batch 64] [--full DIR] [--only onnx|jax] [--write]
 
 For each model of tests/data/onnx: ONNX nodes, PCG nodes, import time, the largest difference
 of its outputs from PyTorch's (stored by tools/make_onnx_corpus.py) and from onnxruntime's, and
@@ -9,6 +9,10 @@ of its outputs from PyTorch's (stored by tools/make_onnx_corpus.py) and from onn
 iteration time and the speedup over the best of the three baselines (data parallel, Megatron,
 the better of the two after single-device fusion). ``--full DIR``: the full-size models that
 ``tools/make_onnx_corpus.py --full DIR`` exported (not committed: 1.1 GB).
+
+JAX: GPT-style causal language models written in plain JAX and ending in their cross-entropy
+(``pcgopt.testing.jax_models.gpt_loss``), traced by ``from_jax``: JAX equations, PCG nodes,
+what was recognized, import time, the loss's difference from JAX's (batch 2), and the plan.
 """
 
 from __future__ import annotations
@@ -36,6 +40,19 @@ def _max_err(got: dict, want: dict) -> float:
     return max(float(np.max(np.abs(got[k] - want[k]))) for k in got)
 
 
+def _plan_cells(pcg, budget: float) -> str:
+    start = time.perf_counter()
+    plan = saturate_and_extract(pcg, Machine.preset("dgx-a100"), time_budget_s=budget)
+    search_s = time.perf_counter() - start
+    cands = plan.stats.candidates
+    best_name = min((k for k in BASELINES if cands.get(k) is not None), key=lambda k: cands[k])
+    return (
+        f"{plan.cost.total_s * 1e3:.3f} ms ({plan.stats.chosen}) | "
+        f"{cands[best_name] * 1e3:.3f} ms ({best_name}) | "
+        f"{cands[best_name] / plan.cost.total_s:.2f}x | {search_s:.1f} s |"
+    )
+
+
 def corpus_rows(budget: float, batch: int) -> list[str]:
     import onnx
     import onnxruntime as ort
@@ -61,18 +78,10 @@ def corpus_rows(budget: float, batch: int) -> list[str]:
         ort_out = dict(zip(entry["outputs"], session.run(entry["outputs"], feeds), strict=True))
         err_ort = _max_err(got, ort_out)
         big = from_onnx(path, dims={entry["batch_symbol"]: batch})
-        start = time.perf_counter()
-        plan = saturate_and_extract(big.pcg, Machine.preset("dgx-a100"), time_budget_s=budget)
-        search_s = time.perf_counter() - start
-        cands = plan.stats.candidates
-        best_name = min((k for k in BASELINES if cands.get(k) is not None), key=lambda k: cands[k])
-        speedup = cands[best_name] / plan.cost.total_s
         onnx_nodes = len(onnx.load(str(path)).graph.node)
         rows.append(
             f"| {name} | {onnx_nodes} | {len(m.pcg)} | {import_s * 1e3:.0f} ms | "
-            f"{err_torch:.1e} | {err_ort:.1e} | {plan.cost.total_s * 1e3:.3f} ms "
-            f"({plan.stats.chosen}) | {cands[best_name] * 1e3:.3f} ms ({best_name}) | "
-            f"{speedup:.2f}x | {search_s:.1f} s |"
+            f"{err_torch:.1e} | {err_ort:.1e} | {_plan_cells(big.pcg, budget)}"
         )
         print(rows[-1], file=sys.stderr)
     return rows
@@ -115,13 +124,81 @@ def full_rows(folder: Path, batch: int) -> list[str]:
     return rows
 
 
+JAX_MODELS = {
+    # name: gpt_example sizes, heads
+    "gpt tiny (2 layers, d 64)": ({"vocab": 512, "d": 64, "seq": 128, "layers": 2}, 4),
+    "gpt-2 small blocks (12 layers, d 768, vocab 2048)": (
+        {"vocab": 2048, "d": 768, "seq": 128, "layers": 12},
+        12,
+    ),
+}
+
+
+def jax_rows(budget: float, batch: int) -> list[str]:
+    import functools
+
+    import jax
+
+    from pcgopt.frontend.jax import from_jax
+    from pcgopt.testing.jax_models import gpt_example, gpt_loss
+
+    rows = [
+        "| model | JAX equations | PCG nodes | recognized | parameters | import | "
+        f"loss err vs JAX | plan (batch {batch}) | best baseline | speedup | search |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, (sizes, heads) in JAX_MODELS.items():
+        fn = functools.partial(gpt_loss, heads=heads)
+        params, tokens, targets = gpt_example(batch=2, **sizes)
+        start = time.perf_counter()
+        m = from_jax(fn, params, tokens, targets)
+        import_s = time.perf_counter() - start
+        feeds = {"tokens": np.asarray(tokens), "targets": np.asarray(targets)}
+        got = float(m.run(feeds)["output0"])
+        err = abs(got - float(jax.jit(fn)(params, tokens, targets)))
+        ops = [n.op for n in m.pcg.nodes]
+        recognized = ", ".join(
+            f"{ops.count(op)} {op}" for op in ("layer_norm", "softmax", "gelu", "linear")
+        )
+        big_params, big_tokens, big_targets = gpt_example(batch=batch, **sizes)
+        big = from_jax(fn, big_params, big_tokens, big_targets)
+        rows.append(
+            f"| {name} | {m.stats['source_nodes']} | {len(m.pcg)} | {recognized} | "
+            f"{m.parameter_count:,} | {import_s:.1f} s | {err:.1e} | "
+            f"{_plan_cells(big.pcg, budget)}"
+        )
+        print(rows[-1], file=sys.stderr)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--budget", type=float, default=20.0)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--full", type=Path, help="folder of make_onnx_corpus.py --full")
+    parser.add_argument("--only", choices=("onnx", "jax"), help="one of the two sections")
     parser.add_argument("--write", action="store_true", help="update bench/RESULTS.md")
     args = parser.parse_args()
+    if args.only != "onnx":
+        publish(
+            "## Models that come in: JAX functions",
+            [
+                f"`python bench/frontend.py --budget {args.budget:g} --batch {args.batch} "
+                "--only jax --write` (2-core CPU). GPT-style language models written in plain "
+                "JAX and ending in their cross-entropy (`pcgopt.testing.jax_models`: token ids "
+                "in, loss out; LayerNorm as Flax writes it, a causal `jnp.where` mask, the head "
+                "tied to the embedding), imported by `from_jax`. Recognized: the operators that "
+                "JAX wrote out and `fuse_patterns` found (the loss's log-softmax stays as "
+                "written). Loss error: float64 evaluation of the PCG against JAX's float32 loss "
+                "(batch 2, seq 128). Plans: one DGX-A100 node (16 A100), Adam; training on the "
+                "real loss.",
+                "",
+                *jax_rows(args.budget, args.batch),
+            ],
+            write=args.write,
+        )
+    if args.only == "jax":
+        return
     lines = [
         f"`python bench/frontend.py --budget {args.budget:g} --batch {args.batch}"
         + (f" --full {args.full}" if args.full else "")

@@ -40,6 +40,7 @@ from pcgopt.frontend.model import (
     UnsupportedLog,
     binary,
     broadcast_to,
+    identity_table,
     masked,
     reshape_to,
 )
@@ -261,7 +262,7 @@ def _convert(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
         # A one-hot is a lookup in the identity: exact, and partitioned like any embedding.
         idx, n = ins[0].indices, ins[0].n
         flat = reshape_to(imp.b, idx, idx.shape.sizes[:-1], f"{name}/indices")
-        eye = imp.tensor(np.eye(n, dtype=np.float32), f"{name}/identity")
+        eye = imp.tensor(_identity_table(n), f"{name}/identity")
         return imp.b.embedding(flat, eye, name=name)
     if isinstance(ins[0], _OneHot):
         raise _Unsupported("a one-hot converted to a non-float type")
@@ -388,6 +389,13 @@ for _prim in ("eq", "lt", "le", "gt", "ge"):
     _HANDLERS[_prim] = _compare(_prim)
 
 
+def _identity_table(n: int) -> np.ndarray:
+    try:
+        return identity_table(n)
+    except ValueError as e:
+        raise _Unsupported(str(e)) from None
+
+
 def _gather(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
     table, idx = ins
     if not isinstance(idx, Tensor) or not idx.shape.dtype.is_integer:
@@ -416,7 +424,7 @@ def _gather(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
         n = table.shape.sizes[-1]
         onehot = imp.b.embedding(
             reshape_to(imp.b, idx, batch, f"{name}/indices"),
-            imp.tensor(np.eye(n, dtype=np.float32), f"{name}/identity"),
+            imp.tensor(_identity_table(n), f"{name}/identity"),
             name=f"{name}/one_hot",
         )
         picked = imp.b.mul(table, onehot, name=f"{name}/pick")

@@ -109,6 +109,23 @@ def broadcast_to(b: PCGBuilder, x: Tensor, shape: tuple[int, ...], name: str) ->
     return x if x.shape.sizes == shape else b.broadcast(x, shape=shape, name=name)
 
 
+#: The largest class count whose one-hot is imported as a lookup in an identity table (the
+#: table has n^2 elements: 64 MiB of float32 at 4096).
+MAX_ONE_HOT_CLASSES = 4096
+
+
+def identity_table(n: int, off: float = 0.0, on: float = 1.0) -> np.ndarray:
+    """``off + (on - off) * I_n``: the table whose row i is i's one-hot, for a one-hot as an
+    embedding lookup. Refused (ValueError) above :data:`MAX_ONE_HOT_CLASSES` classes."""
+    if n > MAX_ONE_HOT_CLASSES:
+        raise ValueError(
+            f"a one-hot over {n:,} classes would be an identity table of {n:,} x {n:,}; "
+            f"pcgopt imports one-hots of at most {MAX_ONE_HOT_CLASSES:,} classes (it has no "
+            "one_hot operator yet): end the function before the loss, or pass one-hot targets"
+        )
+    return (off + (on - off) * np.eye(n)).astype(np.float32)
+
+
 def masked(
     b: PCGBuilder,
     x: Tensor,

@@ -42,6 +42,7 @@ from pcgopt.frontend.model import (
     binary,
     broadcast_to,
     clean_name,
+    identity_table,
     masked,
     reshape_to,
 )
@@ -946,7 +947,10 @@ def _one_hot(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
         raise _Unsupported("a one-hot of constant or non-integer indices")
     if ctx.attrs.get("axis", -1) not in (-1, idx.shape.rank):
         raise _Unsupported("a one-hot along an axis other than the last")
-    table = Const((off + (on - off) * np.eye(depth)).astype(np.float32))
+    try:
+        table = Const(identity_table(depth, float(off), float(on)))
+    except ValueError as e:
+        raise _Unsupported(str(e)) from None
     return [imp.b.embedding(idx, imp.tensor(table, ctx.name, 2), name=ctx.name)]
 
 

@@ -9,6 +9,7 @@ import jax.numpy as jnp  # noqa: E402
 
 from pcgopt import FrontendError  # noqa: E402
 from pcgopt.frontend.jax import from_jax  # noqa: E402
+from pcgopt.testing.jax_models import gpt_example, gpt_loss  # noqa: E402
 
 KEYS = jax.random.split(jax.random.PRNGKey(0), 8)
 
@@ -106,56 +107,8 @@ def test_params_must_name_arguments():
         from_jax(fn, params, x, params=3)
 
 
-def _layer_norm(x, g, b, eps=1e-5):
-    # As Flax writes it: jnp.var, and the scale folded into the reciprocal deviation.
-    mean, var = jnp.mean(x, -1, keepdims=True), jnp.var(x, -1, keepdims=True)
-    return (x - mean) * (jax.lax.rsqrt(var + eps) * g) + b
-
-
-def gpt_loss(p, tokens, targets):
-    """A two-block causal language model and its cross-entropy: token ids in, loss out."""
-    b, s = tokens.shape
-    d, heads = p["wte"].shape[1], 2
-    x = p["wte"][tokens] + p["wpe"][None, :s]
-    causal = jnp.tril(jnp.ones((s, s), bool))
-
-    def split(t):
-        return t.reshape(b, s, heads, d // heads).transpose(0, 2, 1, 3)
-
-    for i, blk in enumerate(p["blocks"]):
-        with jax.named_scope(f"h{i}"):
-            q, k, v = map(split, jnp.split(_layer_norm(x, *blk["ln1"]) @ blk["wqkv"], 3, -1))
-            att = jnp.where(causal, q @ k.transpose(0, 1, 3, 2) / np.sqrt(d // heads), -1e9)
-            o = (jax.nn.softmax(att, -1) @ v).transpose(0, 2, 1, 3).reshape(b, s, d)
-            x = x + o @ blk["wo"]
-            x = x + jax.nn.gelu(_layer_norm(x, *blk["ln2"]) @ blk["w1"] + blk["b1"]) @ blk["w2"]
-    logits = _layer_norm(x, *p["lnf"]) @ p["wte"].T  # the head is tied to the embedding
-    logp = jax.nn.log_softmax(logits, -1)
-    return -jnp.take_along_axis(logp, targets[..., None], -1).mean()
-
-
-def _gpt(vocab=40, d=16, seq=8, batch=4):
-    keys = iter(jax.random.split(KEYS[0], 32))
-
-    def n(*shape):
-        return 0.2 * jax.random.normal(next(keys), shape)
-
-    def ln():
-        return (1 + n(d), n(d))
-
-    blocks = [
-        {"ln1": ln(), "wqkv": n(d, 3 * d), "wo": n(d, d), "ln2": ln(), "w1": n(d, 4 * d),
-         "b1": n(4 * d), "w2": n(4 * d, d)}
-        for _ in range(2)
-    ]  # fmt: skip
-    params = {"wte": n(vocab, d), "wpe": n(seq, d), "blocks": blocks, "lnf": ln()}
-    tokens = jax.random.randint(KEYS[1], (batch, seq), 0, vocab)
-    targets = jax.random.randint(KEYS[2], (batch, seq), 0, vocab)
-    return params, tokens, targets
-
-
 def test_a_language_model_ending_in_its_loss_imports_with_the_loss():
-    params, tokens, targets = _gpt()
+    params, tokens, targets = gpt_example()
     m = from_jax(gpt_loss, params, tokens, targets)
     feeds = {"tokens": np.asarray(tokens), "targets": np.asarray(targets)}
     got = m.run(feeds)["output0"]
@@ -175,7 +128,7 @@ def test_a_data_parallel_plan_of_the_loss_trains_as_jax_differentiates_it():
     from pcgopt.extract.plan import machine_from_spec
     from pcgopt.lower.jax import lower
 
-    params, tokens, targets = _gpt()
+    params, tokens, targets = gpt_example()
     m = from_jax(gpt_loss, params, tokens, targets)
     plan = data_parallel(m.pcg, machine_from_spec("dgx-a100:1:4"))
     trainable = {n.name for n in m.pcg.weights if n.params["trainable"]}
@@ -211,3 +164,16 @@ def test_integers_used_other_than_as_indices_are_refused():
     with pytest.raises(FrontendError) as info:
         from_jax(fn, {"w": _normal(0, (8, 8))}, _normal(1, (2, 8)), jnp.ones((2, 1), jnp.int32))
     assert "convert_element_type" in info.value.unsupported
+
+
+def test_a_one_hot_too_large_for_an_identity_table_is_refused_clearly():
+    from pcgopt.frontend.model import MAX_ONE_HOT_CLASSES
+
+    n = MAX_ONE_HOT_CLASSES + 1
+
+    def loss(logits, labels):
+        return -jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], -1).mean()
+
+    with pytest.raises(FrontendError) as info:
+        from_jax(loss, jnp.zeros((2, n)), jnp.zeros((2,), jnp.int32), params=())
+    assert "identity table" in str(info.value) and "gather" in info.value.unsupported
