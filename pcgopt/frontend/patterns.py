@@ -164,9 +164,7 @@ def _fuse_gelus(
             sub = _ancestors(root, region, by_name)
             if len(sub) < 3 or sub & taken:
                 continue
-            if any(c not in sub for n in sub - {root} for c, _ in consumers.get(TensorRef(n), [])):
-                continue
-            if any(TensorRef(n) in pcg.outputs for n in sub - {root}):
+            if not _closed(sub, root, pcg, consumers):
                 continue
             op = _recognize(sub, x, by_name, order, weights)
             if op is not None:
@@ -229,26 +227,13 @@ def _ancestors(root: str, region: set[str], by_name) -> set[str]:
 
 
 def _recognize(sub, x, by_name, order, weights) -> str | None:
-    values: dict[TensorRef, np.ndarray] = {x: _POINTS}
-    for name in sorted(sub, key=order.__getitem__):
-        node = by_name[name]
-        args = []
-        for r in node.inputs:
-            if r in values:
-                args.append(values[r])
-            elif r.node in weights:
-                args.append(np.asarray(weights[r.node], np.float64).reshape(()))
-            else:
-                return None
-        with np.errstate(all="ignore"):
-            (values[TensorRef(name)],) = node.spec.reference(node.params, *args)
-    root = max(sub, key=order.__getitem__)
-    got = np.broadcast_to(values[TensorRef(root)], _POINTS.shape)
+    names = sorted(sub, key=order.__getitem__)
+    values = _evaluate(names, x, _POINTS, {}, weights, by_name, set(), None)
+    if values is None:
+        return None
+    got = np.broadcast_to(values[names[-1]], _POINTS.shape)
     for op, spec in _TARGETS:
-        want = spec.fn(None, _POINTS)
-        if np.all(np.isfinite(got)) and np.max(np.abs(got - want)) <= 1e-6 * max(
-            1.0, math.fabs(float(np.max(np.abs(want))))
-        ):
+        if _agrees(got, spec.fn(None, _POINTS)):
             return op
     return None
 
