@@ -16,6 +16,8 @@ from pcgopt.ops.conv import Conv2D, Pool2D
 from pcgopt.ops.elementwise import (
     GELU,
     Add,
+    Cast,
+    Compare,
     Div,
     Dropout,
     Erf,
@@ -34,9 +36,10 @@ from pcgopt.ops.elementwise import (
     Sqrt,
     Sub,
     Tanh,
+    Where,
 )
 from pcgopt.ops.embedding import Embedding, EmbeddingBag
-from pcgopt.ops.layout import Broadcast, Concat, Reshape, Slice, Split, Transpose
+from pcgopt.ops.layout import Broadcast, Concat, Pad, Reshape, Slice, Split, Transpose
 from pcgopt.ops.linalg import BatchMatMul, Linear, MatMul
 from pcgopt.ops.normalization import BatchNorm, LayerNorm, Softmax
 from pcgopt.ops.parallel import (
@@ -54,7 +57,7 @@ from pcgopt.ops.parallel import (
     ToPartial,
 )
 from pcgopt.ops.params import Param, Params, ParamType
-from pcgopt.ops.reduction import ReduceMax, ReduceMean, ReduceSum
+from pcgopt.ops.reduction import ReduceMax, ReduceMean, ReduceSum, TopK
 from pcgopt.ops.sources import Input, Weight
 from pcgopt.ops.spec import (
     AxisKind,
@@ -92,6 +95,9 @@ _SPECS: tuple[OpSpec, ...] = (
     Mul(),
     Div(),
     Maximum(),
+    Compare(),
+    Where(),
+    Cast(),
     # products
     MatMul(),
     BatchMatMul(),
@@ -110,6 +116,7 @@ _SPECS: tuple[OpSpec, ...] = (
     Transpose(),
     Reshape(),
     Broadcast(),
+    Pad(),
     # lookups
     Embedding(),
     EmbeddingBag(),
@@ -117,6 +124,7 @@ _SPECS: tuple[OpSpec, ...] = (
     ReduceSum(),
     ReduceMean(),
     ReduceMax(),
+    TopK(),
     # parallelization
     Partition(),
     Combine(),

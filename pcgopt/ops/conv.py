@@ -36,7 +36,14 @@ def spatial_axes(
     for k, name in ((0, "height"), (1, "width")):
         size, out, kern = in_hw[k], out_hw[k], kernel[k]
         stride, pad = params["stride"][k], params["padding"][k]
-        if pad == 0 and kern <= stride and size == stride * out:
+        spread = (params.get("input_dilation") or (1, 1))[k]
+        if spread > 1:
+            why = (
+                f"its input is dilated {spread} times (a transposed convolution), so its windows "
+                "straddle block edges, which would need a halo exchange (no operator for it yet)"
+            )
+            notes.append((0, 2 + k, why))
+        elif pad == 0 and kern <= stride and size == stride * out:
             rest = (None,) * (n_inputs - 1)
             axes.append(LoopAxis(name, AxisKind.PARALLEL, (2 + k, *rest), (2 + k,), size=out))
         else:
@@ -48,9 +55,17 @@ def spatial_axes(
     return axes, notes
 
 
-def _windows(x: np.ndarray, kernel, stride, padding, fill: float, dilation=(1, 1)) -> np.ndarray:
-    """(N, C, H', W', kh, kw) views of the padded input (taps ``dilation`` apart)."""
+def _windows(
+    x: np.ndarray, kernel, stride, padding, fill: float, dilation=(1, 1), input_dilation=(1, 1)
+) -> np.ndarray:
+    """(N, C, H', W', kh, kw) views of the padded input (taps ``dilation`` apart; with
+    ``input_dilation``, the input's pixels that far apart with zeros between them)."""
     (kh, kw), (sh, sw), (ph, pw), (dh, dw) = kernel, stride, padding, dilation
+    if tuple(input_dilation) != (1, 1):
+        (ih, iw), (n, c, h, w) = input_dilation, x.shape
+        spread = np.zeros((n, c, (h - 1) * ih + 1, (w - 1) * iw + 1), dtype=x.dtype)
+        spread[:, :, ::ih, ::iw] = x
+        x = spread
     xp = np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=fill)
     span = (dh * (kh - 1) + 1, dw * (kw - 1) + 1)
     return sliding_window_view(xp, span, axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
@@ -73,6 +88,7 @@ def _conv_jax(params: Params, x: Any, w: Any, groups: int) -> Any:
         w,
         window_strides=tuple(params["stride"]),
         padding=((ph, ph), (pw, pw)),
+        lhs_dilation=tuple(params["input_dilation"]),
         rhs_dilation=tuple(params["dilation"]),
         dimension_numbers=("NCHW", "OIHW", "NCHW"),
         feature_group_count=groups,
@@ -108,7 +124,10 @@ def _windows_resized(
 class Conv2D(ComputeOp):
     """2-D convolution: x [N, C, H, W], w [O, C/groups, kh, kw], bias [O] (optional)
     -> [N, O, H', W']. ``dilation`` spaces the kernel's taps (atrous convolution), so that a
-    kernel spans ``dilation * (k - 1) + 1`` pixels.
+    kernel spans ``dilation * (k - 1) + 1`` pixels. ``input_dilation`` spaces the input's pixels
+    with zeros between them: a transposed convolution of stride s is the convolution of the
+    s-dilated input with the flipped kernel, its channels swapped (and padding
+    ``dilation * (k - 1) - pad``); the products with those zeros are not counted as FLOPs.
 
     Splits: the batch; output channels (groups = 1; x must be copied); input channels, leaving
     partial sums (groups = 1, no bias, no activation); groups (grouped and depthwise convs:
@@ -128,6 +147,12 @@ class Conv2D(ComputeOp):
         Param("groups", ParamType.POS_INT, 1),
         Param("activation", ParamType.STR, "none", ACTIVATION_CHOICES),
         Param("dilation", ParamType.POS_PAIR, (1, 1), doc="spacing of the kernel's taps"),
+        Param(
+            "input_dilation",
+            ParamType.POS_PAIR,
+            (1, 1),
+            doc="spacing of the input's pixels (a transposed convolution's stride)",
+        ),
     )
 
     def infer_logical(self, params, inputs):
@@ -154,8 +179,9 @@ class Conv2D(ComputeOp):
             raise ShapeError(f"conv2d: bias must be [{o}], got {inputs[2]}")
         (sh, sw), (ph, pw) = params["stride"], params["padding"]
         kh, kw = dilated_kernel(params, (kh, kw))
-        oh = _out_extent(self.name, h, kh, sh, ph, "height")
-        ow = _out_extent(self.name, wd, kw, sw, pw, "width")
+        (ih, iw) = params["input_dilation"]
+        oh = _out_extent(self.name, (h - 1) * ih + 1, kh, sh, ph, "height")
+        ow = _out_extent(self.name, (wd - 1) * iw + 1, kw, sw, pw, "width")
         return (ParallelTensorShape.of((n, o, oh, ow), x.dtype),)
 
     def _is_linear(self, params, n_inputs):
@@ -208,7 +234,15 @@ class Conv2D(ComputeOp):
             return apply_activation(params["activation"], y)
         n = x.shape[0]
         o, cg, kh, kw = w.shape
-        win = _windows(x, (kh, kw), params["stride"], params["padding"], 0.0, params["dilation"])
+        win = _windows(
+            x,
+            (kh, kw),
+            params["stride"],
+            params["padding"],
+            0.0,
+            params["dilation"],
+            params["input_dilation"],
+        )
         oh, ow = win.shape[2], win.shape[3]
         win = win.reshape(n, groups, cg, oh, ow, kh, kw)
         wg = w.reshape(groups, o // groups, cg, kh, kw)
@@ -221,7 +255,10 @@ class Conv2D(ComputeOp):
         out = math.prod(out_sizes[0])
         _, cg, kh, kw = in_sizes[1]
         bias = out if len(in_sizes) == 3 else 0
-        return 2 * out * cg * kh * kw + bias + activation_flops(params["activation"], out)
+        # Windows over a dilated input meet a real pixel at about one tap in ih * iw.
+        (ih, iw) = params["input_dilation"]
+        products = 2 * out * cg * kh * kw // (ih * iw)
+        return products + bias + activation_flops(params["activation"], out)
 
 
 class Pool2D(ComputeOp):

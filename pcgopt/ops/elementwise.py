@@ -1,8 +1,14 @@
 """Elementwise operators: activations and other functions of one tensor (exp, log, sqrt, erf,
-pow, ...), Dropout, Scale, and broadcasting Add / Sub / Mul / Div / Maximum."""
+pow, ...), Dropout, Scale, Cast, broadcasting Add / Sub / Mul / Div / Maximum / Compare, and Where.
+
+Masks are float tensors: :class:`Compare` gives 1.0 where its relation holds and 0.0 elsewhere,
+and :class:`Where` picks where its condition is non-zero. So a boolean tensor of a model (an
+attention mask) is a 0/1 float tensor of the PCG, whose logical operators are exact arithmetic
+on it (and: mul, or: maximum, not: ``compare(x, 0, "eq")``)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from abc import abstractmethod
 from typing import Any, ClassVar
@@ -13,7 +19,7 @@ from pcgopt.errors import ShapeError
 from pcgopt.ops.arrays import array_module
 from pcgopt.ops.params import Param, ParamType
 from pcgopt.ops.spec import AxisKind, ComputeOp, LocalContext, LoopAxis, Signature
-from pcgopt.shapes import ParallelTensorShape
+from pcgopt.shapes import DType, ParallelTensorShape
 from pcgopt.sharded import ShardedArray, to_blocks
 
 
@@ -127,9 +133,27 @@ def _erf(x: Any) -> Any:
     xp = array_module(x)
     if xp is np:
         return _np_erf(x)
-    import jax.scipy.special
+    return _jax_erf()(x)
 
-    return jax.scipy.special.erf(x)
+
+@functools.cache
+def _jax_erf() -> Any:
+    """``lax.erf`` with its derivative written out: JAX 0.12's own derivative evaluates a
+    polynomial whose constant coefficients shard_map's check of varying axes rejects when x
+    varies along several mesh axes (a data-parallel plan on a 2 x 2 mesh)."""
+    import jax
+    import jax.numpy as jnp
+
+    @jax.custom_jvp
+    def erf(x: Any) -> Any:
+        return jax.lax.erf(x)
+
+    @erf.defjvp
+    def erf_jvp(primals: Any, tangents: Any) -> Any:
+        (x,), (dx,) = primals, tangents
+        return erf(x), dx * (2.0 / math.sqrt(math.pi)) * jnp.exp(-x * x)
+
+    return erf
 
 
 def _np_erf(x: np.ndarray) -> np.ndarray:
@@ -341,20 +365,18 @@ def broadcast_sizes(op: str, a: tuple[int, ...], b: tuple[int, ...]) -> tuple[in
     return tuple(out)
 
 
-class BinaryElementwise(ComputeOp):
-    """Base of ``z = f(x, y)`` with numpy broadcasting."""
+class BroadcastingElementwise(ComputeOp):
+    """Base of ``z = f(a, b, ...)`` applied to every element, with numpy broadcasting."""
 
-    input_names = ("x", "y")
     linear_inputs: ClassVar[tuple[int, ...]] = ()
     jointly_linear: ClassVar[bool] = False
 
-    @abstractmethod
-    def fn(self, x: np.ndarray, y: np.ndarray) -> np.ndarray: ...
-
     def infer_logical(self, params, inputs):
-        x, y = inputs
         same_dtype(self.name, self.input_names, inputs)
-        return (ParallelTensorShape.of(broadcast_sizes(self.name, x.sizes, y.sizes), x.dtype),)
+        sizes = inputs[0].sizes
+        for s in inputs[1:]:
+            sizes = broadcast_sizes(self.name, sizes, s.sizes)
+        return (ParallelTensorShape.of(sizes, inputs[0].dtype),)
 
     def signature(self, params, in_sizes, out_sizes):
         out = out_sizes[0]
@@ -368,11 +390,20 @@ class BinaryElementwise(ComputeOp):
             axes.append(LoopAxis(f"d{k}", AxisKind.PARALLEL, tuple(dims), (k,)))
         return Signature(tuple(axes), self.linear_inputs, self.jointly_linear)
 
-    def reference(self, params, x, y):
-        return (self.fn(x, y),)
-
     def count_flops(self, params, in_sizes, out_sizes):
         return math.prod(out_sizes[0])
+
+
+class BinaryElementwise(BroadcastingElementwise):
+    """Base of ``z = f(x, y)`` with numpy broadcasting."""
+
+    input_names = ("x", "y")
+
+    @abstractmethod
+    def fn(self, x: np.ndarray, y: np.ndarray) -> np.ndarray: ...
+
+    def reference(self, params, x, y):
+        return (self.fn(x, y),)
 
 
 class Add(BinaryElementwise):
@@ -428,3 +459,84 @@ class Maximum(BinaryElementwise):
 
     def fn(self, x, y):
         return array_module(x, y).maximum(x, y)
+
+
+_RELATIONS = {
+    "eq": "equal",
+    "ne": "not_equal",
+    "lt": "less",
+    "le": "less_equal",
+    "gt": "greater",
+    "ge": "greater_equal",
+}
+
+
+class Compare(BinaryElementwise):
+    """1.0 where ``x relation y`` holds, else 0.0 (broadcasting; relation: eq, ne, lt, le, gt,
+    ge). A mask in the inputs' float type, as pcgopt holds masks (module docstring); its
+    gradient is zero."""
+
+    name = "compare"
+    params = (Param("relation", ParamType.STR, "eq", tuple(_RELATIONS)),)
+
+    def infer_logical(self, params, inputs):
+        for name, shape in zip(self.input_names, inputs, strict=True):
+            require_float(self.name, name, shape)
+        return super().infer_logical(params, inputs)
+
+    def reference(self, params, x, y):
+        xp = array_module(x, y)
+        holds = getattr(xp, _RELATIONS[params["relation"]])(x, y)
+        dtype = np.result_type(x, y) if xp is np else xp.result_type(x, y)
+        return (holds.astype(dtype),)
+
+
+class Where(BroadcastingElementwise):
+    """``x`` where ``cond`` is non-zero, else ``y`` (broadcasting; a mask fill such as
+    ``masked_fill(mask, -inf)``). Exact for every value of ``x`` and ``y``, infinities
+    included, unlike the arithmetic ``cond * x + (1 - cond) * y``."""
+
+    name = "where"
+    input_names = ("cond", "x", "y")
+
+    def reference(self, params, cond, x, y):
+        return (array_module(cond, x, y).where(cond != 0, x, y),)
+
+
+class Cast(ComputeOp):
+    """``x`` converted to the floating-point ``dtype``: integers (token ids, an integer
+    attention mask) become floats, so that they can enter arithmetic. A cast between float
+    types changes only the storage (the reference evaluator computes in one precision)."""
+
+    name = "cast"
+    input_names = ("x",)
+    params = (Param("dtype", ParamType.DTYPE, DType.F32, doc="the floating-point result type"),)
+
+    def infer_logical(self, params, inputs):
+        (x,) = inputs
+        if params["dtype"].is_integer:
+            raise ShapeError(
+                f"cast converts to a floating-point dtype (f16, bf16, f32, f64), not "
+                f"{params['dtype'].value}"
+            )
+        return (ParallelTensorShape.of(x.sizes, params["dtype"]),)
+
+    def signature(self, params, in_sizes, out_sizes):
+        return Signature(identity_axes(len(in_sizes[0])))
+
+    def reference(self, params, x):
+        if array_module(x) is np:
+            # The evaluator computes every float in one precision: integers become float64.
+            return (x if x.dtype.kind == "f" else x.astype(np.float64),)
+        return (x.astype(_JAX_FLOAT[params["dtype"]]),)
+
+    def count_flops(self, params, in_sizes, out_sizes):
+        return math.prod(out_sizes[0])
+
+
+_JAX_FLOAT = {
+    DType.F16: "float16",
+    DType.BF16: "bfloat16",
+    DType.F32: "float32",
+    DType.F64: "float64",
+}

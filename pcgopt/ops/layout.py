@@ -309,3 +309,54 @@ class Broadcast(ComputeOp):
 
     def local(self, params, ctx, x):
         return (array_module(x).broadcast_to(x, ctx.out_sizes[0]).copy(),)
+
+
+class Pad(ComputeOp):
+    """``x`` with ``low[k]`` elements of ``value`` before and ``high[k]`` after it along each
+    dimension k (a constant pad: ONNX's ``Pad``, ``torch.nn.functional.pad``, ``jnp.pad``).
+    A padded dimension cannot be split (the pad of a block is not a block of the pad); the
+    operator is linear when ``value`` is 0."""
+
+    name = "pad"
+    input_names = ("x",)
+    params = (
+        Param("low", ParamType.INTS, doc="elements added before each dimension"),
+        Param("high", ParamType.INTS, doc="elements added after each dimension"),
+        Param("value", ParamType.FLOAT, 0.0, doc="the padding value"),
+    )
+
+    def infer_logical(self, params, inputs):
+        (x,) = inputs
+        low, high = params["low"], params["high"]
+        if len(low) != x.rank or len(high) != x.rank:
+            raise ShapeError(
+                f"pad: low {list(low)} and high {list(high)} need one entry per dimension of "
+                f"x ({x.rank})"
+            )
+        if min((*low, *high)) < 0:
+            raise ShapeError(
+                f"pad: low {list(low)} and high {list(high)} must be non-negative (a negative "
+                "pad is a slice)"
+            )
+        sizes = tuple(s + a + b for s, a, b in zip(x.sizes, low, high, strict=True))
+        return (ParallelTensorShape.of(sizes, x.dtype),)
+
+    def signature(self, params, in_sizes, out_sizes):
+        padded = {
+            k for k, (a, b) in enumerate(zip(params["low"], params["high"], strict=True)) if a or b
+        }
+        axes = tuple(
+            LoopAxis(f"d{k}", AxisKind.PARALLEL, (k,), (k,))
+            for k in range(len(in_sizes[0]))
+            if k not in padded
+        )
+        why = "the pad of a block is not a block of the pad"
+        return Signature(
+            axes,
+            linear_in=(0,) if params["value"] == 0.0 else (),
+            notes=tuple((0, k, why) for k in sorted(padded)),
+        )
+
+    def reference(self, params, x):
+        widths = tuple(zip(params["low"], params["high"], strict=True))
+        return (array_module(x).pad(x, widths, constant_values=params["value"]),)

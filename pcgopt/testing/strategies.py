@@ -135,14 +135,54 @@ def _broadcast(draw, op):
     return OpInstance(op, {"shape": out}, (_f(x),))
 
 
+_BINARY_PARAMS: dict[str, st.SearchStrategy[dict]] = {
+    "compare": st.sampled_from(("eq", "ne", "lt", "le", "gt", "ge")).map(lambda r: {"relation": r}),
+}
+
+
+def _broadcast_operand(draw, out: tuple[int, ...]) -> tuple[int, ...]:
+    """A suffix of ``out`` with some dimensions broadcast from 1."""
+    suffix = out[draw(st.integers(0, len(out) - 1)) :]
+    return tuple(1 if draw(st.booleans()) and draw(st.booleans()) else s for s in suffix)
+
+
 @st.composite
 def _binary(draw, op):
     out = draw(sizes(1, 4))
-    # The second operand: a suffix of the output shape, with some dimensions broadcast from 1.
-    suffix = out[draw(st.integers(0, len(out) - 1)) :]
-    y = tuple(1 if draw(st.booleans()) and draw(st.booleans()) else s for s in suffix)
-    pair = (_f(out), _f(y))
-    return OpInstance(op, {}, pair if draw(st.booleans()) else pair[::-1])
+    pair = (_f(out), _f(_broadcast_operand(draw, out)))
+    params = draw(_BINARY_PARAMS.get(op, st.just({})))
+    return OpInstance(op, params, pair if draw(st.booleans()) else pair[::-1])
+
+
+@st.composite
+def _where(draw, op):
+    out = draw(sizes(1, 4))
+    operands = [out, _broadcast_operand(draw, out), _broadcast_operand(draw, out)]
+    order = draw(st.permutations(range(3)))
+    return OpInstance(op, {}, tuple(_f(operands[k]) for k in order))
+
+
+@st.composite
+def _cast(draw, op):
+    x = draw(sizes(1, 3))
+    source = _i(x) if draw(st.booleans()) else _f(x)
+    return OpInstance(op, {"dtype": draw(st.sampled_from(("f32", "f16", "f64")))}, (source,))
+
+
+@st.composite
+def _pad(draw, op):
+    x = draw(sizes(1, 3))
+    low = tuple(draw(st.sampled_from((0, 0, 1, 2))) for _ in x)
+    high = tuple(draw(st.sampled_from((0, 0, 1, 3))) for _ in x)
+    value = draw(st.sampled_from((0.0, 0.0, -1.5)))
+    return OpInstance(op, {"low": low, "high": high, "value": value}, (_f(x),))
+
+
+@st.composite
+def _top_k(draw, op):
+    x = draw(sizes(1, 3))
+    axis = draw(st.integers(-len(x), len(x) - 1))
+    return OpInstance(op, {"k": draw(st.integers(1, x[axis])), "axis": axis}, (_f(x),))
 
 
 @st.composite
@@ -171,10 +211,17 @@ def _conv2d(draw, op):
         "groups": g,
         "activation": draw(_ACTS),
         "dilation": draw(st.sampled_from(((1, 1), (1, 1), (2, 2), (1, 2)))),
+        # A transposed convolution's stride spreads the input's pixels.
+        "input_dilation": draw(st.sampled_from(((1, 1), (1, 1), (1, 1), (2, 2), (2, 1)))),
     }
     (dh, dw) = params["dilation"]
     span_h, span_w = dh * (kh - 1) + 1, dw * (kw - 1) + 1
-    assume(h + 2 * params["padding"][0] >= span_h and w + 2 * params["padding"][1] >= span_w)
+    (ih, iw) = params["input_dilation"]
+    spread_h, spread_w = (h - 1) * ih + 1, (w - 1) * iw + 1
+    assume(
+        spread_h + 2 * params["padding"][0] >= span_h
+        and spread_w + 2 * params["padding"][1] >= span_w
+    )
     ins = [_f((n, g * cg, h, w)), _f((g * og, cg, kh, kw))]
     if draw(st.booleans()):
         ins.append(_f((g * og,)))
@@ -288,6 +335,10 @@ _INSTANCES: dict[str, Callable[[str], st.SearchStrategy[OpInstance]]] = {
     "split": _split,
     "slice": _slice,
     "broadcast": _broadcast,
+    "pad": _pad,
+    "where": _where,
+    "cast": _cast,
+    "top_k": _top_k,
     "transpose": _transpose,
     "reshape": _reshape,
     **dict.fromkeys(("embedding", "embedding_bag"), _embedding),

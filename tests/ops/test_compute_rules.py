@@ -69,6 +69,18 @@ def infer(op, *shapes, **params):
         ),
         ("conv2d", ("f32[2, 3, 8/2, 8]", "f32[5, 3, 1, 1] r2"), {}, "f32[2, 5, 8/2, 8]"),
         ("dropout", ("f32[8/2] r3(partial)",), {"rate": 0.5}, "f32[8/2] r3(partial)"),
+        # masks: a split mask picks from equally split operands; a broadcast one is copied
+        ("compare", ("f32[8/2, 4]", "f32[4] r2"), {"relation": "lt"}, "f32[8/2, 4]"),
+        ("where", ("f32[8/2, 4]", "f32[8/2, 4]", "f32[1] r2"), {}, "f32[8/2, 4]"),
+        ("cast", ("i64[8/2, 4]",), {"dtype": "f32"}, "f32[8/2, 4]"),
+        # a zero pad is linear; the unpadded dimensions split
+        (
+            "pad",
+            ("f32[8/2, 4] r2(partial)",),
+            {"low": (0, 1), "high": (0, 1)},
+            "f32[8/2, 6] r2(partial)",
+        ),
+        ("top_k", ("f32[8/4, 16]",), {"k": 2}, "f32[8/4, 2]"),
     ],
 )
 def test_legal_parallelizations(op, inputs, params, expected):
@@ -94,6 +106,17 @@ def test_legal_parallelizations(op, inputs, params, expected):
         ("conv2d", ("f32[1, 6/3, 5, 5]", "f32[6/3, 3, 3, 3]"), {"groups": 2}, "divisors of 2"),
         ("reduce_max", ("f32[4, 6/2]",), {"axes": (1,)}, "cannot split that dimension"),
         ("concat", ("f32[4/2]", "f32[4/2]"), {"axis": 0}, "cannot split that dimension"),
+        ("compare", ("f32[8] r2(partial)", "f32[8] r2"), {}, "not linear in x"),
+        ("where", ("f32[8]", "f32[8] r2(partial)", "f32[8]"), {}, "not linear in x"),
+        ("pad", ("f32[8/2, 4]",), {"low": (1, 0), "high": (0, 0)}, "the pad of a block"),
+        ("pad", ("f32[8] r2(partial)",), {"low": (1,), "high": (0,), "value": 1.0}, "not linear"),
+        ("top_k", ("f32[8, 16/2]",), {"k": 2}, "the k largest of a block"),
+        (
+            "conv2d",
+            ("f32[1, 2, 4/2, 4]", "f32[2, 2, 1, 1]"),
+            {"input_dilation": 2},
+            "transposed convolution",
+        ),
     ],
 )
 def test_illegal_parallelizations_say_what_to_do(op, inputs, params, message):
@@ -117,6 +140,12 @@ def test_illegal_parallelizations_say_what_to_do(op, inputs, params, message):
         ("layer_norm", ("f32[4, 5]", "f32[4]", "f32[5]"), {}, "gamma must be"),
         ("relu", ("i64[4]",), {}, "floating-point"),
         ("dropout", ("f32[4]",), {"rate": 1.0}, r"rate must be in \[0, 1\)"),
+        ("compare", ("i64[4]", "i64[4]"), {}, "floating-point"),
+        ("where", ("f32[4]", "f32[3]", "f32[4]"), {}, "do not broadcast"),
+        ("cast", ("f32[4]",), {"dtype": "i64"}, "floating-point dtype"),
+        ("pad", ("f32[4, 5]",), {"low": (1,), "high": (1,)}, "one entry per dimension"),
+        ("pad", ("f32[4]",), {"low": (-1,), "high": (0,)}, "negative pad is a slice"),
+        ("top_k", ("f32[4, 5]",), {"k": 6}, "exceeds the size 5"),
     ],
 )
 def test_shape_errors(op, inputs, params, message):
@@ -145,6 +174,9 @@ def test_flop_counts():
     )
     # conv: each output element costs 2 * (C/groups) * kh * kw
     assert counts("conv2d", "f32[1, 4, 5, 5]", "f32[6, 2, 3, 3]", groups=2)[0] == 2 * 54 * 2 * 9
+    # a transposed convolution (input dilated 2x2) counts the products with real pixels only
+    conv_t = counts("conv2d", "f32[1, 4, 5, 5]", "f32[6, 4, 3, 3]", input_dilation=2, padding=2)
+    assert conv_t[0] == 2 * (6 * 11 * 11) * 4 * 9 // 4
     out = 8 * 3
     assert counts("linear", "f32[8, 5]", "f32[5, 3]", "f32[3]", activation="relu")[0] == (
         2 * out * 5 + out + out
@@ -225,3 +257,41 @@ def test_a_reshapes_conditions_reject_another_factorization():
     assert not all(c.holds(((4, 6),), ((6, 4),)) for c in conditions)
     assert OPERATORS["matmul"].signature_conditions({}, ((2, 3), (3, 4)), ((2, 4),)) == ()
     assert OPERATORS["conv2d"].signature_conditions({}, (), ()) is None
+
+
+def _transposed_conv(x, w, stride, pad):
+    """PyTorch's ConvTranspose2d (groups 1) written out: every input pixel scatters its kernel
+    window, scaled, into the output; then the padding is cropped."""
+    n, _, h, wd = x.shape
+    _, o, kh, kw = w.shape
+    full = np.zeros((n, o, (h - 1) * stride + kh, (wd - 1) * stride + kw))
+    for i in range(h):
+        for j in range(wd):
+            patch = np.einsum("nc,cokl->nokl", x[:, :, i, j], w)
+            full[:, :, i * stride : i * stride + kh, j * stride : j * stride + kw] += patch
+    return full[:, :, pad : full.shape[2] - pad, pad : full.shape[3] - pad]
+
+
+@pytest.mark.parametrize(("stride", "pad"), [(2, 0), (2, 1), (3, 1), (1, 0)])
+def test_a_convolution_of_the_dilated_input_is_a_transposed_convolution(stride, pad):
+    rng = np.random.default_rng(stride * 10 + pad)
+    x, w = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((3, 2, 3, 3))
+    # the equivalent convolution: kernel flipped, its channels swapped, padding k - 1 - pad
+    flipped = np.ascontiguousarray(w[:, :, ::-1, ::-1].transpose(1, 0, 2, 3))
+    spec = get_op("conv2d")
+    params = spec.make_params({"input_dilation": stride, "padding": 3 - 1 - pad})
+    (y,) = spec.reference(params, x, flipped)
+    np.testing.assert_allclose(y, _transposed_conv(x, w, stride, pad), atol=1e-12)
+
+
+def test_top_k_takes_the_lower_position_among_equal_elements():
+    spec = get_op("top_k")
+    x = np.array([[1.0, 3.0, 3.0, 2.0, 3.0]])
+    values, indices = spec.reference(spec.make_params({"k": 3}, (S.parse("f32[1, 5]"),)), x)
+    assert values.tolist() == [[3.0, 3.0, 3.0]] and indices.tolist() == [[1, 2, 4]]
+
+
+def test_where_keeps_infinities_that_mask_arithmetic_would_turn_into_nan():
+    spec = get_op("where")
+    (y,) = spec.reference({}, np.array([1.0, 0.0]), np.array([2.0, 5.0]), np.array([-np.inf]))
+    assert y.tolist() == [2.0, -np.inf]
