@@ -398,8 +398,120 @@ def build_transformer_encoder():
     )
 
 
+def build_bert_masked():
+    from transformers import BertConfig, BertModel
+
+    cfg = BertConfig(
+        vocab_size=100,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=32,
+        type_vocab_size=2,
+    )
+    seq = 16
+    model = _hf_model(BertModel, cfg)
+    names = ["input_ids", "attention_mask", "token_type_ids"]
+    outputs = ["last_hidden_state", "pooler_output"]
+
+    def make_inputs(b, g):
+        # Padded sequences: row r keeps its first lengths[r] tokens (at least one), a second
+        # segment from a random point on.
+        lengths = torch.randint(seq // 2, seq + 1, (b,), generator=g)
+        mask = (torch.arange(seq)[None, :] < lengths[:, None]).to(torch.int64)
+        starts = torch.randint(1, seq, (b,), generator=g)
+        types = (torch.arange(seq)[None, :] >= starts[:, None]).to(torch.int64)
+        return {"input_ids": _ids(b, seq, cfg.vocab_size, g), "attention_mask": mask,
+                "token_type_ids": types}  # fmt: skip
+
+    return dict(
+        module=Wrapped("bert", model, names, outputs),
+        make_inputs=make_inputs,
+        outputs=outputs,
+        passed="input_ids, attention_mask (padded rows: int64 0/1) and token_type_ids",
+        config=cfg.to_diff_dict(),
+    )
+
+
+class ConvDecoder(nn.Module):
+    """An image decoder in plain torch.nn: transposed convolutions, nearest and bilinear
+    upsampling, an asymmetric pad and a dilated convolution (as U-Nets, segmentation heads and
+    GAN generators use them)."""
+
+    def __init__(self, channels=8):
+        super().__init__()
+        c = channels
+        self.stem = nn.Conv2d(3, c, 3, stride=2, padding=1)
+        self.up1 = nn.ConvTranspose2d(c, c, 3, stride=2, padding=1, output_padding=1)
+        self.up2 = nn.Upsample(scale_factor=2, mode="nearest")
+        self.mix = nn.Conv2d(c, c, 2)  # an even kernel: the pad below keeps the size
+        self.atrous = nn.Conv2d(c, c, 3, padding=2, dilation=2)
+        self.up3 = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
+        self.head = nn.ConvTranspose2d(c, 2, 4, stride=2, padding=1, groups=2)
+
+    def forward(self, image):
+        h = torch.relu(self.stem(image))
+        h = torch.relu(self.up1(h))
+        h = self.up2(h)
+        h = self.mix(nn.functional.pad(h, (0, 1, 0, 1)))
+        h = torch.relu(self.atrous(h)) + h
+        return self.head(self.up3(h))
+
+
+def build_conv_decoder():
+    return dict(
+        module=Wrapped("decoder", ConvDecoder(), ["image"], ["output"]),
+        make_inputs=lambda b, g: {"image": _pixels(b, 3, 8, g)},
+        outputs=["output"],
+        passed="image (float32, [batch, 3, 8, 8])",
+        config=dict(channels=8, image=8),
+    )
+
+
+class TopTwoMoE(nn.Module):
+    """A mixture-of-experts layer in plain torch.nn with GShard-style dense dispatch: a softmax
+    router picks each token's two best experts (torch.topk), whose one-hot rows (F.one_hot)
+    weight the experts' outputs."""
+
+    def __init__(self, d=32, experts=4, ffn=64):
+        super().__init__()
+        self.experts_n = experts
+        self.norm = nn.LayerNorm(d)
+        self.router = nn.Linear(d, experts, bias=False)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(d, ffn), nn.GELU(), nn.Linear(ffn, d)) for _ in range(experts)
+        )
+
+    def forward(self, tokens):
+        x = tokens
+        h = self.norm(x)
+        probs = self.router(h).softmax(-1)
+        top, chosen = probs.topk(2, dim=-1)
+        top = top / top.sum(-1, keepdim=True)
+        onehot = nn.functional.one_hot(chosen, self.experts_n).to(x.dtype)
+        gates = (onehot * top[..., None]).sum(-2)
+        out = x
+        for e, expert in enumerate(self.experts):
+            out = out + gates[..., e : e + 1] * expert(h)
+        return out
+
+
+def build_moe():
+    return dict(
+        module=Wrapped("moe", TopTwoMoE(), ["tokens"], ["output"]),
+        make_inputs=lambda b, g: {"tokens": torch.randn(b, 8, 32, generator=g)},
+        outputs=["output"],
+        passed="tokens (float32, [batch, 8, 32])",
+        config=dict(d=32, experts=4, ffn=64, top=2, sequence=8),
+    )
+
+
 SMALL = {
     "bert": build_bert,
+    "bert_masked": build_bert_masked,
+    "conv_decoder": build_conv_decoder,
+    "moe": build_moe,
     "gpt2": build_gpt2,
     "vit": build_vit,
     "bart": build_bart,

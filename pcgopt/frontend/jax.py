@@ -14,18 +14,28 @@ Flax module paths) and the primitive, e.g. ``layer1/dot_general``. Calls (``pjit
 one :class:`~pcgopt.FrontendError` that lists them all, with counts and first names.
 
 Integer arguments are indices (token ids, labels): non-negative, each bounded by the rows of
-the table it indexes. ``table[i]`` becomes an embedding; ``jax.nn.one_hot(i, n)`` a lookup in
-the identity; ``take_along_axis(x, i[..., None], -1)`` (a cross-entropy's pick of the label's
+the table it indexes. ``table[i]`` and ``jnp.take(x, i, axis)`` become embeddings (of the
+slices along the axis); ``jax.nn.one_hot(i, n)`` a lookup in the identity;
+``take_along_axis(x, i[..., None], -1)`` (a cross-entropy's pick of the label's
 log-probability) the sum of ``x`` times that one-hot, so a function that ends in its loss is
-imported with the loss. Integer arithmetic on indices is not held by the PCG: jnp's wrap of
-negative indices is dropped (they are non-negative), anything else that reads it is listed as
-unsupported. A ``where`` with a constant mask is exact arithmetic (``x * keep + fill``).
-Softmax, LayerNorm and GELU, which JAX writes out, are recognized as pcgopt's operators by
+imported with the loss. An integer argument cast to float is a mask (an attention mask): plans
+are checked with it drawn from {0, 1}. Integer arithmetic on indices is not held by the PCG:
+jnp's wrap of negative indices is dropped (they are non-negative), anything else that reads it
+is listed as unsupported.
+
+Booleans are 0/1 float masks: comparisons are ``compare``, ``jnp.where`` on a computed
+condition is ``where`` (on a constant one, exact arithmetic ``x * keep + fill``), and ``&``,
+``|``, ``~`` are exact arithmetic on masks. Also mapped: ``lax.top_k`` and ``argmax`` (a
+``top_k`` of one), ``jnp.pad`` (constant), transposed convolutions (input dilation) and SAME
+padding, gathers at constant positions along one axis (``jax.image.resize``'s nearest: a
+slice, a repeat or a product with their one-hot rows). Softmax, LayerNorm and GELU, which JAX
+writes out, are recognized as pcgopt's operators by
 :func:`~pcgopt.frontend.patterns.fuse_patterns`.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -35,17 +45,23 @@ import numpy as np
 from pcgopt.builder import PCGBuilder, Tensor
 from pcgopt.errors import FrontendError, PCGError
 from pcgopt.frontend.model import (
+    UNBOUNDED,
     ImportedModel,
+    Masks,
     UniqueNames,
     UnsupportedLog,
+    as_float,
     binary,
+    bind_integer_inputs,
     broadcast_to,
     identity_table,
+    lookup,
     masked,
+    pad_or_slice,
+    resample,
     reshape_to,
 )
 from pcgopt.frontend.patterns import fuse_patterns
-from pcgopt.graph import PCG, Node
 from pcgopt.shapes import DType
 
 __all__ = ["from_jax", "supported_primitives"]
@@ -58,8 +74,6 @@ _DTYPES = {
     "int32": DType.I32,
     "int64": DType.I64,
 }
-# An integer input's bound until the tables it indexes are known (from_jax then sets it).
-_UNBOUNDED = 2**31 - 1
 
 
 class _Unsupported(Exception):
@@ -74,11 +88,20 @@ _SKIPPED = _Skipped()
 
 
 class _Unrepresented:
-    """An integer value computed from indices, which the PCG does not hold: fine while nothing
-    reads it (jnp's wrap of negative indices, ``select_n(i < 0, i, i + n)``, discards it)."""
+    """An integer value computed from integer tensors, which the PCG does not hold: fine while
+    nothing reads it (jnp's wrap of negative indices, ``select_n(i < 0, i, i + n)``, discards
+    it). ``recipe``: the float arithmetic (``(op, operands, label)``) that computes it exactly
+    (below 2**24) where it must be held, as when an integer mask is multiplied with another
+    (Flax's ``make_attention_mask``) before it is cast to float."""
 
-    def __init__(self, why: str) -> None:
+    def __init__(self, why: str, recipe: tuple[str, list, str] | None = None) -> None:
         self.why = why
+        self.recipe = recipe
+        self.value: Tensor | None = None
+
+
+#: Integer arithmetic that an integer mask may go through, as pcgopt operators on floats.
+_INT_ARITHMETIC = {"mul": "mul", "add": "add", "sub": "sub", "max": "maximum"}
 
 
 class _OneHot:
@@ -91,9 +114,9 @@ class _OneHot:
 # Primitives that read integer tensors (indices) or the values above; every other one given an
 # integer tensor yields an unrepresented value.
 _INDEX_AWARE = frozenset(
-    {"gather", "eq", "lt", "le", "gt", "ge", "select_n", "broadcast_in_dim", "reshape",
-     "squeeze", "convert_element_type", "copy", "copy_p", "stop_gradient",
-     "optimization_barrier"}
+    {"gather", "eq", "ne", "lt", "le", "gt", "ge", "select_n", "broadcast_in_dim", "reshape",
+     "squeeze", "expand_dims", "slice", "transpose", "concatenate", "convert_element_type",
+     "copy", "copy_p", "stop_gradient", "optimization_barrier"}
 )  # fmt: skip
 
 
@@ -103,6 +126,9 @@ class _Importer:
         self.weights: dict[str, np.ndarray] = {}
         self.name = UniqueNames()
         self.unsupported = UnsupportedLog()
+        self.masks = Masks()
+        #: The equation being mapped (its handler may read the types of its operands).
+        self.eqn: Any = None
         self.counts: dict[str, int] = {}
         # id of a constant -> its Weight, and the constant (kept alive so the id stays its own).
         self.consts: dict[int, tuple[Tensor, Any]] = {}
@@ -111,7 +137,7 @@ class _Importer:
         if isinstance(v, Tensor):
             return v
         value = np.asarray(v)
-        if value.dtype.kind not in "f":
+        if value.dtype.kind not in "fb":
             raise _Unsupported(f"a {value.dtype} constant reaches a tensor operator")
         key = id(v)
         if key not in self.consts:
@@ -119,7 +145,41 @@ class _Importer:
             t = self.b.weight(shape, DType.F32, name=self.name(f"{owner}/const"), trainable=False)
             self.weights[t.ref.node] = value.astype(np.float32).reshape(shape)
             self.consts[key] = (t, v)
+            if value.dtype.kind == "b":
+                self.masks.add(t)  # a boolean constant: a 0/1 float mask
         return self.consts[key][0]
+
+    def as_float(self, v: Any) -> Any:
+        """Integer arithmetic (an :class:`_Unrepresented` with a recipe) held as float
+        operators on its operands cast to float; integer tensors cast; constants as floats."""
+        if isinstance(v, _OneHot):
+            raise _Unsupported("reads a boolean one-hot")
+        if isinstance(v, Tensor):
+            return as_float(self.b, v, self.name(f"{v.ref.node}/as_float"))
+        if not isinstance(v, _Unrepresented):
+            return np.asarray(v, np.float32)
+        if v.recipe is None:
+            raise _Unsupported(f"reads {v.why}")
+        if v.value is None:
+            op, operands, label = v.recipe
+            args = [self.as_float(a) for a in operands]
+            v.value = binary(
+                self.b,
+                op,
+                *args,
+                self.name(label),
+                scalar=_scalar,
+                tensor=lambda a, slot: self.tensor(a, label),
+            )
+        return v.value
+
+    def constants(self, owner: str) -> Callable[[np.ndarray, str], Tensor]:
+        """Tensors for the constants a handler adds (a zero to compare with)."""
+        return lambda value, role: self.tensor(np.asarray(value, np.float32), f"{owner}/{role}")
+
+    def in_dtype(self, k: int) -> np.dtype:
+        """The JAX type of operand ``k`` of the equation being mapped."""
+        return np.dtype(self.eqn.invars[k].aval.dtype)
 
     def run_jaxpr(self, jaxpr: Any, consts: Sequence[Any], args: Sequence[Any], scope: str) -> list:
         env: dict[Any, Any] = {}
@@ -145,7 +205,9 @@ class _Importer:
             elif all(_is_constant(x) for x in ins) and prim not in _CALLS:
                 outs = self._fold(eqn, ins, label)
             elif prim not in _CALLS and prim not in _INDEX_AWARE and any(map(_is_index, ins)):
-                outs = [_Unrepresented(f"{prim} of integer tensors")] * len(eqn.outvars)
+                op = _INT_ARITHMETIC.get(prim)
+                recipe = (op, ins, label) if op and len(eqn.outvars) == 1 else None
+                outs = [_Unrepresented(f"{prim} of integer tensors", recipe)] * len(eqn.outvars)
             else:
                 outs = self._map(eqn, prim, ins, label, where)
             for var, out in zip(eqn.outvars, outs, strict=True):
@@ -166,6 +228,12 @@ class _Importer:
         if prim in _CALLS:
             inner, consts = _CALLS[prim](eqn.params)
             return self.run_jaxpr(inner, consts, ins, where)
+        if prim != "select_n" and any(isinstance(x, _Unrepresented) and x.recipe for x in ins):
+            try:
+                ins = [self.as_float(x) if isinstance(x, _Unrepresented) else x for x in ins]
+            except _Unsupported as e:
+                self.unsupported.add(prim, label, str(e))
+                return [_SKIPPED] * len(eqn.outvars)
         odd = [x for x in ins if isinstance(x, _Unrepresented | _OneHot)]
         if odd and not (prim == "select_n" or (prim == "convert_element_type" and ins == odd)):
             why = odd[0].why if isinstance(odd[0], _Unrepresented) else "a boolean one-hot"
@@ -175,8 +243,11 @@ class _Importer:
         if handler is None:
             self.unsupported.add(prim, label)
             return [_SKIPPED] * len(eqn.outvars)
+        self.eqn = eqn
         try:
             out = handler(self, eqn.params, ins, self.name(label))
+            if prim in _MOVES and ins:
+                self.masks.follow(ins[0], out)
         except _Unsupported as e:
             self.unsupported.add(prim, label, str(e))
             return [_SKIPPED] * len(eqn.outvars)
@@ -185,6 +256,13 @@ class _Importer:
                 f"JAX equation {label!r} ({prim}): {e.message}", node=label
             ) from None
         return list(out) if isinstance(out, list) else [out]
+
+
+#: Primitives whose output holds elements of their first operand: a mask's stay masks.
+_MOVES = frozenset(
+    {"broadcast_in_dim", "reshape", "squeeze", "transpose", "slice", "expand_dims", "copy",
+     "copy_p", "convert_element_type", "pad"}
+)  # fmt: skip
 
 
 def _closed(params: dict, key: str) -> tuple[Any, Sequence[Any]]:
@@ -266,12 +344,18 @@ def _convert(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
         return imp.b.embedding(flat, eye, name=name)
     if isinstance(ins[0], _OneHot):
         raise _Unsupported("a one-hot converted to a non-float type")
+    if isinstance(ins[0], _Unrepresented):
+        raise _Unsupported(f"reads {ins[0].why}")
     x = imp.tensor(ins[0], name)
-    if x.shape.dtype.is_integer and kind in "iu":
+    source = imp.in_dtype(0).kind
+    if kind == "b":
+        return imp.masks.of(imp.b, x, name, imp.constants(name))
+    if kind == "f":
+        # Integers become floats; a float or a boolean (a 0/1 float of the PCG) stays.
+        return as_float(imp.b, x, name) if source in "iu" else x
+    if source in "iu" and kind in "iu":
         return x  # an index stays an index
-    if kind != "f" or x.shape.dtype.is_integer:
-        raise _Unsupported("only conversions between float types of a traced tensor")
-    return x
+    raise _Unsupported(f"a conversion of {np.dtype(imp.in_dtype(0))} to {p['new_dtype']}")
 
 
 _HANDLERS["convert_element_type"] = _convert
@@ -331,10 +415,21 @@ _HANDLERS["pow"] = _pow
 
 def _select_n(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
     # cases[pred]: with a constant predicate (a mask, or a guard such as jnp.var's against a
-    # zero count) it is a choice made now, or a masked tensor.
+    # zero count) it is a choice made now, or a masked tensor; with a computed boolean one, a
+    # where (jnp.where, masked_fill).
     pred, cases = ins[0], ins[1:]
     if not _is_constant(pred):
-        raise _Unsupported("only a constant predicate")
+        if len(cases) != 2 or imp.in_dtype(0).kind != "b":
+            raise _Unsupported("a computed predicate that is not a boolean of two cases")
+        if any(
+            isinstance(c, _Unrepresented | _OneHot)
+            or (isinstance(c, Tensor) and c.shape.dtype.is_integer)
+            for c in cases
+        ):
+            raise _Unsupported("a choice between integers (index arithmetic)")
+        mask = imp.masks.of(imp.b, imp.tensor(pred, name), f"{name}/cond", imp.constants(name))
+        chosen = [imp.tensor(c, f"{name}/case{k}") for k, c in ((1, cases[1]), (0, cases[0]))]
+        return imp.b.where(mask, *chosen, name=name)
     pred = np.asarray(pred).astype(np.int64)
     if np.all(pred == pred.flat[0]):
         chosen = cases[int(pred.flat[0])]
@@ -343,6 +438,9 @@ def _select_n(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
         return chosen if isinstance(chosen, Tensor) else imp.tensor(chosen, name)
     traced = [k for k, c in enumerate(cases) if isinstance(c, Tensor)]
     if len(cases) != 2 or len(traced) != 1:
+        if len(cases) == 2 and len(traced) == 2:
+            keep = imp.tensor((pred == 1).astype(np.float32), f"{name}/cond")
+            return imp.b.where(imp.masks.add(keep), cases[1], cases[0], name=name)
         raise _Unsupported("only where(constant mask, tensor, constant)")
     (k,) = traced
     return masked(
@@ -359,34 +457,65 @@ _HANDLERS["select_n"] = _select_n
 
 
 def _compare(op: str) -> Handler:
-    # Integer inputs are indices: non-negative (the embedding they feed checks its range), so
-    # jnp's test for negative indices is a constant. One-hot encodings compare with an iota.
     def handle(imp: _Importer, p: dict, ins: list, name: str) -> Any:
         a, b = ins
-        flipped = not isinstance(a, Tensor)
-        t, c = (b, a) if flipped else (a, b)
-        if not isinstance(t, Tensor) or not t.shape.dtype.is_integer:
-            raise _Unsupported("comparisons other than of indices")
-        c = np.asarray(c)
-        rel = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}.get(op, op) if flipped else op
-        if c.size == 1 and float(c.reshape(())) == 0 and rel in ("lt", "ge"):
-            return np.full(t.shape.sizes, rel == "ge")
-        n = c.shape[-1] if c.ndim else 0
-        if (
-            rel == "eq"
-            and t.shape.sizes[-1:] == (1,)
-            and n > 1
-            and c.size == n
-            and np.array_equal(c.reshape(-1), np.arange(n))
-        ):
-            return _OneHot(t, n)
-        raise _Unsupported("comparisons of indices other than i < 0 and one-hot encodings")
+        if any(isinstance(v, Tensor) and v.shape.dtype.is_integer for v in ins):
+            index = _index_comparison(op, a, b)
+            if index is not None:
+                return index
+        # Floats, or integers compared as floats (exact below 2**24): a mask.
+        x, y = (
+            as_float(imp.b, v, f"{name}/{k}")
+            if isinstance(v, Tensor)
+            else imp.tensor(np.asarray(v, np.float32), name)
+            for k, v in enumerate(ins)
+        )
+        return imp.masks.add(imp.b.compare(x, y, relation=op, name=name))
 
     return handle
 
 
-for _prim in ("eq", "lt", "le", "gt", "ge"):
+def _index_comparison(op: str, a: Any, b: Any) -> Any:
+    """What a comparison of indices means where it is a pattern of jnp's: indices are
+    non-negative (the embedding they feed checks its range), so the test for negative ones is
+    a constant; a one-hot encoding compares them with an iota. None for any other."""
+    flipped = not isinstance(a, Tensor)
+    t, c = (b, a) if flipped else (a, b)
+    if not isinstance(t, Tensor) or not _is_constant(c):
+        return None
+    c = np.asarray(c)
+    rel = {"lt": "gt", "gt": "lt", "le": "ge", "ge": "le"}.get(op, op) if flipped else op
+    if c.size == 1 and float(c.reshape(())) == 0 and rel in ("lt", "ge"):
+        return np.full(t.shape.sizes, rel == "ge")
+    n = c.shape[-1] if c.ndim else 0
+    if (
+        rel == "eq"
+        and t.shape.sizes[-1:] == (1,)
+        and n > 1
+        and c.size == n
+        and np.array_equal(c.reshape(-1), np.arange(n))
+    ):
+        return _OneHot(t, n)
+    return None
+
+
+for _prim in ("eq", "ne", "lt", "le", "gt", "ge"):
     _HANDLERS[_prim] = _compare(_prim)
+
+
+def _logical(op: str) -> Handler:
+    def handle(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
+        if imp.in_dtype(0).kind != "b":
+            raise _Unsupported(f"bitwise {op} of integers")
+        x, *rest = (imp.tensor(v, f"{name}/{k}") for k, v in enumerate(ins))
+        y = rest[0] if rest else None
+        return imp.masks.logical(imp.b, op, x, y, name, imp.constants(name))
+
+    return handle
+
+
+for _prim in ("not", "and", "or", "xor"):
+    _HANDLERS[_prim] = _logical(_prim)
 
 
 def _identity_table(n: int) -> np.ndarray:
@@ -396,23 +525,48 @@ def _identity_table(n: int) -> np.ndarray:
         raise _Unsupported(str(e)) from None
 
 
+def _sizes(v: Any) -> tuple[int, ...]:
+    return v.shape.sizes if isinstance(v, Tensor) else tuple(np.shape(v))
+
+
 def _gather(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
     table, idx = ins
-    if not isinstance(idx, Tensor) or not idx.shape.dtype.is_integer:
-        raise _Unsupported("gathers at constant indices")
-    table = imp.tensor(table, name)
     dn = p["dimension_numbers"]
+    out_shape = tuple(imp.eqn.outvars[0].aval.shape)
+    if isinstance(idx, _Unrepresented | _OneHot):
+        raise _Unsupported("a gather at indices computed by integer arithmetic")
+    table = imp.tensor(table, name)
     rank = table.shape.rank
+    single = (
+        tuple(dn.start_index_map) == tuple(dn.collapsed_slice_dims)
+        and len(dn.start_index_map) == 1
+        and _sizes(idx)[-1:] == (1,)
+        and not dn.operand_batching_dims
+    )
+    if single:
+        axis = dn.start_index_map[0]
+        whole = tuple(1 if d == axis else s for d, s in enumerate(table.shape.sizes))
+        lead = _sizes(idx)[:-1]
+        if tuple(p["slice_sizes"]) == whole and out_shape == (
+            *table.shape.sizes[:axis],
+            *lead,
+            *table.shape.sizes[axis + 1 :],
+        ):
+            if not isinstance(idx, Tensor):
+                # Constant positions (a nearest-neighbour resize): a product with their
+                # one-hot rows, a slice or a repeat where they are one.
+                at = np.asarray(idx).reshape(-1).astype(np.int64) % table.shape.sizes[axis]
+                picked = np.eye(table.shape.sizes[axis], dtype=np.float32)[at]
+                y = resample(imp.b, table, picked, axis, f"{name}/rows", imp.constants(name))
+                return reshape_to(imp.b, y, out_shape, name)
+            if idx.shape.dtype.is_integer:
+                # table[i], jnp.take(x, i, axis): slices at integer indices, an embedding.
+                flat = reshape_to(imp.b, idx, lead or (1,), f"{name}/indices")
+                return reshape_to(imp.b, lookup(imp.b, table, flat, axis, name), out_shape, name)
+    if not isinstance(idx, Tensor) or not idx.shape.dtype.is_integer:
+        raise _Unsupported("gathers at constant indices other than along one axis")
     lead = idx.shape.sizes[:-1]
-    if idx.shape.sizes[-1:] != (1,) or tuple(dn.start_index_map) != (dn.collapsed_slice_dims):
-        raise _Unsupported("gathers of more than one index per lookup")
-    axis = dn.start_index_map[0]
-    if rank == 2 and axis == 0 and not dn.operand_batching_dims:
-        # table[i]: rows of a table, an embedding.
-        if tuple(p["slice_sizes"]) != (1, table.shape.sizes[1]):
-            raise _Unsupported("gathers of partial rows")
-        flat = reshape_to(imp.b, idx, lead, f"{name}/indices")
-        return imp.b.embedding(flat, table, name=name)
+    axis = dn.start_index_map[0] if dn.start_index_map else -1
     batch = table.shape.sizes[:-1]
     if (
         axis == rank - 1
@@ -429,7 +583,9 @@ def _gather(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
         )
         picked = imp.b.mul(table, onehot, name=f"{name}/pick")
         return imp.b.reduce_sum(picked, axes=(rank - 1,), keepdims=True, name=name)
-    raise _Unsupported("gathers other than table rows and take_along_axis on the last axis")
+    raise _Unsupported(
+        "gathers other than slices along one axis and take_along_axis on the last axis"
+    )
 
 
 _HANDLERS["gather"] = _gather
@@ -438,7 +594,8 @@ _HANDLERS["gather"] = _gather
 def _reduce(op: str) -> Handler:
     def handle(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
         x = imp.tensor(ins[0], name)
-        return imp.b.apply(op, x, axes=tuple(p["axes"]), keepdims=False, name=name)
+        axes = tuple(int(a) for a in p["axes"])
+        return imp.b.apply(op, x, axes=axes, keepdims=False, name=name)
 
     return handle
 
@@ -527,24 +684,32 @@ _HANDLERS["split"] = _split
 
 
 def _dot_general(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
+    # Any contraction: the operands laid out as (batch, free, contracted) and (batch,
+    # contracted, free), several free or contracted dimensions merged into one (Flax's
+    # LinearGeneral and attention projections keep a heads dimension), then a (batched) matmul.
     (lc, rc), (lb, rb) = p["dimension_numbers"]
     a, b = imp.tensor(ins[0], name), imp.tensor(ins[1], name)
-    if len(lc) != 1:
-        raise _Unsupported("contraction over several dimensions")
-    ra, rb_ = a.shape.rank, b.shape.rank
-    a_free = [d for d in range(ra) if d not in (*lb, *lc)]
-    b_free = [d for d in range(rb_) if d not in (*rb, *rc)]
-    if not lb:
-        if len(b_free) != 1:
-            raise _Unsupported("a product whose right operand keeps several dimensions")
-        a = _permute(imp, a, (*a_free, lc[0]), f"{name}/lhs")
-        b = _permute(imp, b, (rc[0], b_free[0]), f"{name}/rhs")
-        return imp.b.matmul(a, b, name=name)
-    if len(a_free) != 1 or len(b_free) != 1:
-        raise _Unsupported("a batched product with several free dimensions")
-    a = _permute(imp, a, (*lb, a_free[0], lc[0]), f"{name}/lhs")
-    b = _permute(imp, b, (*rb, rc[0], b_free[0]), f"{name}/rhs")
-    return imp.b.batch_matmul(a, b, name=name)
+    sa, sb = a.shape.sizes, b.shape.sizes
+    a_free = [d for d in range(len(sa)) if d not in (*lb, *lc)]
+    b_free = [d for d in range(len(sb)) if d not in (*rb, *rc)]
+    batch = tuple(sa[d] for d in lb)
+    k = math.prod(sa[d] for d in lc)
+    m, n = math.prod(sa[d] for d in a_free), math.prod(sb[d] for d in b_free)
+    out = (*batch, *(sa[d] for d in a_free), *(sb[d] for d in b_free))
+    a = _permute(imp, a, (*lb, *a_free, *lc), f"{name}/lhs")
+    b = _permute(imp, b, (*rb, *rc, *b_free), f"{name}/rhs")
+    if batch:
+        a = reshape_to(imp.b, a, (*batch, m, k), f"{name}/lhs_merged")
+        b = reshape_to(imp.b, b, (*batch, k, n), f"{name}/rhs_merged")
+        product = (*batch, m, n)
+    else:
+        lead = tuple(sa[d] for d in a_free) or (1,)
+        a = reshape_to(imp.b, a, (*lead, k), f"{name}/lhs_merged")
+        b = reshape_to(imp.b, b, (k, n), f"{name}/rhs_merged")
+        product = (*lead, n)
+    op = "batch_matmul" if batch else "matmul"
+    y = imp.b.apply(op, a, b, name=name if product == out else f"{name}/product")
+    return reshape_to(imp.b, y, out, name)  # type: ignore[arg-type]
 
 
 def _permute(imp: _Importer, x: Tensor, perm: tuple[int, ...], name: str) -> Tensor:
@@ -558,56 +723,90 @@ _HANDLERS["dot_general"] = _dot_general
 
 def _conv(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
     dn = p["dimension_numbers"]
-    if (tuple(dn.lhs_spec), tuple(dn.rhs_spec), tuple(dn.out_spec)) != (
-        (0, 1, 2, 3),
-        (0, 1, 2, 3),
-        (0, 1, 2, 3),
-    ):
-        raise _Unsupported("convolutions other than NCHW x OIHW")
-    if any(d != 1 for d in p["lhs_dilation"]):
-        raise _Unsupported("input dilation (a transposed convolution)")
-    pads = p["padding"]
-    if any(lo != hi for lo, hi in pads) or p.get("batch_group_count", 1) != 1:
-        raise _Unsupported("asymmetric padding or batch groups")
-    return imp.b.conv2d(
-        imp.tensor(ins[0], name),
-        imp.tensor(ins[1], name),
-        stride=tuple(p["window_strides"]),
-        padding=(pads[0][0], pads[1][0]),
+    if len(dn.lhs_spec) != 4:
+        raise _Unsupported(f"{len(dn.lhs_spec) - 2}-D convolution (pcgopt has conv2d)")
+    if p.get("batch_group_count", 1) != 1:
+        raise _Unsupported("batch groups")
+    # Other layouts (Flax's NHWC and HWIO) are transposed to NCHW and OIHW, and back.
+    x = _permute(imp, imp.tensor(ins[0], name), tuple(dn.lhs_spec), f"{name}/to_nchw")
+    w = _permute(imp, imp.tensor(ins[1], name), tuple(dn.rhs_spec), f"{name}/to_oihw")
+    back = tuple(int(d) for d in np.argsort(dn.out_spec))
+    nchw_name = name if back == (0, 1, 2, 3) else f"{name}/nchw"
+    pads = [tuple(int(v) for v in pair) for pair in p["padding"]]
+    spread = tuple(p["lhs_dilation"])
+    strides = tuple(p["window_strides"])
+    padding = tuple(min(lo, hi) for lo, hi in pads)
+    crop = False
+    if spread == (1, 1):
+        # Asymmetric padding (SAME with an even window): the rest is a pad of the input.
+        low = [0, 0, *(lo - m for (lo, _), m in zip(pads, padding, strict=True))]
+        high = [0, 0, *(hi - m for (_, hi), m in zip(pads, padding, strict=True))]
+        x = pad_or_slice(imp.b, x, low, high, 0.0, f"{name}/pad")
+        padding = tuple(max(m, 0) for m in padding)
+    elif any(lo != hi or lo < 0 for lo, hi in pads):
+        # A transposed convolution (input dilation): padding the larger side on both and
+        # cropping the output is exact when the window moves one element at a time.
+        if strides != (1, 1):
+            raise _Unsupported("asymmetric padding of a dilated input with a stride")
+        padding, crop = tuple(max(lo, hi, 0) for lo, hi in pads), True
+    y = imp.b.conv2d(
+        x,
+        w,
+        stride=strides,
+        padding=padding,
         groups=p["feature_group_count"],
         dilation=tuple(p["rhs_dilation"]),
-        name=name,
+        input_dilation=spread,
+        name=f"{nchw_name}/conv" if crop else nchw_name,
     )
+    if crop:
+        low = [0, 0, *(lo - m for (lo, _), m in zip(pads, padding, strict=True))]
+        high = [0, 0, *(hi - m for (_, hi), m in zip(pads, padding, strict=True))]
+        y = pad_or_slice(imp.b, y, low, high, 0.0, nchw_name)
+    return _permute(imp, y, back, name)
 
 
 _HANDLERS["conv_general_dilated"] = _conv
 
 
-def _bound_indices(pcg: PCG) -> PCG:
-    """Integer inputs bounded by the rows of the tables they index (through layout ops)."""
-    by_name = {n.name: n for n in pcg.nodes}
-    bounds: dict[str, int] = {}
-    for n in pcg.nodes:
-        if n.op != "embedding":
-            continue
-        src = by_name[n.inputs[0].node]
-        while src.op in ("reshape", "broadcast", "transpose", "slice", "concat"):
-            src = by_name[src.inputs[0].node]
-        rows = pcg.shape(n.inputs[1]).sizes[0]
-        bounds[src.name] = min(bounds.get(src.name, rows), rows)
-    nodes = []
-    for n in pcg.nodes:
-        if n.op == "input" and n.params["dtype"].is_integer:
-            if n.name not in bounds:
-                raise FrontendError(
-                    f"input {n.name!r} holds integers but is not used as indices into a table "
-                    "(an embedding, a one-hot or take_along_axis); pcgopt needs integer inputs "
-                    "to be lookups",
-                    node=n.name,
-                )
-            n = Node(n.name, n.op, n.inputs, {**n.params, "max_value": bounds[n.name]})
-        nodes.append(n)
-    return PCG(nodes, pcg.outputs)
+def _pad(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
+    value = _scalar(ins[1])
+    if value is None:
+        raise _Unsupported("a padding value computed from the inputs")
+    config = [tuple(int(v) for v in c) for c in p["padding_config"]]
+    if any(interior for _, _, interior in config):
+        raise _Unsupported("interior padding")
+    low, high = [lo for lo, _, _ in config], [hi for _, hi, _ in config]
+    return pad_or_slice(imp.b, imp.tensor(ins[0], name), low, high, value, name)
+
+
+_HANDLERS["pad"] = _pad
+
+
+def _top_k(imp: _Importer, p: dict, ins: list, name: str) -> list[Tensor]:
+    x = imp.tensor(ins[0], name)
+    axis = int(p.get("axis", x.shape.rank - 1))
+    return list(imp.b.top_k(x, k=int(p["k"]), axis=axis, name=name))
+
+
+_HANDLERS["top_k"] = _top_k
+
+
+def _arg(largest: bool) -> Handler:
+    def handle(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
+        x = imp.tensor(ins[0], name)
+        axis = int(p["axes"][0])
+        if not largest:
+            x = imp.b.neg(x, name=f"{name}/neg")
+        _, indices = imp.b.top_k(x, k=1, axis=axis, name=f"{name}/top_k")
+        sizes = tuple(s for d, s in enumerate(x.shape.sizes) if d != axis)
+        return reshape_to(imp.b, indices, sizes, name)
+
+    return handle
+
+
+_HANDLERS["argmax"] = _arg(True)
+_HANDLERS["argmin"] = _arg(False)
 
 
 def _argument_names(fn: Callable[..., Any], count: int) -> list[str]:
@@ -635,6 +834,8 @@ def _leaves(tree: Any, prefix: str) -> list[tuple[str, Any]]:
     out = []
     for path, leaf in flat:
         parts = []
+        if path and getattr(path[-1], "name", None) == "value":
+            path = path[:-1]  # a Flax Variable's array: named after the variable
         for key in path:
             k = getattr(key, "key", getattr(key, "idx", getattr(key, "name", key)))
             parts.append(str(k))
@@ -688,7 +889,7 @@ def from_jax(
                 t = imp.b.weight(shape, dtype, name=name)
                 imp.weights[name] = value.reshape(shape)
             else:
-                bound = _UNBOUNDED if dtype.is_integer else None
+                bound = UNBOUNDED if dtype.is_integer else None
                 t = imp.b.input(shape, dtype, name=name, max_value=bound)
                 inputs[name] = (shape, value.dtype)
             args.append(t)
@@ -700,7 +901,7 @@ def from_jax(
         if not isinstance(o, Tensor):
             raise FrontendError(f"output {k} of the function does not depend on its inputs")
         tensors.append(o)
-    pcg = _bound_indices(imp.b.build(*tensors))
+    pcg = bind_integer_inputs(imp.b.build(*tensors))
     pcg, weights, fused = fuse_patterns(pcg, imp.weights)
     return ImportedModel(
         pcg,

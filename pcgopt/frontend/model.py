@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,7 @@ import numpy as np
 from pcgopt.builder import PCGBuilder, Tensor
 from pcgopt.errors import FrontendError
 from pcgopt.evaluate import evaluate
-from pcgopt.graph import PCG
+from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.ops import OpKind
 
 
@@ -126,6 +127,79 @@ def identity_table(n: int, off: float = 0.0, on: float = 1.0) -> np.ndarray:
     return (off + (on - off) * np.eye(n)).astype(np.float32)
 
 
+def lookup(b: PCGBuilder, data: Tensor, indices: Tensor, axis: int, name: str) -> Tensor:
+    """The slices of ``data`` along ``axis`` at integer ``indices`` (ONNX's Gather,
+    ``jnp.take``), of shape ``data[:axis] + indices + data[axis+1:]``: an embedding whose rows
+    are those slices. Exact, and split like any lookup."""
+    rank, sizes = data.shape.rank, data.shape.sizes
+    axis %= rank
+    rest = (*sizes[:axis], *sizes[axis + 1 :])
+    table = data
+    if axis != 0:
+        order = (axis, *(d for d in range(rank) if d != axis))
+        table = b.transpose(table, perm=order, name=f"{name}/slices")
+    table = reshape_to(b, table, (sizes[axis], math.prod(rest)), f"{name}/table")
+    lead = indices.shape.sizes
+    moves = axis != 0
+    flat = (*lead, math.prod(rest))
+    shaped = (*lead, *rest)
+    rows = b.embedding(
+        indices, table, name=name if flat == shaped and not moves else f"{name}/rows"
+    )
+    out = reshape_to(b, rows, shaped, name if not moves else f"{name}/reshape")
+    if not moves:
+        return out
+    # From indices + data[:axis] + data[axis+1:] to data[:axis] + indices + data[axis+1:].
+    n = len(lead)
+    order = (*(n + j for j in range(axis)), *range(n), *(n + j for j in range(axis, rank - 1)))
+    return b.transpose(out, perm=order, name=name)
+
+
+def resample(
+    b: PCGBuilder, x: Tensor, matrix: np.ndarray, axis: int, name: str, constant: Constant
+) -> Tensor:
+    """``x`` with dimension ``axis`` mapped by ``matrix`` (out x in): element o of the result
+    is ``sum_i matrix[o, i] x[..., i, ...]``, a resize along one axis. A whole-number repeat
+    (nearest-neighbour upsampling) is a reshape and a broadcast, a run of consecutive rows a
+    slice; anything else a product with the matrix (a constant)."""
+    out_n, in_n = matrix.shape
+    sizes = x.shape.sizes
+    rows = np.flatnonzero(matrix[0]) if matrix.size else ()
+    if len(rows) == 1 and rows[0] + out_n <= in_n:
+        start = int(rows[0])
+        if np.array_equal(matrix, np.eye(in_n)[start : start + out_n]):
+            return b.slice(x, axis=axis, start=start, stop=start + out_n, name=name)
+    if out_n % in_n == 0 and np.array_equal(matrix, np.repeat(np.eye(in_n), out_n // in_n, 0)):
+        spread = reshape_to(b, x, (*sizes[: axis + 1], 1, *sizes[axis + 1 :]), f"{name}/spread")
+        repeated = (*sizes[: axis + 1], out_n // in_n, *sizes[axis + 1 :])
+        y = broadcast_to(b, spread, repeated, f"{name}/repeat")
+        return reshape_to(b, y, (*sizes[:axis], out_n, *sizes[axis + 1 :]), name)
+    last = x.shape.rank - 1
+    swap = tuple(last if d == axis else axis if d == last else d for d in range(last + 1))
+    if axis != last:
+        x = b.transpose(x, perm=swap, name=f"{name}/to_last")
+    weights = constant(np.ascontiguousarray(matrix.T, dtype=np.float32), "resample")
+    y = b.matmul(x, weights, name=name if axis == last else f"{name}/matmul")
+    return y if axis == last else b.transpose(y, perm=swap, name=name)
+
+
+def pad_or_slice(
+    b: PCGBuilder, x: Tensor, low: Sequence[int], high: Sequence[int], value: float, name: str
+) -> Tensor:
+    """``x`` padded with ``value`` by ``low[k]`` before and ``high[k]`` after each dimension k
+    (ONNX's Pad, ``lax.pad``); negative amounts cut elements off instead (a slice)."""
+    for axis, (lo, hi) in enumerate(zip(low, high, strict=True)):
+        if lo < 0 or hi < 0:
+            size = x.shape.sizes[axis]
+            x = b.slice(
+                x, axis=axis, start=max(-lo, 0), stop=size - max(-hi, 0), name=f"{name}/cut{axis}"
+            )
+    low, high = tuple(max(v, 0) for v in low), tuple(max(v, 0) for v in high)
+    if not any(low) and not any(high):
+        return x
+    return b.pad(x, low=low, high=high, value=value, name=name)
+
+
 def masked(
     b: PCGBuilder,
     x: Tensor,
@@ -171,6 +245,117 @@ def binary(
         if c == -np.inf:
             return t
     return b.apply(op, tensor(x, 0), tensor(y, 1), name=name)  # type: ignore[return-value]
+
+
+#: ``constant(value, role)``: an importer's tensor for a constant it adds.
+Constant = Callable[[np.ndarray, str], Tensor]
+
+
+class Masks:
+    """The tensors of an import that hold 0/1 masks: a comparison's result, and what logical
+    operators and layout operators make of masks. A boolean of the source is such a float
+    tensor of the PCG (:mod:`pcgopt.ops.elementwise`), so a cast of one to bool adds nothing."""
+
+    def __init__(self) -> None:
+        self.refs: set[TensorRef] = set()
+
+    def add(self, t: Tensor) -> Tensor:
+        self.refs.add(t.ref)
+        return t
+
+    def __contains__(self, t: object) -> bool:
+        return isinstance(t, Tensor) and t.ref in self.refs
+
+    def follow(self, source: Any, outputs: Any) -> None:
+        """Marks ``outputs`` (a re-laid-out ``source``: reshaped, broadcast, transposed,
+        sliced) as masks when ``source`` is one."""
+        if source in self:
+            for t in outputs if isinstance(outputs, list | tuple) else [outputs]:
+                if isinstance(t, Tensor):
+                    self.add(t)
+
+    def of(self, b: PCGBuilder, x: Tensor, name: str, constant: Constant) -> Tensor:
+        """``x != 0`` as a mask (``x`` itself when it is one): a cast to bool.
+        ``constant(value, role)`` makes a tensor of a constant."""
+        if x in self:
+            return x
+        x = as_float(b, x, name)
+        zero = constant(np.zeros(1, np.float32), "zero")
+        return self.add(b.compare(x, zero, relation="ne", name=name))
+
+    def logical(
+        self, b: PCGBuilder, op: str, x: Tensor, y: Tensor | None, name: str, constant: Constant
+    ) -> Tensor:
+        """``op`` (and, or, xor, not) of masks, as exact arithmetic on 0/1 tensors."""
+        x = self.of(b, x, f"{name}/x", constant)
+        if op == "not":
+            zero = constant(np.zeros(1, np.float32), "zero")
+            return self.add(b.compare(x, zero, relation="eq", name=name))
+        if y is None:
+            raise ValueError(f"{op} takes two masks")
+        y = self.of(b, y, f"{name}/y", constant)
+        if op == "and":
+            return self.add(b.mul(x, y, name=name))
+        if op == "or":
+            return self.add(b.maximum(x, y, name=name))
+        return self.add(b.compare(x, y, relation="ne", name=name))
+
+
+def as_float(b: PCGBuilder, x: Tensor, name: str) -> Tensor:
+    """``x`` as floats: integers (an integer attention mask, token ids compared with a pad id)
+    are cast; floats are ``x`` itself."""
+    if not x.shape.dtype.is_integer:
+        return x
+    return b.cast(x, dtype="f32", name=f"{name}/float")
+
+
+#: Random values of an integer input that is not an index but only enters arithmetic (an
+#: attention mask cast to float) are drawn from [0, MASK_BOUND) when plans are checked.
+MASK_BOUND = 2
+
+#: Operators that move integers without changing them (an index reshaped or broadcast).
+_INDEX_LAYOUT = ("reshape", "broadcast", "transpose", "slice", "concat")
+
+
+def bind_integer_inputs(pcg: PCG) -> PCG:
+    """``pcg`` with the bound (``max_value``) of every integer input set from its use: the rows
+    of the tables it indexes (through layout operators), else :data:`MASK_BOUND` when it is
+    cast to float. Raises FrontendError for an integer input used neither way."""
+    by_name = {n.name: n for n in pcg.nodes}
+
+    def origin(ref: TensorRef) -> Node:
+        src = by_name[ref.node]
+        while src.op in _INDEX_LAYOUT:
+            src = by_name[src.inputs[0].node]
+        return src
+
+    bounds: dict[str, int] = {}
+    cast: set[str] = set()
+    for n in pcg.nodes:
+        if n.op in ("embedding", "embedding_bag"):
+            src = origin(n.inputs[0])
+            rows = pcg.shape(n.inputs[1]).sizes[0]
+            bounds[src.name] = min(bounds.get(src.name, rows), rows)
+        elif n.op == "cast":
+            cast.add(origin(n.inputs[0]).name)
+    nodes = []
+    for n in pcg.nodes:
+        if n.op == "input" and n.params["dtype"].is_integer:
+            bound = bounds.get(n.name, MASK_BOUND if n.name in cast else None)
+            if bound is None:
+                raise FrontendError(
+                    f"input {n.name!r} holds integers but is neither used as indices into a "
+                    "table (an embedding, a one-hot, take_along_axis) nor cast to float; "
+                    "pcgopt holds integer inputs as lookups or masks",
+                    node=n.name,
+                )
+            n = Node(n.name, n.op, n.inputs, {**n.params, "max_value": bound})
+        nodes.append(n)
+    return PCG(nodes, pcg.outputs)
+
+
+#: An integer input's bound until its uses are known (:func:`bind_integer_inputs` sets it).
+UNBOUNDED = 2**31 - 1
 
 
 class UnsupportedLog:

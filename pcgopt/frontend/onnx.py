@@ -17,6 +17,16 @@ How a graph is read, node by node in the graph's order:
   operator on it, so parameters are never multiplied into constants.
 - Every other node becomes pcgopt operators named after the node (its name, which
   ``torch.onnx.export`` builds from the module path, e.g. ``/encoder/layer.0/attention/MatMul``).
+- Booleans are 0/1 float masks (:mod:`pcgopt.ops.elementwise`): Equal, Less, Greater... are
+  ``compare``; And, Or, Xor, Not exact arithmetic on masks; Where on a computed condition is
+  ``where`` (on a constant one, a causal mask, ``x * keep + fill``, exact for finite x). An
+  integer input cast to float (an attention mask) is a mask input, drawn from {0, 1} when
+  plans are checked; an integer input that indexes a table is bounded by its rows.
+- ConvTranspose is ``conv2d`` of the input dilated by the stride with the kernel flipped (and
+  stored so); asymmetric and SAME padding is a ``pad``; Resize (any mode with constant scales
+  or sizes) is, per axis, a repeat, a slice or a product with the interpolation matrix ONNX's
+  own Resize gives for the identity; TopK, ArgMax and ArgMin are ``top_k``; Gather at computed
+  indices along any axis is an embedding of the slices.
 - Unsupported nodes are collected; one :class:`~pcgopt.FrontendError` lists them all.
 
 Then :func:`pcgopt.frontend.patterns.fuse_patterns` recognizes dense layers and GELUs.
@@ -36,14 +46,21 @@ import numpy as np
 from pcgopt.builder import PCGBuilder, Tensor
 from pcgopt.errors import FrontendError, PCGError
 from pcgopt.frontend.model import (
+    UNBOUNDED,
     ImportedModel,
+    Masks,
     UniqueNames,
     UnsupportedLog,
+    as_float,
     binary,
+    bind_integer_inputs,
     broadcast_to,
     clean_name,
     identity_table,
+    lookup,
     masked,
+    pad_or_slice,
+    resample,
     reshape_to,
 )
 from pcgopt.frontend.patterns import fuse_patterns
@@ -97,6 +114,8 @@ _DTYPES = {
 
 #: Operators that only re-lay-out one tensor: folded into a parameter used once.
 _LAYOUT = {"Transpose", "Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Cast"}
+#: Operators whose output holds elements of their first input: a mask's stay masks.
+_MOVES = _LAYOUT | {"Expand", "Slice", "Gather", "Split", "Dropout"}
 
 
 class _Importer:
@@ -120,6 +139,7 @@ class _Importer:
         self.materialized: dict[Const, Tensor] = {}
         self.buffers: dict[Const, Const] = {}
         self.unsupported = UnsupportedLog()
+        self.masks = Masks()
         self.uses: dict[str, int] = {}
         self.folded = 0
         self._name = UniqueNames()
@@ -193,7 +213,6 @@ class _Importer:
                 f"dims {', '.join(unused)} name no symbolic dimension of the graph's inputs "
                 f"(those are: {', '.join(sorted(self._dim_params())) or 'none'})"
             )
-        bounds = self._index_bounds()
         for name, (shape, dtype) in inputs.items():
             pdt = _DTYPES.get(dtype)
             if pdt is None:
@@ -202,19 +221,14 @@ class _Importer:
                     "int32/64 inputs",
                     node=name,
                 )
-            if pdt.is_integer and name not in bounds:
-                raise FrontendError(
-                    f"graph input {name!r} holds integers but is not an index into a table "
-                    "(a Gather on an initializer); pcgopt needs integer inputs to be lookups",
-                    node=name,
-                )
             if min(shape, default=1) < 1:
                 raise FrontendError(f"graph input {name!r} has an empty shape {shape}", node=name)
+            # An integer input's bound follows from its uses (bind_integer_inputs, after the walk).
             self.values[name] = self.b.input(
                 shape or (1,),
                 pdt,
                 name=self._name(name),
-                max_value=bounds.get(name),
+                max_value=UNBOUNDED if pdt.is_integer else None,
             )
         return inputs
 
@@ -225,42 +239,6 @@ class _Importer:
             for d in vi.type.tensor_type.shape.dim
             if d.dim_param
         }
-
-    def _index_bounds(self) -> dict[str, int]:
-        """Integer graph inputs read (through layout operators) as indices by a Gather on an
-        initializer: the table's row count bounds them."""
-        inits = {i.name: tuple(i.dims) for i in self.graph.initializer}
-        integer = (self.onnx.TensorProto.INT64, self.onnx.TensorProto.INT32)
-        depths = {
-            i.name: int(self.onnx.numpy_helper.to_array(i).reshape(-1)[0])
-            for i in self.graph.initializer
-            if tuple(i.dims) in ((), (1,)) and i.data_type in integer
-        }
-        for node in self.graph.node:
-            if node.op_type == "Constant":
-                value = np.asarray(_constant_value(self.onnx, node))
-                if value.size == 1 and value.dtype.kind in "iu":
-                    depths[node.output[0]] = int(value.reshape(()))
-        origin = {vi.name: vi.name for vi in self.graph.input}
-        bounds: dict[str, int] = {}
-        for node in self.graph.node:
-            if node.op_type in _LAYOUT and node.input and node.input[0] in origin:
-                for out in node.output:
-                    origin[out] = origin[node.input[0]]
-            if (
-                node.op_type == "Gather"
-                and len(node.input) == 2
-                and node.input[0] in inits
-                and node.input[1] in origin
-            ):
-                axis = _attrs(self.onnx, node).get("axis", 0)
-                dims = inits[node.input[0]]
-                src = origin[node.input[1]]
-                bounds[src] = max(bounds.get(src, 0), dims[axis] if dims else 0)
-            if node.op_type == "OneHot" and node.input[0] in origin and node.input[1] in depths:
-                src = origin[node.input[0]]
-                bounds[src] = max(bounds.get(src, 0), depths[node.input[1]])
-        return bounds
 
     def buffer_of(self, v: Const) -> Const:
         """The non-trainable twin of a parameter constant (one per constant)."""
@@ -282,7 +260,7 @@ class _Importer:
         if v not in self.materialized:
             value = v.value
             if value.dtype.kind == "b":
-                raise _Unsupported(f"a boolean constant reaches input {slot} of an operator")
+                value = value.astype(np.float32)  # a mask: pcgopt holds booleans as 0/1 floats
             if value.dtype.kind == "f" and value.dtype != np.float32:
                 value = value.astype(np.float32)
             if value.dtype.kind in "iu":
@@ -292,7 +270,13 @@ class _Importer:
             t = self.b.weight(shape, DType.F32, name=name, trainable=v.param is not None)
             self.weights[t.ref.node] = np.asarray(value, np.float32).reshape(shape)
             self.materialized[v] = t
+            if v.value.dtype.kind == "b":
+                self.masks.add(t)
         return self.materialized[v]
+
+    def constant(self, value: Any, owner: str, role: str) -> Tensor:
+        """A tensor for a constant the importer adds (a zero to compare with)."""
+        return self.tensor(Const(np.asarray(value)), f"{owner}/{role}", 0)
 
     # -- the walk -------------------------------------------------------------------------------
 
@@ -313,7 +297,7 @@ class _Importer:
                 raise FrontendError(f"graph output {out.name!r} is not computed by the graph")
             outputs.append(v)
             names.append(out.name)
-        pcg = self.b.build(*outputs)
+        pcg = bind_integer_inputs(self.b.build(*outputs))
         pcg, weights, fused = fuse_patterns(pcg, self.weights)
         return ImportedModel(
             pcg,
@@ -367,6 +351,8 @@ class _Importer:
             raise FrontendError(
                 f"ONNX node {name!r} ({node.op_type}): {e.message}", node=name
             ) from None
+        if node.op_type in _MOVES:
+            self.masks.follow(ins[0], outs)
         self._set(node, outs)
 
     def _may_fold(self, node: Any, ins: list[Any]) -> bool:
@@ -559,10 +545,60 @@ def _identity(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
 @_handles("Cast")
 def _cast(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     x = ins[0]
-    to = imp.onnx.helper.tensor_dtype_to_np_dtype(ctx.attrs["to"])
-    if x.shape.dtype.is_integer or np.dtype(to).kind != "f":
-        raise _Unsupported("only casts between float types of a computed tensor are imported")
-    return [x]
+    to = np.dtype(imp.onnx.helper.tensor_dtype_to_np_dtype(ctx.attrs["to"]))
+    if to.kind == "b":
+        return [imp.masks.of(imp.b, x, ctx.name, _constants(imp, ctx))]
+    if to.kind == "f":
+        # Integers (an attention mask) become floats; a float or a mask stays as it is (the
+        # PCG computes every float in one precision, and holds booleans as 0/1 floats).
+        return [as_float(imp.b, x, ctx.name) if x.shape.dtype.is_integer else x]
+    if x.shape.dtype.is_integer:
+        return [x]  # an index stays an index
+    raise _Unsupported(f"a cast of floats or booleans to {to} (integer arithmetic)")
+
+
+def _constants(imp: _Importer, ctx: _Ctx) -> Callable[[np.ndarray, str], Tensor]:
+    return lambda value, role: imp.constant(value, ctx.name, role)
+
+
+_COMPARE = {
+    "Equal": "eq",
+    "Less": "lt",
+    "LessOrEqual": "le",
+    "Greater": "gt",
+    "GreaterOrEqual": "ge",
+}
+
+
+def _compare_handler(relation: str) -> Handler:
+    def handle(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
+        # Integers (ids compared with a pad id) are compared as floats: exact below 2**24.
+        a, b = (
+            as_float(imp.b, v, ctx.sub(f"in{k}"))
+            if isinstance(v, Tensor)
+            else imp.tensor(Const(np.asarray(v.value, np.float32)), ctx.name, k)
+            for k, v in enumerate(ins)
+        )
+        return [imp.masks.add(imp.b.compare(a, b, relation=relation, name=ctx.name))]
+
+    return handle
+
+
+for _onnx_op, _relation in _COMPARE.items():
+    _HANDLERS[_onnx_op] = _compare_handler(_relation)
+
+
+def _logical_handler(op: str) -> Handler:
+    def handle(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
+        x, *rest = (imp.tensor(v, ctx.name, k) for k, v in enumerate(ins))
+        y = rest[0] if rest else None
+        return [imp.masks.logical(imp.b, op, x, y, ctx.name, _constants(imp, ctx))]
+
+    return handle
+
+
+for _onnx_op, _op in {"Not": "not", "And": "and", "Or": "or", "Xor": "xor"}.items():
+    _HANDLERS[_onnx_op] = _logical_handler(_op)
 
 
 @_handles("Gelu")
@@ -608,20 +644,21 @@ def _pow(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
 
 @_handles("Where")
 def _where(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
-    c = _const(ins[0], "the condition of Where").astype(bool)
-    x, y = ins[1], ins[2]
-    if isinstance(x, Tensor) and not isinstance(y, Tensor):
-        keep, fill = c, y.value
-    elif isinstance(y, Tensor) and not isinstance(x, Tensor):
-        x, keep, fill = y, ~c, x.value
-    else:
-        raise _Unsupported("only where(constant mask, tensor, constant) is imported")
-    slots = {"keep": 0, "fill": 2}
+    cond, x, y = ins
+    if isinstance(cond, Const) and isinstance(x, Tensor) != isinstance(y, Tensor):
+        # A constant mask over one tensor (a causal mask): x * keep + fill, exact for finite x,
+        # in operators the rules already parallelize.
+        c = cond.value.astype(bool)
+        t, keep, fill = (x, c, y.value) if isinstance(x, Tensor) else (y, ~c, x.value)
+        slots = {"keep": 0, "fill": 2}
 
-    def constant(value: np.ndarray, role: str) -> Tensor:
-        return imp.tensor(Const(value), ctx.name, slots[role])
+        def constant(value: np.ndarray, role: str) -> Tensor:
+            return imp.tensor(Const(value), ctx.name, slots[role])
 
-    return [masked(imp.b, x, keep, fill, ctx.name, constant)]
+        return [masked(imp.b, t, keep, fill, ctx.name, constant)]
+    mask = imp.masks.of(imp.b, imp.tensor(cond, ctx.name, 0), ctx.sub("cond"), _constants(imp, ctx))
+    chosen = [imp.tensor(v, ctx.name, k) for k, v in ((1, x), (2, y))]
+    return [imp.b.where(mask, *chosen, name=ctx.name)]
 
 
 @_handles("MatMul")
@@ -670,18 +707,45 @@ def _gemm(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     return [imp.b.add(y, imp.tensor(c, ctx.name, 2), name=ctx.name)]
 
 
+def _conv_pads(a: dict[str, Any], x: Tensor, kernel: tuple[int, int]) -> list[int]:
+    """ONNX's pads ``[top, left, bottom, right]`` of a Conv, ``auto_pad`` resolved."""
+    auto = a.get("auto_pad", "NOTSET")
+    if auto in ("NOTSET", "VALID"):
+        return list(a.get("pads", [0, 0, 0, 0])) if auto == "NOTSET" else [0, 0, 0, 0]
+    strides, dilations = a.get("strides", [1, 1]), a.get("dilations", [1, 1])
+    lo, hi = [], []
+    for k in range(2):
+        size, s, span = x.shape.sizes[2 + k], strides[k], dilations[k] * (kernel[k] - 1) + 1
+        total = max((-(-size // s) - 1) * s + span - size, 0)
+        # SAME_UPPER puts the odd element at the end, SAME_LOWER at the start.
+        small = total // 2
+        lo.append(small if auto == "SAME_UPPER" else total - small)
+        hi.append(total - lo[-1])
+    return [*lo, *hi]
+
+
+def _pad_input(imp: _Importer, x: Tensor, pads: list[int], ctx: _Ctx) -> tuple[Tensor, tuple]:
+    """Padding ``[top, left, bottom, right]`` as the symmetric part a conv takes, after a
+    ``pad`` of the rest (asymmetric padding, as TensorFlow's SAME gives)."""
+    top, left, bottom, right = pads
+    if min(pads) < 0:
+        raise _Unsupported(f"negative padding {pads}")
+    sym = (min(top, bottom), min(left, right))
+    rest_lo = (0, 0, top - sym[0], left - sym[1])
+    rest_hi = (0, 0, bottom - sym[0], right - sym[1])
+    if any(rest_lo) or any(rest_hi):
+        x = imp.b.pad(x, low=rest_lo, high=rest_hi, name=ctx.sub("pad"))
+    return x, sym
+
+
 @_handles("Conv")
 def _conv(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     x = imp.tensor(ins[0], ctx.name, 0)
     if x.shape.rank != 4:
         raise _Unsupported(f"{x.shape.rank - 2}-D convolution (pcgopt has conv2d)")
     a = ctx.attrs
-    if a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
-        raise _Unsupported(f"auto_pad={a['auto_pad']}")
-    pads = a.get("pads", [0, 0, 0, 0])
-    if pads[0] != pads[2] or pads[1] != pads[3]:
-        raise _Unsupported(f"asymmetric padding {pads}")
     w = imp.tensor(ins[1], ctx.name, 1)
+    x, padding = _pad_input(imp, x, _conv_pads(a, x, w.shape.sizes[2:]), ctx)
     args = [x, w]
     if len(ins) > 2 and ins[2] is not None:
         args.append(imp.tensor(ins[2], ctx.name, 2))
@@ -689,12 +753,77 @@ def _conv(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
         imp.b.conv2d(
             *args,
             stride=tuple(a.get("strides", [1, 1])),
-            padding=(pads[0], pads[1]),
+            padding=padding,
             groups=a.get("group", 1),
             dilation=tuple(a.get("dilations", [1, 1])),
             name=ctx.name,
         )
     ]
+
+
+@_handles("ConvTranspose")
+def _conv_transpose(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
+    # The convolution of the input dilated by the stride with the flipped kernel, its channels
+    # swapped: exact. The kernel is stored that way (a parameter read once).
+    x = imp.tensor(ins[0], ctx.name, 0)
+    w = ins[1]
+    a = ctx.attrs
+    if x.shape.rank != 4:
+        raise _Unsupported(f"{x.shape.rank - 2}-D transposed convolution (pcgopt has conv2d)")
+    if not isinstance(w, Const) or not imp.may_relayout(w, ctx.inputs[1]):
+        raise _Unsupported("a transposed convolution whose kernel is computed or shared")
+    if a.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") or "output_shape" in a:
+        raise _Unsupported("auto_pad or output_shape (give pads and output_padding)")
+    g = a.get("group", 1)
+    c, og, kh, kw = w.value.shape
+    flipped = w.value[:, :, ::-1, ::-1].reshape(g, c // g, og, kh, kw).transpose(0, 2, 1, 3, 4)
+    kernel = Const(np.ascontiguousarray(flipped.reshape(g * og, c // g, kh, kw)), w.param, w.name)
+    strides, dilations = a.get("strides", [1, 1]), a.get("dilations", [1, 1])
+    pads, extra = a.get("pads", [0, 0, 0, 0]), a.get("output_padding", [0, 0])
+    lo = [dilations[k] * ((kh, kw)[k] - 1) - pads[k] for k in range(2)]
+    hi = [dilations[k] * ((kh, kw)[k] - 1) - pads[2 + k] + extra[k] for k in range(2)]
+    # Pad both sides by the larger, then crop: with the stride 1 of this conv, each padded
+    # element adds one output row or column at its edge.
+    both = [max(lo[k], hi[k], 0) for k in range(2)]
+    args = [x, imp.tensor(kernel, ctx.name, 1)]
+    if len(ins) > 2 and ins[2] is not None:
+        args.append(imp.tensor(ins[2], ctx.name, 2))
+    crop = any(both[k] != lo[k] or both[k] != hi[k] for k in range(2))
+    y = imp.b.conv2d(
+        *args,
+        padding=tuple(both),
+        groups=g,
+        dilation=tuple(dilations),
+        input_dilation=tuple(strides),
+        name=ctx.sub("conv") if crop else ctx.name,
+    )
+    for k in range(2):
+        start, stop = both[k] - lo[k], y.shape.sizes[2 + k] - (both[k] - hi[k])
+        if (start, stop) != (0, y.shape.sizes[2 + k]):
+            last = k == 1 or both[1] == lo[1] == hi[1]
+            y = imp.b.slice(
+                y, axis=2 + k, start=start, stop=stop, name=ctx.name if last else ctx.sub("crop")
+            )
+    return [y]
+
+
+@_handles("Pad")
+def _pad(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
+    x = imp.tensor(ins[0], ctx.name, 0)
+    if ctx.attrs.get("mode", "constant") != "constant":
+        raise _Unsupported(f"{ctx.attrs['mode']} padding (pcgopt pads with a constant)")
+    pads = [int(v) for v in _const(ins[1], "the pads of Pad").reshape(-1)]
+    value = 0.0
+    if len(ins) > 2 and ins[2] is not None:
+        value = float(np.asarray(_const(ins[2], "the value of Pad")).reshape(-1)[0])
+    rank = x.shape.rank
+    axes = list(range(rank))
+    if len(ins) > 3 and ins[3] is not None:
+        axes = [int(v) % rank for v in _const(ins[3], "the axes of Pad").reshape(-1)]
+    low, high = [0] * rank, [0] * rank
+    for k, axis in enumerate(axes):
+        low[axis], high[axis] = pads[k], pads[len(axes) + k]
+    return [pad_or_slice(imp.b, x, low, high, value, ctx.name)]
 
 
 def _pool_handler(mode: str) -> Handler:
@@ -829,7 +958,8 @@ def _reshape(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
 @_handles("Flatten")
 def _flatten(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     x = ins[0]
-    axis = ctx.attrs.get("axis", 1) % max(x.shape.rank, 1)
+    axis = ctx.attrs.get("axis", 1)
+    axis += x.shape.rank if axis < 0 else 0  # 0..rank: Flatten at the rank gives [numel, 1]
     s = x.shape.sizes
     return [reshape_to(imp.b, x, (math.prod(s[:axis]), math.prod(s[axis:])), ctx.name)]
 
@@ -959,13 +1089,10 @@ def _gather(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     data, idx = ins
     axis = ctx.attrs.get("axis", 0)
     if isinstance(idx, Tensor):
-        # A lookup: integer indices into a table of rows.
-        if axis != 0 or not isinstance(data, Const):
-            raise _Unsupported("a gather of computed indices is imported only as a row lookup")
-        table = imp.tensor(data, ctx.name, 0)
-        if table.shape.rank != 2:
-            raise _Unsupported(f"a lookup into a rank-{table.shape.rank} table")
-        return [imp.b.embedding(idx, table, name=ctx.name)]
+        # A lookup: integer indices into the slices of a table (or of a computed tensor).
+        if not idx.shape.dtype.is_integer:
+            raise _Unsupported("a gather at float indices")
+        return [lookup(imp.b, imp.tensor(data, ctx.name, 0), idx, axis, ctx.name)]
     # Constant indices into a computed tensor or a parameter (position ids into a table).
     x = imp.tensor(data, ctx.name, 0)
     axis %= x.shape.rank
@@ -1000,6 +1127,103 @@ def _gather(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     if lead:
         part = broadcast_to(imp.b, part, (*lead, *part.shape.sizes), ctx.name)
     return [part]
+
+
+@_handles("TopK")
+def _top_k(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
+    x = imp.tensor(ins[0], ctx.name, 0)
+    k = int(np.asarray(_const(ins[1], "the k of TopK")).reshape(-1)[0])
+    axis = ctx.attrs.get("axis", -1)
+    if ctx.attrs.get("largest", 1):
+        return list(imp.b.top_k(x, k=k, axis=axis, name=ctx.name))
+    # The k smallest: the k largest of -x, negated back.
+    values, indices = imp.b.top_k(imp.b.neg(x, name=ctx.sub("neg")), k=k, axis=axis, name=ctx.name)
+    return [imp.b.neg(values, name=ctx.sub("values")), indices]
+
+
+def _arg_handler(largest: bool) -> Handler:
+    def handle(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
+        x = imp.tensor(ins[0], ctx.name, 0)
+        if ctx.attrs.get("select_last_index", 0):
+            raise _Unsupported("select_last_index=1 (pcgopt picks the first of equal elements)")
+        axis = ctx.attrs.get("axis", 0) % x.shape.rank
+        if not largest:
+            x = imp.b.neg(x, name=ctx.sub("neg"))
+        _, indices = imp.b.top_k(x, k=1, axis=axis, name=ctx.sub("top_k"))
+        sizes = list(indices.shape.sizes)
+        if not ctx.attrs.get("keepdims", 1):
+            del sizes[axis]
+        return [reshape_to(imp.b, indices, tuple(sizes), ctx.name)]
+
+    return handle
+
+
+_HANDLERS["ArgMax"] = _arg_handler(True)
+_HANDLERS["ArgMin"] = _arg_handler(False)
+
+
+def _unchanged(given: dict[str, np.ndarray], k: int, size: int) -> bool:
+    """Whether a Resize's k-th axis (of this size) keeps its size and scale."""
+    kind, value = next(iter(given.items()))
+    return int(value[k]) == size if kind == "sizes" else float(value[k]) == 1.0
+
+
+@_handles("Resize")
+def _resize(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
+    # Resizing (nearest, linear or cubic, any coordinate mode) acts on each axis by a matrix:
+    # ONNX's own Resize run on an identity gives it. A whole-number upsampling is a repeat.
+    x = imp.tensor(ins[0], ctx.name, 0)
+    a = ctx.attrs
+    if a.get("coordinate_transformation_mode") == "tf_crop_and_resize":
+        raise _Unsupported("tf_crop_and_resize")
+    if a.get("keep_aspect_ratio_policy", "stretch") != "stretch":
+        raise _Unsupported(f"keep_aspect_ratio_policy={a['keep_aspect_ratio_policy']}")
+    rank = x.shape.rank
+    axes = [int(v) % rank for v in a.get("axes", range(rank))]
+    given = {}
+    for slot, what in ((2, "scales"), (3, "sizes")):
+        if len(ins) > slot and ins[slot] is not None:
+            v = _const(ins[slot], f"the {what} of Resize").reshape(-1)
+            if v.size:
+                given[what] = v
+    if not given:
+        raise _Unsupported("a Resize without scales or sizes")
+    attrs = {k: v for k, v in a.items() if k not in ("axes", "keep_aspect_ratio_policy")}
+    y = x
+    for k, axis in enumerate(axes):
+        n = x.shape.sizes[axis]
+        if _unchanged(given, k, n):
+            continue
+        kind, value = next(iter(given.items()))
+        per_axis = value[k]
+        # Rows of the identity resized along the second axis: column i is where input i goes.
+        feed = (
+            {"scales": np.array([1.0, per_axis], np.float32)}
+            if kind == "scales"
+            else {"sizes": np.array([n, int(per_axis)], np.int64)}
+        )
+        probe = imp.onnx.helper.make_node(
+            "Resize",
+            ["X", "", "scales" if kind == "scales" else "", "sizes" if kind == "sizes" else ""],
+            ["Y"],
+            name=f"{ctx.name}/axis{axis}",
+            **attrs,
+        )
+        consts = [Const(np.eye(n, dtype=np.float64)), None, None, None]
+        consts[2 if kind == "scales" else 3] = Const(next(iter(feed.values())))
+        (resized,) = imp._fold(probe, consts)
+        last = all(
+            _unchanged(given, j, x.shape.sizes[later]) for j, later in enumerate(axes) if j > k
+        )
+        y = resample(
+            imp.b,
+            y,
+            np.asarray(resized).T,
+            axis,
+            ctx.name if last else ctx.sub(f"axis{axis}"),
+            lambda m, role: imp.tensor(Const(m), ctx.name, 1),
+        )
+    return [y]
 
 
 @_handles("Expand")

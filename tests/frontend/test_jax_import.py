@@ -82,6 +82,60 @@ def test_imported_function_computes_what_jax_computes(case):
     assert m.parameter_count == sum(np.size(leaf) for leaf in jax.tree_util.tree_leaves(params))
 
 
+def padded_attention(p, x, mask):
+    scores = (x @ p["wq"]) @ (x @ p["wk"]).T
+    return jax.nn.softmax(jnp.where(mask.astype(bool), scores, -jnp.inf), axis=-1)
+
+
+def gated(p, x):
+    m = jnp.logical_and(x > 0.1, ~(x < -0.5)) | (x == 0)
+    return m.astype(jnp.float32) * jnp.pad(x @ p, ((1, 0), (0, 2)), constant_values=-1.0)[1:, :6]
+
+
+def routed(p, x):
+    # A router's top two, the argmax's row of a table, and columns gathered at the top one.
+    top, chosen = jax.lax.top_k(x @ p["router"], 2)
+    best = p["table"][jnp.argmax(x, axis=1)]
+    return top.sum(-1, keepdims=True) + best + jnp.take(x, chosen[0], axis=1).sum()
+
+
+def decoder(p, img):
+    # Transposed conv (SAME), a strided conv with asymmetric SAME padding, nearest upsampling.
+    dn = ("NCHW", "OIHW", "NCHW")
+    y = jax.lax.conv_transpose(img, p["up"], (2, 2), "SAME", dimension_numbers=dn)
+    y = jax.lax.conv_general_dilated(y, p["down"], (2, 2), "SAME", dimension_numbers=dn)
+    return jax.image.resize(y, (*y.shape[:2], 2 * y.shape[2], 2 * y.shape[3]), "nearest")
+
+
+OPERATOR_CASES = {
+    "padding mask": (
+        padded_attention,
+        {"wq": _normal(0, (6, 4)), "wk": _normal(1, (6, 4))},
+        _normal(2, (5, 6)),
+        jnp.asarray([1, 1, 1, 0, 0], jnp.int32),
+    ),
+    "comparisons, logic and pad": (gated, _normal(3, (6, 6)), _normal(4, (3, 6))),
+    "top_k, argmax and take": (
+        routed,
+        {"router": _normal(5, (6, 4)), "table": _normal(6, (6, 4))},
+        _normal(7, (3, 6)),
+    ),
+    "transposed and SAME convolutions, upsampling": (
+        decoder,
+        {"up": _normal(0, (5, 3, 3, 3)), "down": _normal(1, (4, 5, 3, 3))},
+        _normal(2, (2, 3, 4, 4)),
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(OPERATOR_CASES))
+def test_imported_operator_computes_what_jax_computes(case):
+    fn, params, *args = OPERATOR_CASES[case]
+    m = from_jax(fn, params, *args)
+    got = m.run(dict(zip(m.inputs, map(np.asarray, args), strict=True)))["output0"]
+    np.testing.assert_allclose(got, np.asarray(fn(params, *args)), rtol=1e-5, atol=1e-5)
+
+
 def test_weights_are_named_by_pytree_path_and_nodes_by_name_stack():
     fn, params, x = CASES["mlp"]
     m = from_jax(fn, params, x)
@@ -157,13 +211,25 @@ def test_one_hot_labels_are_a_lookup_in_the_identity():
     assert "embedding" in {n.op for n in m.pcg.nodes}
 
 
-def test_integers_used_other_than_as_indices_are_refused():
-    def fn(p, x, steps):
-        return x @ p["w"] * steps.astype(jnp.float32)
+def test_integer_arithmetic_is_refused_and_a_cast_integer_is_a_mask():
+    def halved(p, x, steps):
+        return x @ p["w"] * (steps // 2).astype(jnp.float32)
 
-    with pytest.raises(FrontendError) as info:
-        from_jax(fn, {"w": _normal(0, (8, 8))}, _normal(1, (2, 8)), jnp.ones((2, 1), jnp.int32))
-    assert "convert_element_type" in info.value.unsupported
+    args = ({"w": _normal(0, (8, 8))}, _normal(1, (2, 8)), jnp.ones((2, 1), jnp.int32))
+    with pytest.raises(FrontendError, match="of integer tensors"):
+        from_jax(halved, *args)
+
+    def masked(p, x, keep):
+        # Products of integer masks (Flax's make_attention_mask) are exact in float.
+        return x @ p["w"] * (keep * keep).astype(jnp.float32)
+
+    m = from_jax(masked, *args)
+    # An integer that is no index is a mask: checked plans draw it from {0, 1}.
+    assert m.pcg.node("keep").params["max_value"] == 2
+    assert {"cast", "mul"} <= {n.op for n in m.pcg.nodes}
+    keep = np.asarray([[1], [0]], np.int32)
+    got = m.run({"x": np.asarray(args[1]), "keep": keep})["output0"]
+    np.testing.assert_allclose(got, masked(args[0], args[1], keep), rtol=1e-5, atol=1e-6)
 
 
 def test_a_one_hot_too_large_for_an_identity_table_is_refused_clearly():

@@ -149,11 +149,14 @@ def test_every_unsupported_operator_is_listed_at_once():
     assert "Celu x1" in str(err) and "HardSwish x1" in str(err)
 
 
-def test_integer_input_must_be_a_lookup():
+def test_an_integer_input_is_a_lookup_or_a_mask():
     x = helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])
-    nodes = [helper.make_node("Cast", ["ids"], ["y"], to=TensorProto.FLOAT, name="cast")]
-    with pytest.raises(FrontendError, match="'ids' holds integers"):
+    nodes = [helper.make_node("Identity", ["ids"], ["y"], name="copy")]
+    with pytest.raises(FrontendError, match="'ids' holds integers but is neither"):
         from_onnx(_model(nodes, [x], [_y()]))
+    nodes = [helper.make_node("Cast", ["ids"], ["y"], to=TensorProto.FLOAT, name="cast")]
+    m = from_onnx(_model(nodes, [x], [_y()]))
+    assert m.pcg.node("ids").params["max_value"] == 2  # a mask: checked plans draw 0 or 1
 
 
 def test_lookup_bounds_its_indices_by_the_table():
@@ -301,3 +304,160 @@ def test_dilated_convolution_computes_what_onnx_computes():
     x = RNG.standard_normal((2, 3, 9, 9)).astype(np.float32)
     (want,) = ReferenceEvaluator(model).run(None, {"x": x})
     np.testing.assert_allclose(m.run({"x": x})["y"], want, rtol=1e-5, atol=1e-5)
+
+
+# --- Operators of masks, padding, upsampling, routing and gathers, against onnxruntime --------
+
+F, I64 = TensorProto.FLOAT, TensorProto.INT64
+
+
+def _in(name, shape, dtype=F):
+    return helper.make_tensor_value_info(name, dtype, list(shape))
+
+
+def _node(op, ins, outs, **attrs):
+    return helper.make_node(op, ins, outs, name=f"/{op}_{outs[0]}", **attrs)
+
+
+def _floats(*shape):
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def _padding_mask():
+    mask = np.ones((2, 4), np.int64)
+    mask[1, 2:] = 0
+    return mask
+
+
+_BERT_MASK = (
+    # transformers' padding mask: the integer mask as bool, and-ed with a constant one, then
+    # where(mask, 0, min) added to the attention scores.
+    [
+        _node("Cast", ["mask"], ["mb"], to=TensorProto.BOOL),
+        _node("Unsqueeze", ["mb", "axis1"], ["mu"]),
+        _node("Cast", ["mu"], ["mu2"], to=TensorProto.BOOL),
+        _node("And", ["mu2", "causal"], ["keep"]),
+        _node("Where", ["keep", "zero", "lowest"], ["bias"]),
+        _node("Add", ["scores", "bias"], ["s"]),
+        _node("Softmax", ["s"], ["y"], axis=-1),
+    ],
+    [_in("mask", (2, 4), I64), _in("scores", (2, 4, 4))],
+    [
+        _init("axis1", np.array([1], np.int64)),
+        _init("causal", np.tril(np.ones((4, 4), bool))),
+        _init("zero", np.float32(0)),
+        _init("lowest", np.finfo(np.float32).min),
+    ],
+    {"mask": _padding_mask(), "scores": _floats(2, 4, 4)},
+)
+
+_LOGIC = (
+    [
+        _node("Less", ["x", "z"], ["lt"]),
+        _node("GreaterOrEqual", ["x", "c"], ["ge"]),
+        _node("Or", ["lt", "ge"], ["or"]),
+        _node("Not", ["or"], ["not"]),
+        _node("Xor", ["not", "lt"], ["xor"]),
+        _node("Equal", ["ids", "pad"], ["eq"]),
+        _node("Or", ["xor", "eq"], ["any"]),
+        _node("Where", ["any", "x", "inf"], ["y"]),
+    ],
+    [_in("x", (3, 5)), _in("z", (3, 5)), _in("ids", (3, 5), I64)],
+    [_init("c", np.float32(0.3)), _init("pad", np.int64(1)), _init("inf", np.float32(-np.inf))],
+    {"x": _floats(3, 5), "z": _floats(3, 5), "ids": RNG.integers(0, 2, (3, 5))},
+)
+
+
+def _resize_case(scales, **attrs):
+    nodes = [_node("Resize", ["x", "", "scales"], ["y"], **attrs)]
+    inits = [_init("scales", np.array(scales, np.float32))]
+    return nodes, [_in("x", (2, 3, 4, 6))], inits, {"x": _floats(2, 3, 4, 6)}
+
+
+_OPERATOR_CASES = {
+    "padding mask": _BERT_MASK,
+    "comparisons and logic": _LOGIC,
+    "pad with a value, and a negative pad": (
+        [_node("Pad", ["x", "pads", "v"], ["y"])],
+        [_in("x", (3, 5))],
+        [_init("pads", np.array([1, -1, 0, 2], np.int64)), _init("v", np.float32(-2))],
+        {"x": _floats(3, 5)},
+    ),
+    "conv with SAME padding and a stride": (
+        [_node("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2])],
+        [_in("x", (2, 3, 8, 7))],
+        [_init("w", _floats(4, 3, 3, 3))],
+        {"x": _floats(2, 3, 8, 7)},
+    ),
+    "grouped transposed conv with output padding": (
+        [
+            _node(
+                "ConvTranspose",
+                ["x", "w", "b"],
+                ["y"],
+                strides=[2, 2],
+                pads=[1, 0, 1, 1],
+                output_padding=[1, 0],
+                group=2,
+            )
+        ],
+        [_in("x", (2, 4, 5, 4))],
+        [_init("w", _floats(4, 3, 3, 3)), _init("b", _floats(6))],
+        {"x": _floats(2, 4, 5, 4)},
+    ),
+    "nearest upsampling": _resize_case(
+        [1, 1, 2, 2], mode="nearest", coordinate_transformation_mode="asymmetric"
+    ),
+    "bilinear resize": _resize_case([1, 1, 2, 3], mode="linear"),
+    "bicubic resize, up and down": _resize_case([1, 1, 1.5, 0.5], mode="cubic"),
+    "smallest two along an axis": (
+        [
+            _node("TopK", ["x", "k"], ["v", "i"], axis=1, largest=0),
+            _node("Cast", ["i"], ["fi"], to=F),
+            _node("Add", ["v", "fi"], ["y"]),
+        ],
+        [_in("x", (3, 6, 2))],
+        [_init("k", np.array([2], np.int64))],
+        {"x": _floats(3, 6, 2)},
+    ),
+    "argmax, then a lookup": (
+        [_node("ArgMax", ["x"], ["i"], axis=1, keepdims=0), _node("Gather", ["t", "i"], ["y"])],
+        [_in("x", (3, 6))],
+        [_init("t", _floats(6, 4))],
+        {"x": _floats(3, 6)},
+    ),
+    "gather of a computed tensor along axis 1": (
+        [_node("Relu", ["x"], ["r"]), _node("Gather", ["r", "ids"], ["y"], axis=1)],
+        [_in("x", (3, 6, 2)), _in("ids", (4,), I64)],
+        [],
+        {"x": _floats(3, 6, 2), "ids": RNG.integers(0, 6, 4)},
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(_OPERATOR_CASES))
+def test_operator_computes_what_onnxruntime_computes(case):
+    ort = pytest.importorskip("onnxruntime")
+    nodes, inputs, inits, feeds = _OPERATOR_CASES[case]
+    model = _model(nodes, inputs, [_y()], inits, opset=18)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (want,) = session.run(["y"], feeds)
+    got = from_onnx(model).run(feeds)["y"]
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_padding_mask_is_a_where_on_a_0_1_float_mask():
+    m = from_onnx(_model(*_BERT_MASK[:2], [_y()], _BERT_MASK[2], opset=18))
+    ops = [n.op for n in m.pcg.nodes if n.op not in ("input", "weight")]
+    # One cast to float and one comparison, although the exporter cast to bool twice.
+    assert ops == ["cast", "compare", "reshape", "mul", "where", "add", "softmax"]
+    assert m.pcg.node("mask").params["max_value"] == 2
+
+
+def test_a_transposed_convolution_stores_its_kernel_flipped_under_its_name():
+    nodes, inputs, inits, _ = _OPERATOR_CASES["grouped transposed conv with output padding"]
+    m = from_onnx(_model(nodes, inputs, [_y()], inits, opset=18))
+    conv = next(n for n in m.pcg.nodes if n.op == "conv2d")
+    assert conv.params["input_dilation"] == (2, 2)
+    assert m.pcg.shape("w").sizes == (6, 2, 3, 3) and m.parameter_count == 4 * 3 * 9 + 6

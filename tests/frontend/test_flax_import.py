@@ -1,0 +1,79 @@
+"""Flax NNX modules come in through from_jax: a module split into its graph and state, applied
+by a function of the state, imports with its parameters named by their paths in the state and
+computes what Flax computes (attention with a padding mask, NHWC convolutions, transposed
+convolutions, batch norm in inference)."""
+
+import numpy as np
+import pytest
+
+jax = pytest.importorskip("jax")
+nnx = pytest.importorskip("flax.nnx")
+import jax.numpy as jnp  # noqa: E402
+
+from pcgopt.frontend.jax import from_jax  # noqa: E402
+
+
+class Block(nnx.Module):
+    """A pre-norm Transformer block: multi-head attention (projection kernels of shape
+    [d, heads, head_dim]) and a GELU MLP."""
+
+    def __init__(self, d: int, heads: int, rngs: nnx.Rngs) -> None:
+        self.norm1 = nnx.LayerNorm(d, rngs=rngs)
+        self.attn = nnx.MultiHeadAttention(num_heads=heads, in_features=d, decode=False, rngs=rngs)
+        self.norm2 = nnx.LayerNorm(d, rngs=rngs)
+        self.up = nnx.Linear(d, 4 * d, rngs=rngs)
+        self.down = nnx.Linear(4 * d, d, rngs=rngs)
+
+    def __call__(self, x, mask=None):
+        x = x + self.attn(self.norm1(x), mask=mask)
+        return x + self.down(nnx.gelu(self.up(self.norm2(x))))
+
+
+class Decoder(nnx.Module):
+    """NHWC convolutions (one strided), a transposed convolution and batch norm."""
+
+    def __init__(self, rngs: nnx.Rngs) -> None:
+        self.conv1 = nnx.Conv(3, 8, (3, 3), rngs=rngs)
+        self.conv2 = nnx.Conv(8, 8, (3, 3), strides=2, rngs=rngs)
+        self.up = nnx.ConvTranspose(8, 4, (2, 2), strides=(2, 2), rngs=rngs)
+        self.bn = nnx.BatchNorm(4, use_running_average=True, rngs=rngs)
+        self.head = nnx.Linear(4, 10, rngs=rngs)
+
+    def __call__(self, image):
+        x = nnx.relu(self.conv2(nnx.relu(self.conv1(image))))
+        return self.head(self.bn(self.up(x)).mean(axis=(1, 2)))
+
+
+def test_an_attention_block_with_a_padding_mask_computes_what_flax_computes():
+    graphdef, state = nnx.split(Block(16, 2, nnx.Rngs(0)))
+
+    def apply(state, x, keep):
+        mask = nnx.make_attention_mask(keep, keep)
+        return nnx.merge(graphdef, state)(x, mask=mask)
+
+    x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 16))
+    keep = jnp.asarray([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], jnp.int32)
+    m = from_jax(apply, state, x, keep)
+    got = m.run({"x": np.asarray(x), "keep": np.asarray(keep)})["output0"]
+    np.testing.assert_allclose(got, np.asarray(apply(state, x, keep)), rtol=1e-5, atol=1e-5)
+    assert m.pcg.node("keep").params["max_value"] == 2  # a mask, drawn from {0, 1}
+    # Parameters are named by their paths in the state, as Flax names them.
+    assert {"attn/query/kernel", "attn/out/kernel", "up/kernel", "norm1/scale"} <= set(m.weights)
+    assert m.parameter_count == sum(np.size(v) for v in jax.tree_util.tree_leaves(state))
+    assert {"layer_norm", "softmax", "where", "linear"} <= {n.op for n in m.pcg.nodes}
+
+
+def test_an_nhwc_decoder_computes_what_flax_computes():
+    graphdef, state = nnx.split(Decoder(nnx.Rngs(0)))
+
+    def apply(state, image):
+        return nnx.merge(graphdef, state)(image)
+
+    image = jax.random.normal(jax.random.PRNGKey(2), (2, 8, 8, 3))
+    m = from_jax(apply, state, image)
+    got = m.run({"image": np.asarray(image)})["output0"]
+    np.testing.assert_allclose(got, np.asarray(apply(state, image)), rtol=1e-5, atol=1e-5)
+    convs = [n for n in m.pcg.nodes if n.op == "conv2d"]
+    assert [n.params["input_dilation"] for n in convs] == [(1, 1), (1, 1), (2, 2)]
+    # Batch norm's running statistics are weights too (Flax keeps them in the state).
+    assert {"bn/mean", "bn/var", "conv1/kernel"} <= set(m.weights)
