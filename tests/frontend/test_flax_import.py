@@ -11,46 +11,11 @@ nnx = pytest.importorskip("flax.nnx")
 import jax.numpy as jnp  # noqa: E402
 
 from pcgopt.frontend.jax import from_jax  # noqa: E402
-
-
-class Block(nnx.Module):
-    """A pre-norm Transformer block: multi-head attention (projection kernels of shape
-    [d, heads, head_dim]) and a GELU MLP."""
-
-    def __init__(self, d: int, heads: int, rngs: nnx.Rngs) -> None:
-        self.norm1 = nnx.LayerNorm(d, rngs=rngs)
-        self.attn = nnx.MultiHeadAttention(num_heads=heads, in_features=d, decode=False, rngs=rngs)
-        self.norm2 = nnx.LayerNorm(d, rngs=rngs)
-        self.up = nnx.Linear(d, 4 * d, rngs=rngs)
-        self.down = nnx.Linear(4 * d, d, rngs=rngs)
-
-    def __call__(self, x, mask=None):
-        x = x + self.attn(self.norm1(x), mask=mask)
-        return x + self.down(nnx.gelu(self.up(self.norm2(x))))
-
-
-class Decoder(nnx.Module):
-    """NHWC convolutions (one strided), a transposed convolution and batch norm."""
-
-    def __init__(self, rngs: nnx.Rngs) -> None:
-        self.conv1 = nnx.Conv(3, 8, (3, 3), rngs=rngs)
-        self.conv2 = nnx.Conv(8, 8, (3, 3), strides=2, rngs=rngs)
-        self.up = nnx.ConvTranspose(8, 4, (2, 2), strides=(2, 2), rngs=rngs)
-        self.bn = nnx.BatchNorm(4, use_running_average=True, rngs=rngs)
-        self.head = nnx.Linear(4, 10, rngs=rngs)
-
-    def __call__(self, image):
-        x = nnx.relu(self.conv2(nnx.relu(self.conv1(image))))
-        return self.head(self.bn(self.up(x)).mean(axis=(1, 2)))
+from pcgopt.testing.flax_models import Block, Decoder, masked_block_apply  # noqa: E402
 
 
 def test_an_attention_block_with_a_padding_mask_computes_what_flax_computes():
-    graphdef, state = nnx.split(Block(16, 2, nnx.Rngs(0)))
-
-    def apply(state, x, keep):
-        mask = nnx.make_attention_mask(keep, keep)
-        return nnx.merge(graphdef, state)(x, mask=mask)
-
+    apply, state = masked_block_apply(Block(16, 2, nnx.Rngs(0)))
     x = jax.random.normal(jax.random.PRNGKey(1), (2, 5, 16))
     keep = jnp.asarray([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], jnp.int32)
     m = from_jax(apply, state, x, keep)
