@@ -47,10 +47,12 @@ def _plan_cells(pcg, budget: float) -> str:
     search_s = time.perf_counter() - start
     cands = plan.stats.candidates
     best_name = min((k for k in BASELINES if cands.get(k) is not None), key=lambda k: cands[k])
+    # Whether the plan was checked against the model by the evaluator, or why not.
+    checked = "yes" if plan.check.startswith("equivalent") else plan.check.split(":")[-1].strip()
     return (
         f"{plan.cost.total_s * 1e3:.3f} ms ({plan.stats.chosen}) | "
         f"{cands[best_name] * 1e3:.3f} ms ({best_name}) | "
-        f"{cands[best_name] / plan.cost.total_s:.2f}x | {search_s:.1f} s |"
+        f"{cands[best_name] / plan.cost.total_s:.2f}x | {search_s:.1f} s | {checked} |"
     )
 
 
@@ -61,8 +63,8 @@ def corpus_rows(budget: float, batch: int) -> list[str]:
     manifest = json.loads((CORPUS / "manifest.json").read_text())
     rows = [
         "| model | ONNX nodes | PCG nodes | import | max err vs PyTorch | vs onnxruntime | "
-        f"plan (batch {batch}) | best baseline | speedup | search |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"plan (batch {batch}) | best baseline | speedup | search | plan checked |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for name in sorted(manifest):
         entry = manifest[name]
@@ -145,8 +147,9 @@ def jax_rows(budget: float, batch: int) -> list[str]:
 
     rows = [
         "| model | JAX equations | PCG nodes | recognized | parameters | import | "
-        f"loss err vs JAX | plan (batch {batch}) | best baseline | speedup | search |",
-        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"loss err vs JAX | plan (batch {batch}) | best baseline | speedup | search | "
+        "plan checked |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for name, (sizes, heads) in JAX_MODELS.items():
         fn = functools.partial(gpt_loss, heads=heads)
@@ -198,8 +201,9 @@ def flax_rows(budget: float, batch: int) -> list[str]:
     }
     rows = [
         "| Flax NNX module | JAX equations | PCG nodes | parameters | import | "
-        f"output err vs Flax | plan (batch {batch}) | best baseline | speedup | search |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"output err vs Flax | plan (batch {batch}) | best baseline | speedup | search | "
+        "plan checked |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
     for name, case in cases.items():
         apply, state, args = case(2)

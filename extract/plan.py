@@ -61,8 +61,8 @@ from pathlib import Path
 from typing import Any
 
 from pcgopt.egraph import Budget, saturate, warm_up_in_background
-from pcgopt.errors import PCGError
-from pcgopt.evaluate import equivalent
+from pcgopt.errors import NotEquivalentError, PCGError
+from pcgopt.evaluate import assert_equivalent
 from pcgopt.extract.baselines import BaselineError, data_parallel, megatron, sequential
 from pcgopt.extract.branches import branch_parallel
 from pcgopt.extract.cost import (
@@ -442,11 +442,13 @@ def _check(model: PCG, plan: PCG, limit: float) -> str:
             message = f"skipped: {why}"
             warnings.warn(f"saturate_and_extract: equivalence check {message}", stacklevel=3)
             return message
-    if not equivalent(model, plan):
+    try:
+        assert_equivalent(model, plan)
+    except NotEquivalentError as err:
         raise PlanCheckError(
-            f"the optimized PCG does not compute what the input computes on {where}; "
-            "this is a bug in pcgopt, please report it with the model"
-        )
+            f"the optimized PCG does not compute what the input computes on {where} "
+            f"({err}); this is a bug in pcgopt, please report it with the model"
+        ) from None
     return f"equivalent to the input on {where} (reference evaluator)"
 
 

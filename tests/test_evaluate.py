@@ -65,6 +65,21 @@ def test_a_different_computation_is_not_equivalent():
         assert_equivalent(original(), wrong)
 
 
+def _log_of(transform):
+    b = PCGBuilder()
+    return b.build(transform(b, b.input((6, 4), name="x")))
+
+
+def test_nan_outside_a_domain_agrees_with_nan_and_only_with_nan():
+    # log of a standard normal input is NaN at about half the elements, in both graphs alike.
+    plain = _log_of(lambda b, x: b.log(x))
+    split = _log_of(lambda b, x: b.combine(b.log(b.partition(x, dim=0, degree=2)), dim=0, degree=2))
+    assert equivalent(plain, split, compare="logical")
+    guarded = _log_of(lambda b, x: b.log(b.relu(x)))  # -inf where the other is NaN
+    with pytest.raises(NotEquivalentError, match=r"max \|difference\| inf"):
+        assert_equivalent(plain, guarded)
+
+
 def test_different_sources_are_not_equivalent():
     b = PCGBuilder()
     x, w = b.input((B, CI), name="x"), b.weight((CI, CO), name="w_other")

@@ -827,19 +827,30 @@ def _argument_names(fn: Callable[..., Any], count: int) -> list[str]:
     return names
 
 
-def _leaves(tree: Any, prefix: str) -> list[tuple[str, Any]]:
+def _flax_variable(x: Any) -> bool:
+    """Whether ``x`` is a Flax NNX Variable (a parameter, a batch statistic, ...)."""
+    return any(
+        c.__name__ == "Variable" and c.__module__.startswith("flax") for c in type(x).__mro__
+    )
+
+
+def _leaves(tree: Any, prefix: str) -> list[tuple[str, Any, bool]]:
+    """``(path, array, trainable)`` of every leaf of ``tree``. A Flax Variable is one leaf
+    named by its path, trainable when it is a ``Param`` (batch statistics are buffers)."""
     import jax
 
-    flat, _ = jax.tree_util.tree_flatten_with_path(tree)
+    flat, _ = jax.tree_util.tree_flatten_with_path(tree, is_leaf=_flax_variable)
     out = []
     for path, leaf in flat:
         parts = []
-        if path and getattr(path[-1], "name", None) == "value":
-            path = path[:-1]  # a Flax Variable's array: named after the variable
         for key in path:
             k = getattr(key, "key", getattr(key, "idx", getattr(key, "name", key)))
             parts.append(str(k))
-        out.append(("/".join([*([prefix] if prefix else []), *parts]) or "arg", leaf))
+        trainable = True
+        if _flax_variable(leaf):
+            trainable = any(c.__name__ == "Param" for c in type(leaf).__mro__)
+            leaf = leaf.get_value() if hasattr(leaf, "get_value") else leaf.value
+        out.append(("/".join([*([prefix] if prefix else []), *parts]) or "arg", leaf, trainable))
     return out
 
 
@@ -869,7 +880,7 @@ def from_jax(
     for k, arg in enumerate(example_args):
         is_param = k in param_pos
         prefix = "" if is_param and len(param_pos) == 1 else arg_names[k]
-        for path, leaf in _leaves(arg, prefix):
+        for path, leaf, trainable in _leaves(arg, prefix):
             value = np.asarray(leaf)
             dtype = _DTYPES.get(str(value.dtype))
             if dtype is None:
@@ -886,7 +897,7 @@ def from_jax(
                     node=path,
                 )
             if is_param:
-                t = imp.b.weight(shape, dtype, name=name)
+                t = imp.b.weight(shape, dtype, name=name, trainable=trainable)
                 imp.weights[name] = value.reshape(shape)
             else:
                 bound = UNBOUNDED if dtype.is_integer else None

@@ -40,5 +40,10 @@ def test_an_nhwc_decoder_computes_what_flax_computes():
     np.testing.assert_allclose(got, np.asarray(apply(state, image)), rtol=1e-5, atol=1e-5)
     convs = [n for n in m.pcg.nodes if n.op == "conv2d"]
     assert [n.params["input_dilation"] for n in convs] == [(1, 1), (1, 1), (2, 2)]
-    # Batch norm's running statistics are weights too (Flax keeps them in the state).
-    assert {"bn/mean", "bn/var", "conv1/kernel"} <= set(m.weights)
+    # Batch norm's running statistics are buffers (weights without gradients), its scale and
+    # shift parameters: the parameter count is Flax's count of nnx.Param.
+    assert (
+        not m.pcg.node("bn/var").params["trainable"] and m.pcg.node("bn/scale").params["trainable"]
+    )
+    params = nnx.state(Decoder(nnx.Rngs(0)), nnx.Param)
+    assert m.parameter_count == sum(np.size(v) for v in jax.tree_util.tree_leaves(params))
