@@ -6,7 +6,7 @@ import json
 import pytest
 
 import pcgopt
-from pcgopt import Machine, MachineError, PCGError, equivalent
+from pcgopt import Machine, MachineError, NotEquivalentError, PCGError, equivalent
 from pcgopt.extract import (
     DEFAULT_MACHINE,
     PlanCheckError,
@@ -110,8 +110,13 @@ def test_bad_arguments_are_named():
 
 
 def test_a_plan_that_differs_from_the_input_is_refused(monkeypatch):
-    monkeypatch.setattr(plan_module, "equivalent", lambda a, b: False)
-    with pytest.raises(PlanCheckError, match="does not compute what the input computes"):
+    def differs(a, b):
+        raise NotEquivalentError("output 0 differs at index (0, 0)")
+
+    monkeypatch.setattr(plan_module, "assert_equivalent", differs)
+    with pytest.raises(
+        PlanCheckError, match=r"does not compute what the input computes .*\(0, 0\)"
+    ):
         saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=5)
 
 
