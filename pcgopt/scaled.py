@@ -40,9 +40,12 @@ the least its windows fit). Windows may then rest on padding (ResNeXt-50's last 
 1 x 1), which checks less of them; but a plan's windows are its model's unless split, and only
 windows that do not overlap are split, along sizes their degrees still divide.
 
-**Which stay.** Every dimension of an operator whose sizes cannot change
-(:meth:`~pcgopt.ops.spec.ComputeOp.resized_params` is None: a split, whose parameters hold its
-part sizes), and of any node the smaller graph rejects: it is then rebuilt with that node's
+**Which stay.** The dimensions an operator's parameters fix
+(:meth:`~pcgopt.ops.spec.ComputeOp.fixed_dims`: the sliced dimension of a slice, the split one
+of a split, whose parameters hold positions and part sizes); every dimension of an operator
+whose sizes cannot change and that cannot say which (its
+:meth:`~pcgopt.ops.spec.ComputeOp.resized_params` is None), and of any node the smaller graph
+rejects: it is then rebuilt with that node's
 dimensions at full size, at most ``max_rebuilds`` times. Integer inputs that index a dimension
 (an embedding's ids, :attr:`~pcgopt.ops.spec.ComputeOp.index_inputs`) are drawn below its new
 size. :attr:`ScaledDown.kept` names the nodes kept at full size, and why.
@@ -106,6 +109,11 @@ class ScaledDown:
 
 
 Key = Hashable  # ("src", name, dim) for a source's dimension, (graph, node, output, dim) else
+
+
+#: Compute operators whose output holds elements of their first input (an index reshaped or
+#: broadcast is still an index of the same table).
+_MOVE_INTEGERS = frozenset({"reshape", "broadcast", "transpose", "slice", "concat"})
 
 
 def _key(g: int, pcg: PCG, ref: TensorRef, dim: int) -> Key:
@@ -177,7 +185,12 @@ class _Problem:
             return
         in_sizes, out_sizes = tuple(s.sizes for s in ins), tuple(s.sizes for s in outs)
         conditions = spec.signature_conditions(node.params, in_sizes, out_sizes)
-        if spec.resized_params(node.params, in_sizes, out_sizes) is None:
+        fixed = spec.fixed_dims(node.params, in_sizes, out_sizes)
+        if fixed is not None:
+            # Its parameters fix some dimensions only (a slice's sliced one): they keep their
+            # sizes, the others shrink as loop axes.
+            self.frozen.update(_dim_key(g, pcg, node, ref) for ref in fixed)
+        elif spec.resized_params(node.params, in_sizes, out_sizes) is None:
             self.freeze(g, pcg, node, f"{node.op} cannot change its sizes")
             return
         # A structure that depends on sizes it cannot state (a convolution's windows): the
@@ -348,6 +361,15 @@ class _Problem:
         windows slide along at ``window_size`` (None: their full size), the rest derived."""
         find = self.classes.__getitem__
         frozen_roots = {find(k) for k in self.frozen}
+        # A product's factors keep their sizes where the product must ([H] -> [heads, dh] of
+        # a slice's part, whose size the slice fixes).
+        grew = True
+        while grew:
+            grew = False
+            for one, other in self.products:
+                if find(one) in frozen_roots and not {find(k) for k in other} <= frozen_roots:
+                    frozen_roots |= {find(k) for k in other}
+                    grew = True
         members: dict[Key, list[Key]] = {}
         for key in self.full:
             members.setdefault(find(key), []).append(key)
@@ -499,7 +521,11 @@ class _Problem:
             for node in other.nodes:
                 for i, j, d in getattr(node.spec, "index_inputs", ()):
                     source = node.inputs[i].node
-                    while other.node(source).spec.kind is OpKind.PARALLEL:
+                    # Back to the input, through operators that move integers unchanged.
+                    while (
+                        other.node(source).spec.kind is OpKind.PARALLEL
+                        or other.node(source).op in _MOVE_INTEGERS
+                    ):
                         source = other.node(source).inputs[0].node
                     limit = size(_key(other_g, other, node.inputs[j], d))
                     bound[source] = min(bound.get(source, limit), limit)

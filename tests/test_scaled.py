@@ -102,6 +102,31 @@ def test_a_reshape_into_heads_keeps_its_runs():
     assert equivalent(small_model, small_plan)
 
 
+def test_a_fused_qkv_keeps_its_parts_and_the_rest_shrinks():
+    # q, k and v sliced out of one product, then split into heads: the slices' positions fix
+    # the product's width and each part's (and the heads' factors); batch and sequence shrink.
+    b = PCGBuilder()
+    x = b.input((8, 32, 16), name="x")
+    qkv = b.matmul(x, b.weight((16, 48), name="w"), name="qkv")
+    parts = [b.slice(qkv, axis=2, start=16 * k, stop=16 * (k + 1), name=f"p{k}") for k in range(3)]
+    heads = [b.reshape(p, shape=(8, 32, 4, 4), name=f"h{k}") for k, p in enumerate(parts)]
+    model = b.build(b.add(b.mul(heads[0], heads[1]), heads[2]))
+    plan_b = PCGBuilder()
+    px = plan_b.partition(plan_b.input((8, 32, 16), name="x"), dim=0, degree=2)
+    pq = plan_b.matmul(px, plan_b.replicate(plan_b.weight((16, 48), name="w"), degree=2))
+    pp = [plan_b.slice(pq, axis=2, start=16 * k, stop=16 * (k + 1)) for k in range(3)]
+    ph = [plan_b.reshape(p, shape=(8, 32, 4, 4)) for p in pp]
+    plan = plan_b.build(
+        plan_b.combine(plan_b.add(plan_b.mul(ph[0], ph[1]), ph[2]), dim=0, degree=2)
+    )
+    small = scaled_down(model, plan)
+    small_model, small_plan = small.pcgs
+    assert small.kept == ()  # no node keeps all its dimensions
+    assert small_model.shape("qkv").sizes[2] == 48 and small_model.shape("h0").sizes[2:] == (4, 4)
+    assert small_model.shape("x").sizes[:2] == (4, 4)
+    assert equivalent(small_model, small_plan)
+
+
 def test_embedding_ids_are_drawn_below_the_new_table_size():
     model = _full_size("dlrm")
     small_model, _ = scaled_down(model, data_parallel(model, SUMMIT)).pcgs
@@ -111,6 +136,15 @@ def test_embedding_ids_are_drawn_below_the_new_table_size():
             rows = small_model.shape(table).sizes[0]
             assert rows < 1_000_000
             assert small_model.node(ids.node).params["max_value"] <= rows
+
+
+def test_ids_reshaped_before_their_lookup_are_drawn_below_the_new_table_size():
+    b = PCGBuilder()
+    ids = b.input((8, 16), "i64", name="ids", max_value=1000)
+    flat = b.reshape(ids, shape=(128,))  # as the JAX importer lays out token ids
+    model = b.build(b.embedding(flat, b.weight((1000, 32), name="table")))
+    (small,) = scaled_down(model).pcgs
+    assert small.node("ids").params["max_value"] <= small.shape("table").sizes[0] < 1000
 
 
 def test_images_shrink_to_the_least_size_the_windows_fit():

@@ -98,6 +98,17 @@ class Split(ComputeOp):
         why = "it is the axis being split into parts"
         return Signature(axes, linear_in=(0,), notes=((0, params["axis"], why),))
 
+    def resized_params(self, params, in_sizes, out_sizes):
+        # Its parts keep their sizes; every other dimension may change.
+        axis = params["axis"]
+        parts = tuple(out[axis] for out in out_sizes)
+        keeps = parts == tuple(params["sizes"]) and in_sizes[0][axis] == sum(parts)
+        return params if keeps else None
+
+    def fixed_dims(self, params, in_sizes, out_sizes):
+        axis = params["axis"]
+        return (("in", 0, axis), *(("out", o, axis) for o in range(len(out_sizes))))
+
     def reference(self, params, x):
         cuts = np.cumsum(params["sizes"])[:-1]
         return tuple(array_module(x).split(x, cuts.tolist(), axis=params["axis"]))
@@ -262,6 +273,9 @@ class Slice(ComputeOp):
     def resized_params(self, params, in_sizes, out_sizes):
         # Positions along the sliced dimension keep their meaning only if it keeps its size.
         return params if _slice_unchanged(params, in_sizes[0], out_sizes[0]) else None
+
+    def fixed_dims(self, params, in_sizes, out_sizes):
+        return (("in", 0, params["axis"]), ("out", 0, params["axis"]))
 
     def reference(self, params, x):
         index = [slice(None)] * x.ndim

@@ -336,6 +336,15 @@ class ComputeOp(OpSpec):
             return None
         return params
 
+    def fixed_dims(
+        self, params: Params, in_sizes: tuple[Sizes, ...], out_sizes: tuple[Sizes, ...]
+    ) -> tuple[DimRef, ...] | None:
+        """The dimensions whose sizes the parameters fix, when :meth:`resized_params` takes
+        any other sizes as long as these keep theirs (a slice's sliced dimension): a smaller
+        instance of the graph keeps them and shrinks the rest. None: not known, so a smaller
+        instance keeps all of the node's dimensions."""
+        return None
+
     def local(
         self, params: Params, ctx: LocalContext, *blocks: np.ndarray
     ) -> tuple[np.ndarray, ...]:
