@@ -8,10 +8,7 @@ whose operator and parameters are those of an input node, and whose inputs hold 
 values: parallel operators move a value, they do not change it) that node's inputs, computes
 that node's value and gets its name. When several plan nodes compute one input node's value
 (pieces of a split layer), the first gets the name and the others ``name~1``, ``name~2``, ...
-A computing node an algebraic rewrite made (the product of an unfused dense layer, a split
-layer's pieces) is named after the model node it helps compute: the first named computing node
-its output reaches, ``layer1/dense/matmul`` for a ``matmul`` that feeds ``layer1/dense``, or the
-last one its inputs come from when its output reaches none. Parallel operators keep their names.
+Nodes an algebraic rewrite made keep their generated names.
 
 >>> from pcgopt import PCGBuilder
 >>> b = PCGBuilder()
@@ -67,53 +64,17 @@ def model_names(source: PCG, plan: PCG) -> dict[str, str]:
         wanted[n.name] = name
         for k in range(len(plan.output_shapes(n.name))):
             value[n.output(k)] = TensorRef(name, k)
-    derived = _derived(plan, wanted)
-    taken = {n.name for n in plan.nodes if n.name not in wanted and n.name not in derived}
+    taken = {n.name for n in plan.nodes if n.name not in wanted}
     names: dict[str, str] = {}
     for n in plan.nodes:
-        base = wanted.get(n.name) or derived.get(n.name)
-        if base is None:
+        if n.name not in wanted:
             names[n.name] = n.name
             continue
-        k, new = 0, base
+        base, k = wanted[n.name], 0
+        new = base
         while new in taken:
             k += 1
             new = f"{base}~{k}"
         taken.add(new)
         names[n.name] = new
     return names
-
-
-def _derived(plan: PCG, wanted: dict[str, str]) -> dict[str, str]:
-    """``model node/op`` for each computing node of ``plan`` that computes no model node: after
-    the first model node its output reaches (through other nodes), else the last its inputs
-    come from."""
-    readers: dict[str, list[str]] = {}
-    for n in plan.nodes:
-        for r in n.inputs:
-            readers.setdefault(r.node, []).append(n.name)
-    by_name = {n.name: n for n in plan.nodes}
-    below: dict[str, str | None] = {}
-    for n in reversed(plan.nodes):  # readers come after: their answers are known
-        if n.name in wanted:
-            below[n.name] = wanted[n.name]
-            continue
-        below[n.name] = next(
-            (below[r] for r in readers.get(n.name, ()) if below.get(r) is not None), None
-        )
-    above: dict[str, str | None] = {}
-    for n in plan.nodes:
-        if n.name in wanted:
-            above[n.name] = wanted[n.name]
-            continue
-        above[n.name] = next(
-            (above[r.node] for r in reversed(n.inputs) if above.get(r.node) is not None), None
-        )
-    out = {}
-    for name, node in by_name.items():
-        if node.spec.kind is not OpKind.COMPUTE or name in wanted:
-            continue
-        base = below[name] or above[name]
-        if base is not None:
-            out[name] = f"{base}/{node.op}"
-    return out
