@@ -3,7 +3,7 @@
 
 What it does
 ------------
-Builds seven models from small configuration objects with *random* initialization (a fixed
+Builds ten models from small configuration objects with *random* initialization (a fixed
 seed; no pretrained weights are ever downloaded), puts them in ``eval()`` mode and exports each
 with ``torch.onnx.export`` at opset 17, using the TorchScript-based exporter
 (``dynamo=False``), which names every node after the module path it came from, e.g.
@@ -29,12 +29,20 @@ convnext              transformers ConvNextModel (patch 4, stages [16, 32], dept
                       image 32); outputs last_hidden_state, pooler_output
 transformer_encoder   torch.nn.TransformerEncoder (2 layers, d_model 64, nhead 4, FFN 128,
                       batch_first=True, seq 16); input ``src`` (float); output ``output``
+bert_masked           BertModel as ``bert``, given ``attention_mask`` (padded rows, int64 0/1)
+                      and ``token_type_ids`` too: the padding mask's Cast/And/Where graph
+conv_decoder          ``ConvDecoder`` (torch.nn): ConvTranspose2d (stride 2, output padding,
+                      groups), nearest and bilinear Upsample, an asymmetric F.pad, a dilated
+                      conv; input ``image`` [batch, 3, 8, 8]
+moe                   ``TopTwoMoE`` (torch.nn): LayerNorm, a softmax router, torch.topk of two
+                      experts, F.one_hot dispatch weights, four GELU experts; input ``tokens``
+                      [batch, 8, 32]
 ====================  ==========================================================================
 
 Choices that shape the graphs:
 
-* Attention masks are *not* passed (only ids / pixels), so the graphs stay simple; what was
-  passed is recorded in the manifest (``passed``).
+* Attention masks are *not* passed (only ids / pixels), except to ``bert_masked``, so the
+  other graphs stay simple; what was passed is recorded in the manifest (``passed``).
 * Hugging Face models use ``attn_implementation="eager"``: attention is the plain
   MatMul / Mul(scale) / [Add(causal mask), decoders only] / Softmax / MatMul pattern, not SDPA.
 * For GPT-2, transformers' packed-sequence detection is patched out while tracing (see
@@ -186,8 +194,9 @@ def _hf_model(cls, config):
     return cls(config)
 
 
-def build_bert(full=False):
-    from transformers import BertConfig, BertModel
+def _bert_config(full=False):
+    """(config, sequence length) of the BERT models: bert-base-uncased's shapes, or small."""
+    from transformers import BertConfig
 
     if full:  # bert-base-uncased shapes
         cfg = BertConfig(
@@ -198,17 +207,22 @@ def build_bert(full=False):
             intermediate_size=3072,
             max_position_embeddings=512,
         )
-        seq = 128
-    else:
-        cfg = BertConfig(
-            vocab_size=100,
-            hidden_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            intermediate_size=128,
-            max_position_embeddings=32,
-        )
-        seq = 16
+        return cfg, 128
+    cfg = BertConfig(
+        vocab_size=100,
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=32,
+    )
+    return cfg, 16
+
+
+def build_bert(full=False):
+    from transformers import BertModel
+
+    cfg, seq = _bert_config(full)
     model = _hf_model(BertModel, cfg)
     outputs = ["last_hidden_state", "pooler_output"]
     return dict(
@@ -399,18 +413,9 @@ def build_transformer_encoder():
 
 
 def build_bert_masked():
-    from transformers import BertConfig, BertModel
+    from transformers import BertModel
 
-    cfg = BertConfig(
-        vocab_size=100,
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=32,
-        type_vocab_size=2,
-    )
-    seq = 16
+    cfg, seq = _bert_config()  # two token types, the default
     model = _hf_model(BertModel, cfg)
     names = ["input_ids", "attention_mask", "token_type_ids"]
     outputs = ["last_hidden_state", "pooler_output"]
