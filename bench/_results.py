@@ -40,7 +40,7 @@ def run_child(code: str, *args: object) -> dict | str:
 def publish(heading: str, lines: list[str], *, write: bool) -> None:
     """Prints the section ``heading`` followed by ``lines`` and, if ``write``, puts it in
     bench/RESULTS.md (:func:`write_section`)."""
-    section = "\n".join([heading, "", *lines])
+    section = "\n".join([heading, "", *lines]) + "\n"
     print(section)
     if write:
         write_section(heading, section)

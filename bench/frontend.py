@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _results import publish
+from _results import check_kind, publish
 
 from pcgopt import Machine
 from pcgopt.extract.plan import saturate_and_extract
@@ -48,7 +48,9 @@ def _plan_cells(pcg, budget: float) -> str:
     cands = plan.stats.candidates
     best_name = min((k for k in BASELINES if cands.get(k) is not None), key=lambda k: cands[k])
     # Whether the plan was checked against the model by the evaluator, or why not.
-    checked = "yes" if plan.check.startswith("equivalent") else plan.check.split(":")[-1].strip()
+    checked = check_kind(plan.check)
+    if checked == "skipped":
+        checked += f" ({plan.check.split(':', 1)[1].strip()})"
     return (
         f"{plan.cost.total_s * 1e3:.3f} ms ({plan.stats.chosen}) | "
         f"{cands[best_name] * 1e3:.3f} ms ({best_name}) | "
