@@ -195,6 +195,26 @@ def _layout() -> list[Axiom]:
                             conditions=(f"s + t == size(x, {a})",),
                         )
                     )
+            d6 = {f"{v}{k}": _decl(xa if k == 1 else ya) for v in "cxy" for k in (1, 2)}
+            out.append(
+                Axiom(
+                    f"where_over_concat_{tag}",
+                    "where picks element by element, so it acts on aligned blocks",
+                    f"where(concat(c1, c2, axis={a}), concat(x1, x2, axis={a}), "
+                    f"concat(y1, y2, axis={a}))",
+                    f"concat(where(c1, x1, y1), where(c2, x2, y2), axis={a})",
+                    d6,
+                )
+            )
+            out.append(
+                Axiom(
+                    f"cast_over_concat_{tag}",
+                    "a cast converts each element, wherever concat puts it",
+                    f"cast(concat(x, y, axis={a}), dtype='f64')",
+                    f"concat(cast(x, dtype='f64'), cast(y, dtype='f64'), axis={a})",
+                    d,
+                )
+            )
             for op in _binary_ops():
                 d4 = {"x1": _decl(xa), "x2": _decl(ya), "y1": _decl(xa), "y2": _decl(ya)}
                 out.append(
@@ -324,6 +344,23 @@ def _elementwise() -> list[Axiom]:
                 {"x": s},
             ),
         ]
+    out += [
+        Axiom(
+            "where_over_transpose",
+            "where picks element by element, so it commutes with transposing",
+            "transpose(where(c, x, y), perm=(1, 0))",
+            "where(transpose(c, perm=(1, 0)), transpose(x, perm=(1, 0)), "
+            "transpose(y, perm=(1, 0)))",
+            {"c": "[m, n]", "x": "[m, n]", "y": "[m, n]"},
+        ),
+        Axiom(
+            "pad_of_pad",
+            "two zero pads are one, of the sums of their widths",
+            "pad(pad(x, low=(a, b), high=(c, d)), low=(e, f), high=(g, h))",
+            "pad(x, low=(a + e, b + f), high=(c + g, d + h))",
+            {"x": "[m, n]"},
+        ),
+    ]
     for op in _binary_ops():
         out.append(
             Axiom(
