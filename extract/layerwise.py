@@ -27,6 +27,10 @@ AllGather into copies. The result is an ordinary PCG, equivalent to the input
 (``pcgopt.equivalent``), costed by :func:`~pcgopt.extract.cost.iteration_cost` like every other
 plan.
 
+A layer whose sizes no strategy over all ``p`` devices divides (a batch of 256 and no factor 3
+on 12 GPUs) takes its strategies on the most devices that have one; the others idle while it
+runs, rather than the whole search giving up.
+
 The searches (section 4.4) rank assignments by ``iteration_cost``: feasible (fits device memory)
 before infeasible, feasible ones by predicted time and infeasible ones by memory per device (so
 that a search starting out of memory moves towards fitting). Memory-aware pruning: a strategy
@@ -551,6 +555,31 @@ class LayerwiseResult:
         return "\n".join(f"{name}: {s!r}" for name, s in self.strategies.items())
 
 
+def _layer_options(
+    pcg: PCG,
+    name: str,
+    machine: Machine,
+    devices: int | None,
+    allow: Callable[[MatmulStrategy], bool] | None,
+) -> tuple[MatmulStrategy, ...]:
+    """The strategies a layer may take: those on all ``devices`` (default: the machine's) or,
+    where none divides its sizes (a batch of 256 on 12 GPUs), those on the most devices that
+    have one, the others idle while it runs."""
+    p = machine.num_devices if devices is None else devices
+    for count in range(p, 0, -1):
+        found = tuple(
+            o
+            for o in strategies_for(pcg, name, machine, devices=count)
+            if allow is None or allow(o)
+        )
+        if found:
+            return found
+    raise BaselineError(
+        f"node {name!r}: no SBP matmul strategy on {p} devices or fewer fits device memory",
+        node=name,
+    )
+
+
 _INFEASIBLE = (True, math.inf)
 
 #: With more dense layers than this, the searches tie layers of one role by default (a sweep
@@ -584,21 +613,8 @@ class _Search:
         if not self.layers:
             raise BaselineError("the PCG has no dense layer (MatMul/Linear by a rank-2 weight)")
         self.options = {
-            name: tuple(
-                o
-                for o in strategies_for(pcg, name, machine, devices=devices)
-                if allow is None or allow(o)
-            )
-            for name in self.layers
+            name: _layer_options(pcg, name, machine, devices, allow) for name in self.layers
         }
-        for name, options in self.options.items():
-            if not options:
-                raise BaselineError(
-                    f"node {name!r}: no SBP matmul strategy on "
-                    f"{devices or machine.num_devices} devices divides its sizes and fits "
-                    "device memory",
-                    node=name,
-                )
         if tie is None:
             tie = len(self.layers) > TIE_ABOVE
         # The coordinates: one per layer, or one per role (layers with the same name but for

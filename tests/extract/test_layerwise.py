@@ -272,6 +272,18 @@ def test_coordinate_descent_finds_the_exhaustive_optimum_on_a_small_model():
     assert "matmul" in result.describe()
 
 
+def test_a_layer_that_no_split_over_every_device_divides_runs_on_fewer():
+    # Twelve GPUs (two Summit nodes of six) and sizes without a factor 3: no strategy uses all
+    # twelve, so each layer runs on the most devices that divide its sizes, eight.
+    b = PCGBuilder()
+    x = b.input((16, 32), name="x")
+    h = b.relu(b.matmul(x, b.weight((32, 64), name="w1")))
+    model = b.build(b.matmul(h, b.weight((64, 16), name="w2")))
+    found = coordinate_descent(model, Machine.preset("summit", nodes=2), restarts=1)
+    assert {s.devices for s in found.strategies.values()} == {8}
+    assert equivalent(model, found.pcg)
+
+
 def test_coordinate_descent_never_loses_to_its_data_parallel_start():
     pcg = build("transformer", small=True, batch=4)
     result = coordinate_descent(pcg, FOUR, restarts=1, tie=True)
