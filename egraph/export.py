@@ -17,7 +17,14 @@ from typing import Any
 
 import numpy as np
 
-from pcgopt.egraph.language import EGraphError, Language, decode_param, multi_output
+from pcgopt.egraph.language import (
+    MAX_VARIADIC,
+    EGraphError,
+    Language,
+    decode_param,
+    multi_output,
+    within_arity,
+)
 from pcgopt.errors import PCGError
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.ops import OpKind, Params, get_op
@@ -218,6 +225,7 @@ class EGraphData:
         return self._walk(pcg)[1]
 
     def _walk(self, pcg: PCG) -> tuple[dict[TensorRef, int], str | None]:
+        pcg = within_arity(pcg, MAX_VARIADIC)  # as it was loaded
         index = self._hashcons()
         where: dict[TensorRef, int] = {}
         for node in pcg.nodes:
@@ -251,6 +259,7 @@ class EGraphData:
         Raises :class:`ChoiceError` if the e-graph does not contain it."""
         if not self.contains(pcg):
             raise ChoiceError("the e-graph does not contain this PCG")
+        pcg = within_arity(pcg, MAX_VARIADIC)  # as it was loaded
         where = self.classes_of(pcg)
         assert where is not None
         node_of = {}

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pcgopt.errors import SchemaError
+from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.ops import OPERATORS, OpKind, Params, get_op
 from pcgopt.ops.params import ParamType
 from pcgopt.ops.spec import OpSpec
@@ -95,6 +96,11 @@ def multi_output(spec: OpSpec) -> bool:
     return type(spec).num_outputs is not OpSpec.num_outputs
 
 
+#: The most inputs of a variadic operator's constructor; a wider concat is loaded as a concat
+#: of concats (:func:`within_arity`).
+MAX_VARIADIC = 8
+
+
 def _arities(spec: OpSpec, max_variadic: int) -> range:
     if spec.kind is OpKind.SOURCE:
         return range(0, 1)
@@ -105,7 +111,7 @@ def _arities(spec: OpSpec, max_variadic: int) -> range:
 class Language:
     """The constructors of every operator, and the egglog program's declarations."""
 
-    def __init__(self, max_variadic: int = 8) -> None:
+    def __init__(self, max_variadic: int = MAX_VARIADIC) -> None:
         self.max_variadic = max_variadic
         self._by_key: dict[tuple[str, int], Constructor] = {}
         self._by_name: dict[str, Constructor] = {}
@@ -152,6 +158,36 @@ class Language:
 
 
 @functools.cache
+def within_arity(pcg: PCG, max_inputs: int) -> PCG:
+    """``pcg`` with every concat of more than ``max_inputs`` inputs (a recommender's 26
+    embedding tables) written as a concat of concats of at most that many, the same tensor:
+    the e-graph has constructors for a bounded number of inputs. The outer concat keeps the
+    node's name; the inner ones are ``name/part0``, ``name/part1``, ..."""
+    if all(len(n.inputs) <= max_inputs for n in pcg.nodes if n.op == "concat"):
+        return pcg
+    nodes: list[Node] = []
+    for node in pcg.nodes:
+        inputs = list(node.inputs)
+        level = 0
+        while node.op == "concat" and len(inputs) > max_inputs:
+            parts = []
+            for k in range(0, len(inputs), max_inputs):
+                chunk = tuple(inputs[k : k + max_inputs])
+                if len(chunk) == 1:
+                    parts.append(chunk[0])
+                    continue
+                name = (
+                    f"{node.name}/part{level}_{k // max_inputs}"
+                    if level
+                    else (f"{node.name}/part{k // max_inputs}")
+                )
+                nodes.append(Node(name, "concat", chunk, node.params))
+                parts.append(TensorRef(name, 0))
+            inputs, level = parts, level + 1
+        nodes.append(Node(node.name, node.op, tuple(inputs), node.params))
+    return PCG(nodes, pcg.outputs)
+
+
 def language() -> Language:
     """The language of the registered operators (built once)."""
     return Language()

@@ -42,6 +42,7 @@ from pcgopt.egraph.language import (
     fact_values,
     language,
     node_call,
+    within_arity,
 )
 from pcgopt.egraph.translate import (
     RULESETS,
@@ -406,6 +407,11 @@ def pcg_program(
     (with ``seed_of_prefix``), ``pcg``'s outputs are instead unioned with that PCG's.
     ``source_prefix`` goes before every input's and weight's name (PCGs loaded together keep
     their sources apart)."""
+    # Loaded as written within the constructors' arities (the PCG that seeds refer to too, so
+    # that its nodes keep the numbers they were loaded with).
+    pcg = within_arity(pcg, lang.max_variadic)
+    if seed_of is not None:
+        seed_of = within_arity(seed_of, lang.max_variadic)
     lines: list[str] = []
     ref: dict[tuple[str, int], str] = {}
     for k, node in enumerate(pcg.nodes):

@@ -919,3 +919,18 @@ def test_cut_layouts_are_the_batch_splits_and_copies_the_devices_allow():
     }  # fmt: skip
     with pytest.raises(PCGError, match="unsplit"):
         cut_layouts(shape.with_degree(0, 2), (2,))
+
+
+def test_a_concat_of_more_inputs_than_a_constructor_takes_is_loaded_as_a_tree():
+    # A recommender's 26 embedding tables and dense features, concatenated: the e-graph holds
+    # it as a concat of concats (each within the constructors' arity), seeds and all.
+    b = PCGBuilder()
+    feats = [b.input((8, 2), name=f"f{k}") for k in range(26)]
+    model = b.build(b.relu(b.matmul(b.concat(*feats, axis=1), b.weight((52, 4), name="w"))))
+    sat = saturate(
+        model, TWO_GPUS, budget=Budget(iterations=2), seeds=[data_parallel(model, TWO_GPUS)]
+    )
+    assert sat.contains(model) and sat.contains(data_parallel(model, TWO_GPUS))
+    extracted = sat.egraph.to_pcg(sat.egraph.choice_for(model))
+    assert max(len(n.inputs) for n in extracted.nodes if n.op == "concat") <= 8
+    assert_equivalent(model, extracted)
