@@ -340,7 +340,9 @@ def warm_up(
 
 
 def warm_up_in_background(
-    rules: Sequence[Rule] | None = None, pcgs: Sequence[PCG] = ()
+    rules: Sequence[Rule] | None = None,
+    pcgs: Sequence[PCG] = (),
+    presets: Sequence[str] | None = None,
 ) -> Future[float]:
     """:func:`warm_up` in a daemon thread; the future gives its seconds, or raises what it
     raised. egglog releases the interpreter lock while it compiles the rules (most of the
@@ -348,13 +350,14 @@ def warm_up_in_background(
     load overlaps the caller's own work. Wait for the future before :func:`saturate` with
     ``Budget(isolate=True)``, which forks."""
     done: Future[float] = Future()
-    if rules is not None or _loaded_superset(shipped_presets(pcgs)) is not None:
+    wanted = shipped_presets(pcgs) if presets is None else _check_presets(presets)
+    if rules is not None or _loaded_superset(wanted) is not None:
         done.set_result(0.0)
         return done
 
     def load() -> None:
         try:
-            done.set_result(warm_up(pcgs=pcgs))
+            done.set_result(warm_up(pcgs=pcgs, presets=presets))
         except BaseException as e:  # handed to whoever waits on the future
             done.set_exception(e)
 

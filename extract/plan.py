@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any
 
 from pcgopt.egraph import Budget, saturate, warm_up_in_background
+from pcgopt.egraph.translate import legal_degrees
 from pcgopt.errors import NotEquivalentError, PCGError
 from pcgopt.evaluate import assert_equivalent
 from pcgopt.extract.baselines import BaselineError, data_parallel, megatron, sequential
@@ -571,6 +572,8 @@ def saturate_and_extract(
     progress: bool | Callable[[str], None] = False,
     split: bool | None = None,
     min_segment_ops: int = MIN_SEGMENT_OPS,
+    degrees: Sequence[int] | None = None,
+    presets: Sequence[str] | None = None,
 ) -> Plan:
     """Optimize ``pcg`` for training on ``machine`` (module docstring): returns the fastest
     plan found that fits in device memory, with its predicted cost.
@@ -594,18 +597,25 @@ def saturate_and_extract(
     ``split``: graph splitting (Unity section 5.3, :mod:`pcgopt.extract.splitting`): saturate
     and extract segments of at least ``min_segment_ops`` computing operators separately and
     stitch them, with a DP over the layouts handed across the cuts; None (the default) splits
-    when the graph has such cuts, False never does.
+    when the graph has such cuts, False never does. ``degrees`` (the only degrees rewrites
+    may choose, e.g. ``machine.level_degrees()``) and ``presets`` (the shipped rule files to
+    saturate with, e.g. ``("transformer", "layouts")``): as for
+    :func:`~pcgopt.egraph.saturate`; the default is every divisor of the device count and the
+    rule files that can rewrite the model.
 
     A candidate that the placement or the machine mapping rejects (:class:`CostError`, a
     bug) is left out with a warning, and the others still compete; if none is left, the
     :class:`CostError` says why.
     """
     machine = _checked_arguments(pcg, machine, time_budget_s, seeds)
+    if degrees is not None:
+        legal_degrees(machine.num_devices, degrees)  # a clear error now, not after the seeds
     say = _reporter(progress)
     clock = _Clock.start(time_budget_s)
     # The shipped rules load (once per process) on the second core while the layer-wise
     # searches run; saturation waits for them, and its share pays for what is left.
-    rules_loaded = warm_up_in_background(rules, [pcg])
+    rules_loaded = warm_up_in_background(rules, [pcg], presets)
+    rewrite_options = {"degrees": degrees, "presets": presets}
     phases: dict[str, float] = {}
     input_cost = iteration_cost(pcg, machine, optimizer=optimizer)
 
@@ -645,6 +655,7 @@ def saturate_and_extract(
             min_segment_ops,
             memory_budget,
             optimizer,
+            rewrite_options,
         )
     else:
         extracted, search = _whole_phase(
@@ -659,6 +670,7 @@ def saturate_and_extract(
             memory_budget,
             optimizer,
             progress,
+            rewrite_options,
         )
 
     start = time.perf_counter()
@@ -913,6 +925,7 @@ def _whole_phase(
     memory_budget: int,
     optimizer: str,
     progress: bool | Callable[[str], None],
+    rewrite_options: Mapping[str, Any],
 ) -> tuple[PCG | None, _Explored]:
     """Saturation of the whole PCG, then extraction: the plan extracted (None if extraction
     failed) and what to report."""
@@ -933,6 +946,7 @@ def _whole_phase(
         ),
         progress=bool(progress),
         seeds=list(dict.fromkeys(seed_plans)),
+        **rewrite_options,
     )
     phases["saturate"] = time.perf_counter() - start
     say(sat.summary())
@@ -983,6 +997,7 @@ def _split_phase(
     min_segment_ops: int,
     memory_budget: int,
     optimizer: str,
+    rewrite_options: Mapping[str, Any],
 ) -> tuple[PCG | None, _Explored]:
     """Graph splitting (:mod:`pcgopt.extract.splitting`) in saturation's and extraction's
     shares: the stitched plan (None if it failed) and what to report. The data-parallel and
@@ -1009,6 +1024,7 @@ def _split_phase(
         memory_budget=memory_budget,
         optimizer=optimizer,
         progress=say,
+        **rewrite_options,
     )
     assert search is not None  # the caller split it already
     phases["saturate"] = search.saturate_seconds

@@ -277,6 +277,8 @@ def split_search(
     optimizer: str | Optimizer = "adam",
     progress: Callable[[str], None] | None = None,
     segment_budget: Budget | None = None,
+    degrees: Sequence[int] | None = None,
+    presets: Sequence[str] | None = None,
 ) -> SplitSearch | None:
     """Saturate and extract ``pcg`` segment by segment and stitch the best combination
     (module docstring). None if it does not split into at least two segments of ``min_ops``
@@ -288,7 +290,8 @@ def split_search(
     ``segment_budget``: the saturation's budget instead (benchmarks: an iteration budget
     gives every segment that many iterations); either way its back-off match limit and
     e-node budget are per segment (multiplied by the number of distinct segments, since the
-    run counts matches and e-nodes in all of them)."""
+    run counts matches and e-nodes in all of them). ``degrees``, ``presets``: as for
+    :func:`~pcgopt.egraph.saturate`."""
     say = progress or (lambda msg: None)
     # The deadlines run from the call: cutting the graph and slicing the seeds is in the shares.
     saturate_until = time.perf_counter() + saturate_s
@@ -323,6 +326,8 @@ def split_search(
         rules=rules,
         budget=budget,
         seeds=[p.seeds for p in distinct.values()],
+        degrees=degrees,
+        presets=presets,
     )
     result.saturate_seconds = time.perf_counter() - start
     first = sats[0]  # the shared run's figures are in each

@@ -258,3 +258,20 @@ def test_a_plan_runs_on_jax_as_it_was_costed(mnist_plan):
     assert abs(float(loss) - float(ref_loss)) <= 1e-4 * max(1.0, abs(float(ref_loss)))
     for name, g in ref_grads.items():
         assert float(abs(grads[name] - g).max()) <= 1e-4 * max(1.0, float(abs(g).max()))
+
+
+def test_the_rewrite_options_of_saturate_are_options_of_the_search():
+    machine = Machine.preset("dgx-a100", nodes=2, devices_per_node=2)
+    plan = saturate_and_extract(
+        MNIST,
+        machine,
+        time_budget_s=4,
+        degrees=machine.level_degrees(),
+        presets=("matrix",),
+        baselines=False,
+    )
+    assert plan.check.startswith("equivalent")
+    with pytest.raises(ValueError, match=r"degrees: 3 is not a degree .* valid: the divisors"):
+        saturate_and_extract(MNIST, machine, time_budget_s=4, degrees=(3,))
+    with pytest.raises(ValueError, match="no shipped rule file 'nope'"):
+        saturate_and_extract(MNIST, machine, time_budget_s=4, presets=("nope",))
