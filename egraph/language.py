@@ -157,7 +157,6 @@ class Language:
         return "\n".join(lines)
 
 
-@functools.cache
 def within_arity(pcg: PCG, max_inputs: int) -> PCG:
     """``pcg`` with every concat of more than ``max_inputs`` inputs (a recommender's 26
     embedding tables) written as a concat of concats of at most that many, the same tensor:
@@ -176,11 +175,7 @@ def within_arity(pcg: PCG, max_inputs: int) -> PCG:
                 if len(chunk) == 1:
                     parts.append(chunk[0])
                     continue
-                name = (
-                    f"{node.name}/part{level}_{k // max_inputs}"
-                    if level
-                    else (f"{node.name}/part{k // max_inputs}")
-                )
+                name = f"{node.name}/part{f'{level}_' if level else ''}{k // max_inputs}"
                 nodes.append(Node(name, "concat", chunk, node.params))
                 parts.append(TensorRef(name, 0))
             inputs, level = parts, level + 1
@@ -188,6 +183,7 @@ def within_arity(pcg: PCG, max_inputs: int) -> PCG:
     return PCG(nodes, pcg.outputs)
 
 
+@functools.cache
 def language() -> Language:
     """The language of the registered operators (built once)."""
     return Language()

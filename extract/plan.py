@@ -610,13 +610,22 @@ def saturate_and_extract(
     machine = _checked_arguments(pcg, machine, time_budget_s, seeds)
     if degrees is not None:
         legal_degrees(machine.num_devices, degrees)  # a clear error now, not after the seeds
-    say = _reporter(progress)
-    clock = _Clock.start(time_budget_s)
     # The shipped rules load (once per process) on the second core while the layer-wise
     # searches run; saturation waits for them, and its share pays for what is left.
-    rules_loaded = warm_up_in_background(rules, [pcg], presets)
-    rewrite_options = {"degrees": degrees, "presets": presets}
-    phases: dict[str, float] = {}
+    search = _Search(
+        pcg,
+        machine,
+        optimizer,
+        _Clock.start(time_budget_s),
+        _reporter(progress),
+        bool(progress),
+        rules,
+        warm_up_in_background(rules, [pcg], presets),
+        memory_budget,
+        degrees,
+        presets,
+    )
+    clock, say, phases = search.clock, search.say, search.phases
     input_cost = iteration_cost(pcg, machine, optimizer=optimizer)
 
     layerwise: dict[str, tuple[PCG, CostBreakdown] | None] = {}
@@ -637,41 +646,8 @@ def saturate_and_extract(
     start = time.perf_counter()
     fixed = _baselines(pcg, machine, optimizer, say) if baselines else {}
     phases["baselines"] = time.perf_counter() - start
-
-    segments = split_segments(pcg, min_segment_ops) if split is not False else ()
-    if split and len(segments) < 2:
-        say(f"graph splitting: no cut leaves two segments of {min_segment_ops} operators")
-    if len(segments) >= 2:
-        extracted, search = _split_phase(
-            pcg,
-            machine,
-            clock,
-            phases,
-            say,
-            seed_plans,
-            [v[0] for k, v in fixed.items() if k != "sequential" and v is not None],
-            rules,
-            rules_loaded,
-            min_segment_ops,
-            memory_budget,
-            optimizer,
-            rewrite_options,
-        )
-    else:
-        extracted, search = _whole_phase(
-            pcg,
-            machine,
-            clock,
-            phases,
-            say,
-            seed_plans,
-            rules,
-            rules_loaded,
-            memory_budget,
-            optimizer,
-            progress,
-            rewrite_options,
-        )
+    baseline_plans = [v[0] for k, v in fixed.items() if k != "sequential" and v is not None]
+    extracted, explored = _explore(search, seed_plans, baseline_plans, split, min_segment_ops)
 
     start = time.perf_counter()
     candidates: dict[str, tuple[PCG, CostBreakdown] | None] = {
@@ -695,7 +671,7 @@ def saturate_and_extract(
     start = time.perf_counter()
     verdict = _check(pcg, best, check_flops_limit) if check else "not checked (check=False)"
     phases["check"] = time.perf_counter() - start
-    stats = search.stats(candidates, chosen, phases)
+    stats = explored.stats(candidates, chosen, phases)
     return Plan(
         pcg=best,
         machine=machine,
@@ -913,46 +889,81 @@ class _Explored:
         )
 
 
-def _whole_phase(
-    pcg: PCG,
-    machine: Machine,
-    clock: _Clock,
-    phases: dict[str, float],
-    say: Callable[[str], None],
+@dataclass(frozen=True)
+class _Search:
+    """What every phase of one :func:`saturate_and_extract` call shares: the model and the
+    machine, the clock, the rules (loading in the background), the saturation's options, the
+    reporter, and the seconds each phase took (filled as they run)."""
+
+    pcg: PCG
+    machine: Machine
+    optimizer: str
+    clock: _Clock
+    say: Callable[[str], None]
+    progress: bool
+    rules: list[Rule] | None
+    rules_loaded: Future[float]
+    memory_budget: int
+    degrees: Sequence[int] | None
+    presets: Sequence[str] | None
+    phases: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def rewrite_options(self) -> dict[str, Any]:
+        return {"degrees": self.degrees, "presets": self.presets}
+
+
+def _explore(
+    search: _Search,
     seed_plans: Sequence[PCG],
-    rules: list[Rule] | None,
-    rules_loaded: Future[float],
-    memory_budget: int,
-    optimizer: str,
-    progress: bool | Callable[[str], None],
-    rewrite_options: Mapping[str, Any],
+    baseline_plans: Sequence[PCG],
+    split: bool | None,
+    min_segment_ops: int,
 ) -> tuple[PCG | None, _Explored]:
+    """The e-graph's plan: graph splitting where the model has cuts into two segments of
+    ``min_segment_ops`` operators (unless ``split`` is False), else the whole PCG."""
+    segments = split_segments(search.pcg, min_segment_ops) if split is not False else ()
+    if split and len(segments) < 2:
+        search.say(f"graph splitting: no cut leaves two segments of {min_segment_ops} operators")
+    if len(segments) >= 2:
+        return _split_phase(search, seed_plans, baseline_plans, min_segment_ops)
+    return _whole_phase(search, seed_plans)
+
+
+def _whole_phase(search: _Search, seed_plans: Sequence[PCG]) -> tuple[PCG | None, _Explored]:
     """Saturation of the whole PCG, then extraction: the plan extracted (None if extraction
     failed) and what to report."""
+    pcg, machine, clock, phases, say = (
+        search.pcg,
+        search.machine,
+        search.clock,
+        search.phases,
+        search.say,
+    )
     start = time.perf_counter()
     say(f"saturating on {machine.name} ({machine.num_devices} devices)")
     # What is left of loading the shipped rules comes out of saturation's share.
-    rules_loaded.result()
+    search.rules_loaded.result()
     sat = saturate(
         pcg,
         machine,
-        rules=rules,
+        rules=search.rules,
         # The phases' shares were set with saturation stopping where it predicts the next
         # iteration would not fit, so no speculative iterations here.
         budget=Budget(
             seconds=clock.limit("saturate"),
-            memory_bytes=memory_budget,
+            memory_bytes=search.memory_budget,
             speculate=False,
         ),
-        progress=bool(progress),
+        progress=search.progress,
         seeds=list(dict.fromkeys(seed_plans)),
-        **rewrite_options,
+        **search.rewrite_options,
     )
     phases["saturate"] = time.perf_counter() - start
     say(sat.summary())
 
     start = time.perf_counter()
-    costs = enode_costs(sat.egraph, machine, optimizer=optimizer)
+    costs = enode_costs(sat.egraph, machine, optimizer=search.optimizer)
     if costs.uncosted:
         say(f"{costs.uncosted} e-nodes read tensors without shape facts; they are left out")
     extracted: PCG | None = None
@@ -985,60 +996,52 @@ def _whole_phase(
 
 
 def _split_phase(
-    pcg: PCG,
-    machine: Machine,
-    clock: _Clock,
-    phases: dict[str, float],
-    say: Callable[[str], None],
+    search: _Search,
     seed_plans: Sequence[PCG],
     baseline_plans: Sequence[PCG],
-    rules: list[Rule] | None,
-    rules_loaded: Future[float],
     min_segment_ops: int,
-    memory_budget: int,
-    optimizer: str,
-    rewrite_options: Mapping[str, Any],
 ) -> tuple[PCG | None, _Explored]:
     """Graph splitting (:mod:`pcgopt.extract.splitting`) in saturation's and extraction's
     shares: the stitched plan (None if it failed) and what to report. The data-parallel and
     Megatron plans join the seeds, for their layouts at the cuts (``baseline_plans`` if the
     caller built them, else built here)."""
     start = time.perf_counter()
-    rules_loaded.result()
+    search.rules_loaded.result()
     seeds = list(seed_plans)
     if baseline_plans:
         seeds += baseline_plans
     else:
         for make in (data_parallel, megatron):
             with contextlib.suppress(BaselineError, CostError):
-                seeds.append(make(pcg, machine))
+                seeds.append(make(search.pcg, search.machine))
+    clock = search.clock
     extract_s = (PHASE_SHARES["extract greedy"] + PHASE_SHARES["extract exact"]) * clock.budget_s
-    search = split_search(
-        pcg,
-        machine,
+    found = split_search(
+        search.pcg,
+        search.machine,
         seeds=seeds,
-        rules=rules,
+        rules=search.rules,
         min_ops=min_segment_ops,
         saturate_s=clock.limit("saturate"),
         extract_s=extract_s,
-        memory_budget=memory_budget,
-        optimizer=optimizer,
-        progress=say,
-        **rewrite_options,
+        memory_budget=search.memory_budget,
+        optimizer=search.optimizer,
+        progress=search.say,
+        **search.rewrite_options,
     )
-    assert search is not None  # the caller split it already
-    phases["saturate"] = search.saturate_seconds
-    phases["extract"] = time.perf_counter() - start - search.saturate_seconds
-    say(repr(search))
-    text = repr(search) if search.pcg is not None else f"failed: {search.failures}"
-    return search.pcg, _Explored(
-        search.num_enodes,
-        search.num_eclasses,
-        search.iterations,
-        search.stop_reason,
+    assert found is not None  # the caller split it already
+    search.phases["saturate"] = found.saturate_seconds
+    search.phases["extract"] = time.perf_counter() - start - found.saturate_seconds
+    search.say(repr(found))
+    text = repr(found) if found.pcg is not None else f"failed: {found.failures}"
+    return found.pcg, _Explored(
+        found.num_enodes,
+        found.num_eclasses,
+        found.iterations,
+        found.stop_reason,
         text,
-        search.peak_rss_bytes,
-        len(search.segments),
+        found.peak_rss_bytes,
+        len(found.segments),
     )
 
 

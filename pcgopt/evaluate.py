@@ -161,6 +161,19 @@ def _source_signature(pcg: PCG) -> dict[str, tuple]:
     }
 
 
+def value_difference(a: np.ndarray, b: np.ndarray, rtol: float) -> np.ndarray | None:
+    """None if ``b`` equals ``a`` to ``rtol`` (relative to ``a``'s largest finite magnitude,
+    at least 1), else ``|a - b|`` elementwise. Outside an operator's domain (log or sqrt of a
+    negative) both must give NaN at the same elements: there the difference is 0 where both
+    are NaN and inf where only one is."""
+    finite = np.isfinite(a)
+    scale = max(1.0, float(np.max(np.abs(a[finite]))) if finite.any() else 1.0)
+    if np.allclose(a, b, rtol=rtol, atol=rtol * scale, equal_nan=True):
+        return None
+    diff = np.abs(np.where(np.isnan(a) & np.isnan(b), 0.0, a - b))
+    return np.where(np.isnan(diff), np.inf, diff)
+
+
 def _difference(
     a: PCG, b: PCG, trials: int, rtol: float, seed: int, compare: Compare
 ) -> str | None:
@@ -189,13 +202,8 @@ def _difference(
         eb = evaluate(b, ea.feeds)
         for k, (xa, xb) in enumerate(zip(ea.outputs, eb.outputs, strict=True)):
             va, vb = (xa.data, xb.data) if compare == "shards" else (xa.logical(), xb.logical())
-            # Outside an operator's domain (log or sqrt of a negative) both give NaN: they
-            # must at the same elements, and agree elsewhere.
-            finite = np.isfinite(va)
-            scale = max(1.0, float(np.max(np.abs(va[finite]))) if finite.any() else 1.0)
-            if not np.allclose(va, vb, rtol=rtol, atol=rtol * scale, equal_nan=True):
-                diff = np.abs(np.where(np.isnan(va) & np.isnan(vb), 0.0, va - vb))
-                diff = np.where(np.isnan(diff), np.inf, diff)
+            diff = value_difference(va, vb, rtol)
+            if diff is not None:
                 where = np.unravel_index(int(np.argmax(diff)), diff.shape)
                 return (
                     f"output {k} ({a.outputs[k]} vs {b.outputs[k]}) differs on random inputs with "

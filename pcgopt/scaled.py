@@ -111,11 +111,6 @@ class ScaledDown:
 Key = Hashable  # ("src", name, dim) for a source's dimension, (graph, node, output, dim) else
 
 
-#: Compute operators whose output holds elements of their first input (an index reshaped or
-#: broadcast is still an index of the same table).
-_MOVE_INTEGERS = frozenset({"reshape", "broadcast", "transpose", "slice", "concat"})
-
-
 def _key(g: int, pcg: PCG, ref: TensorRef, dim: int) -> Key:
     if pcg.node(ref.node).spec.kind is OpKind.SOURCE:
         return ("src", ref.node, dim)
@@ -522,11 +517,10 @@ class _Problem:
                 for i, j, d in getattr(node.spec, "index_inputs", ()):
                     source = node.inputs[i].node
                     # Back to the input, through operators that move integers unchanged.
-                    while (
-                        other.node(source).spec.kind is OpKind.PARALLEL
-                        or other.node(source).op in _MOVE_INTEGERS
-                    ):
+                    spec = other.node(source).spec
+                    while spec.kind is OpKind.PARALLEL or spec.moves_elements:
                         source = other.node(source).inputs[0].node
+                        spec = other.node(source).spec
                     limit = size(_key(other_g, other, node.inputs[j], d))
                     bound[source] = min(bound.get(source, limit), limit)
         return bound

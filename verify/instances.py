@@ -20,6 +20,7 @@ import numpy as np
 import z3
 
 from pcgopt.errors import PCGError
+from pcgopt.evaluate import value_difference
 from pcgopt.ops import OPERATORS, ComputeOp
 from pcgopt.ops.params import ParamType
 from pcgopt.rewrite import (
@@ -362,11 +363,7 @@ def compare(
         va, vb = a.logical(), b.logical()
         if va.shape != vb.shape:
             return Mismatch(inst, k, f"sizes differ: {va.shape} vs {vb.shape}")
-        # Operators outside their domain (log, sqrt of a negative) give NaN: both sides must give
-        # it at the same elements, and agree elsewhere.
-        finite = np.isfinite(va)
-        scale = max(1.0, float(np.max(np.abs(va[finite]))) if finite.any() else 1.0)
-        if not np.allclose(va, vb, rtol=rtol, atol=rtol * scale, equal_nan=True):
-            gap = np.abs(np.where(np.isnan(va) & np.isnan(vb), 0.0, va - vb))
-            return Mismatch(inst, k, f"values differ by up to {float(np.nanmax(gap)):.3g}")
+        gap = value_difference(va, vb, rtol)
+        if gap is not None:
+            return Mismatch(inst, k, f"values differ by up to {float(gap.max()):.3g}")
     return None

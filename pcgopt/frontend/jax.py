@@ -58,6 +58,7 @@ from pcgopt.frontend.model import (
     lookup,
     masked,
     pad_or_slice,
+    padded_conv2d,
     resample,
     reshape_to,
 )
@@ -733,36 +734,20 @@ def _conv(imp: _Importer, p: dict, ins: list, name: str) -> Tensor:
     back = tuple(int(d) for d in np.argsort(dn.out_spec))
     nchw_name = name if back == (0, 1, 2, 3) else f"{name}/nchw"
     pads = [tuple(int(v) for v in pair) for pair in p["padding"]]
-    spread = tuple(p["lhs_dilation"])
-    strides = tuple(p["window_strides"])
-    padding = tuple(min(lo, hi) for lo, hi in pads)
-    crop = False
-    if spread == (1, 1):
-        # Asymmetric padding (SAME with an even window): the rest is a pad of the input.
-        low = [0, 0, *(lo - m for (lo, _), m in zip(pads, padding, strict=True))]
-        high = [0, 0, *(hi - m for (_, hi), m in zip(pads, padding, strict=True))]
-        x = pad_or_slice(imp.b, x, low, high, 0.0, f"{name}/pad")
-        padding = tuple(max(m, 0) for m in padding)
-    elif any(lo != hi or lo < 0 for lo, hi in pads):
-        # A transposed convolution (input dilation): padding the larger side on both and
-        # cropping the output is exact when the window moves one element at a time.
-        if strides != (1, 1):
-            raise _Unsupported("asymmetric padding of a dilated input with a stride")
-        padding, crop = tuple(max(lo, hi, 0) for lo, hi in pads), True
-    y = imp.b.conv2d(
-        x,
-        w,
-        stride=strides,
-        padding=padding,
-        groups=p["feature_group_count"],
-        dilation=tuple(p["rhs_dilation"]),
-        input_dilation=spread,
-        name=f"{nchw_name}/conv" if crop else nchw_name,
-    )
-    if crop:
-        low = [0, 0, *(lo - m for (lo, _), m in zip(pads, padding, strict=True))]
-        high = [0, 0, *(hi - m for (_, hi), m in zip(pads, padding, strict=True))]
-        y = pad_or_slice(imp.b, y, low, high, 0.0, nchw_name)
+    try:
+        y = padded_conv2d(
+            imp.b,
+            [x, w],
+            [lo for lo, _ in pads],
+            [hi for _, hi in pads],
+            nchw_name,
+            stride=tuple(p["window_strides"]),
+            input_dilation=tuple(p["lhs_dilation"]),
+            groups=p["feature_group_count"],
+            dilation=tuple(p["rhs_dilation"]),
+        )
+    except ValueError as e:
+        raise _Unsupported(str(e)) from None
     return _permute(imp, y, back, name)
 
 

@@ -200,6 +200,50 @@ def pad_or_slice(
     return b.pad(x, low=low, high=high, value=value, name=name)
 
 
+def padded_conv2d(
+    b: PCGBuilder,
+    args: Sequence[Tensor],
+    low: Sequence[int],
+    high: Sequence[int],
+    name: str,
+    *,
+    stride: tuple[int, int] = (1, 1),
+    input_dilation: tuple[int, int] = (1, 1),
+    **params: Any,
+) -> Tensor:
+    """``conv2d(*args)`` with ``low[k]`` padding before and ``high[k]`` after spatial axis k,
+    any amounts (SAME with an even window, a transposed convolution's crop). The symmetric part
+    is the conv's own padding. The rest, on an undilated input, is a ``pad`` (or, negative, a
+    slice) of the input; on a dilated one (a transposed convolution) it is the conv's padding
+    on both sides by the larger amount, then a crop of the output, exact while the window
+    moves one element at a time. ValueError where neither applies."""
+    dilated = tuple(input_dilation) != (1, 1)
+    asymmetric = any(lo != hi or lo < 0 for lo, hi in zip(low, high, strict=True))
+    if not dilated:
+        padding = tuple(max(min(lo, hi), 0) for lo, hi in zip(low, high, strict=True))
+    elif asymmetric and tuple(stride) != (1, 1):
+        raise ValueError("asymmetric padding of a dilated input with a stride")
+    else:
+        padding = tuple(max(lo, hi, 0) for lo, hi in zip(low, high, strict=True))
+    # What the conv's own padding leaves: positive is padding still to add, negative to cut.
+    rest_low = [0, 0, *(lo - m for lo, m in zip(low, padding, strict=True))]
+    rest_high = [0, 0, *(hi - m for hi, m in zip(high, padding, strict=True))]
+    crop = dilated and asymmetric
+    x, *others = args
+    if not dilated:
+        x = pad_or_slice(b, x, rest_low, rest_high, 0.0, f"{name}/pad")
+    y = b.conv2d(
+        x,
+        *others,
+        stride=tuple(stride),
+        padding=padding,
+        input_dilation=tuple(input_dilation),
+        name=f"{name}/conv" if crop else name,
+        **params,
+    )
+    return pad_or_slice(b, y, rest_low, rest_high, 0.0, name) if crop else y
+
+
 def masked(
     b: PCGBuilder,
     x: Tensor,
@@ -313,9 +357,6 @@ def as_float(b: PCGBuilder, x: Tensor, name: str) -> Tensor:
 #: attention mask cast to float) are drawn from [0, MASK_BOUND) when plans are checked.
 MASK_BOUND = 2
 
-#: Operators that move integers without changing them (an index reshaped or broadcast).
-_INDEX_LAYOUT = ("reshape", "broadcast", "transpose", "slice", "concat")
-
 
 def bind_integer_inputs(pcg: PCG) -> PCG:
     """``pcg`` with the bound (``max_value``) of every integer input set from its use: the rows
@@ -325,7 +366,7 @@ def bind_integer_inputs(pcg: PCG) -> PCG:
 
     def origin(ref: TensorRef) -> Node:
         src = by_name[ref.node]
-        while src.op in _INDEX_LAYOUT:
+        while src.spec.moves_elements:
             src = by_name[src.inputs[0].node]
         return src
 

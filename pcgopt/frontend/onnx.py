@@ -60,6 +60,7 @@ from pcgopt.frontend.model import (
     lookup,
     masked,
     pad_or_slice,
+    padded_conv2d,
     resample,
     reshape_to,
 )
@@ -724,20 +725,6 @@ def _conv_pads(a: dict[str, Any], x: Tensor, kernel: tuple[int, int]) -> list[in
     return [*lo, *hi]
 
 
-def _pad_input(imp: _Importer, x: Tensor, pads: list[int], ctx: _Ctx) -> tuple[Tensor, tuple]:
-    """Padding ``[top, left, bottom, right]`` as the symmetric part a conv takes, after a
-    ``pad`` of the rest (asymmetric padding, as TensorFlow's SAME gives)."""
-    top, left, bottom, right = pads
-    if min(pads) < 0:
-        raise _Unsupported(f"negative padding {pads}")
-    sym = (min(top, bottom), min(left, right))
-    rest_lo = (0, 0, top - sym[0], left - sym[1])
-    rest_hi = (0, 0, bottom - sym[0], right - sym[1])
-    if any(rest_lo) or any(rest_hi):
-        x = imp.b.pad(x, low=rest_lo, high=rest_hi, name=ctx.sub("pad"))
-    return x, sym
-
-
 @_handles("Conv")
 def _conv(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     x = imp.tensor(ins[0], ctx.name, 0)
@@ -745,18 +732,20 @@ def _conv(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
         raise _Unsupported(f"{x.shape.rank - 2}-D convolution (pcgopt has conv2d)")
     a = ctx.attrs
     w = imp.tensor(ins[1], ctx.name, 1)
-    x, padding = _pad_input(imp, x, _conv_pads(a, x, w.shape.sizes[2:]), ctx)
+    pads = _conv_pads(a, x, w.shape.sizes[2:])
     args = [x, w]
     if len(ins) > 2 and ins[2] is not None:
         args.append(imp.tensor(ins[2], ctx.name, 2))
     return [
-        imp.b.conv2d(
-            *args,
+        padded_conv2d(
+            imp.b,
+            args,
+            pads[:2],
+            pads[2:],
+            ctx.name,
             stride=tuple(a.get("strides", [1, 1])),
-            padding=padding,
             groups=a.get("group", 1),
             dilation=tuple(a.get("dilations", [1, 1])),
-            name=ctx.name,
         )
     ]
 
@@ -782,28 +771,19 @@ def _conv_transpose(imp: _Importer, ctx: _Ctx, ins: list[Any]) -> list[Value]:
     pads, extra = a.get("pads", [0, 0, 0, 0]), a.get("output_padding", [0, 0])
     lo = [dilations[k] * ((kh, kw)[k] - 1) - pads[k] for k in range(2)]
     hi = [dilations[k] * ((kh, kw)[k] - 1) - pads[2 + k] + extra[k] for k in range(2)]
-    # Pad both sides by the larger, then crop: with the stride 1 of this conv, each padded
-    # element adds one output row or column at its edge.
-    both = [max(lo[k], hi[k], 0) for k in range(2)]
     args = [x, imp.tensor(kernel, ctx.name, 1)]
     if len(ins) > 2 and ins[2] is not None:
         args.append(imp.tensor(ins[2], ctx.name, 2))
-    crop = any(both[k] != lo[k] or both[k] != hi[k] for k in range(2))
-    y = imp.b.conv2d(
-        *args,
-        padding=tuple(both),
+    y = padded_conv2d(
+        imp.b,
+        args,
+        lo,
+        hi,
+        ctx.name,
+        input_dilation=tuple(strides),
         groups=g,
         dilation=tuple(dilations),
-        input_dilation=tuple(strides),
-        name=ctx.sub("conv") if crop else ctx.name,
     )
-    for k in range(2):
-        start, stop = both[k] - lo[k], y.shape.sizes[2 + k] - (both[k] - hi[k])
-        if (start, stop) != (0, y.shape.sizes[2 + k]):
-            last = k == 1 or both[1] == lo[1] == hi[1]
-            y = imp.b.slice(
-                y, axis=2 + k, start=start, stop=stop, name=ctx.name if last else ctx.sub("crop")
-            )
     return [y]
 
 

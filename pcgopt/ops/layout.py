@@ -19,6 +19,7 @@ class Concat(ComputeOp):
     """Concatenation along ``axis``; the other dimensions must agree. The concatenated
     dimension cannot be split (blocks of the parts are not blocks of the whole)."""
 
+    moves_elements = True
     name = "concat"
     input_names = ("inputs",)
     variadic = True
@@ -117,6 +118,7 @@ class Split(ComputeOp):
 class Transpose(ComputeOp):
     """Permutes dimensions: output dimension j is input dimension ``perm[j]``."""
 
+    moves_elements = True
     name = "transpose"
     input_names = ("x",)
     params = (Param("perm", ParamType.AXES),)
@@ -173,6 +175,7 @@ class Reshape(ComputeOp):
     """
 
     size_dependent_signature = True
+    moves_elements = True
     name = "reshape"
     input_names = ("x",)
     params = (Param("shape", ParamType.SHAPE),)
@@ -240,6 +243,7 @@ class Slice(ComputeOp):
     """The elements ``start:stop`` of dimension ``axis`` (step 1); the other dimensions are kept.
     The sliced dimension cannot be split (the slice of a block is not a block of the slice)."""
 
+    moves_elements = True
     name = "slice"
     input_names = ("x",)
     params = (
@@ -293,6 +297,7 @@ class Broadcast(ComputeOp):
     ``shape``; a dimension of size 1 is repeated). A repeated dimension of the output does not
     vary in x, so splitting it needs x copied (as for a class token expanded over the batch)."""
 
+    moves_elements = True
     name = "broadcast"
     input_names = ("x",)
     params = (Param("shape", ParamType.SHAPE),)

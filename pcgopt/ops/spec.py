@@ -157,6 +157,9 @@ class OpSpec:
     #: Swapping two inputs gives an equal parallel tensor. The rule enumerator builds one input
     #: order only and emits the swap itself as a (verified) rule.
     commutative: ClassVar[bool] = False
+    #: Its outputs hold elements of its inputs, unchanged (a reshape, a broadcast, a slice):
+    #: an index moved so is still an index into the same table.
+    moves_elements: ClassVar[bool] = False
 
     # -- structure ----------------------------------------------------------------------------
 

@@ -260,8 +260,15 @@ def test_a_plan_runs_on_jax_as_it_was_costed(mnist_plan):
         assert float(abs(grads[name] - g).max()) <= 1e-4 * max(1.0, float(abs(g).max()))
 
 
-def test_the_rewrite_options_of_saturate_are_options_of_the_search():
+def test_the_rewrite_options_of_saturate_are_options_of_the_search(monkeypatch):
     machine = Machine.preset("dgx-a100", nodes=2, devices_per_node=2)
+    given, saturate = {}, plan_module.saturate
+
+    def spy(*args, **kwargs):
+        given.update(degrees=kwargs.get("degrees"), presets=kwargs.get("presets"))
+        return saturate(*args, **kwargs)
+
+    monkeypatch.setattr(plan_module, "saturate", spy)
     plan = saturate_and_extract(
         MNIST,
         machine,
@@ -271,6 +278,7 @@ def test_the_rewrite_options_of_saturate_are_options_of_the_search():
         baselines=False,
     )
     assert plan.check.startswith("equivalent")
+    assert given == {"degrees": (2, 4), "presets": ("matrix",)}
     with pytest.raises(ValueError, match=r"degrees: 3 is not a degree .* valid: the divisors"):
         saturate_and_extract(MNIST, machine, time_budget_s=4, degrees=(3,))
     with pytest.raises(ValueError, match="no shipped rule file 'nope'"):
