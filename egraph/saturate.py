@@ -89,7 +89,11 @@ class Budget:
     a second run of the iterations that fit). ``speculate``: run the iterations predicted not
     to fit the time in a forked child, and take its e-graph if it is exported in time (this
     process and the child together stay within ``memory_bytes``); the time budget is then
-    used up, where a prediction may have stopped early."""
+    used up, where a prediction may have stopped early. ``after_seconds_per_enode``: what the
+    caller will spend per e-node of the exported e-graph before its own deadline (costing and
+    extracting it, :data:`~pcgopt.extract.extraction.EXTRACTION_SECONDS_PER_ENODE`), so that
+    ``seconds`` covers that work too: an iteration is started only if its e-graph leaves the
+    time for it."""
 
     iterations: int = 30
     enodes: int = 200_000
@@ -99,6 +103,7 @@ class Budget:
     ban_length: int = 5
     isolate: bool = False
     speculate: bool = True
+    after_seconds_per_enode: float = 0.0
 
     def __post_init__(self) -> None:
         for name in ("iterations", "enodes", "memory_bytes", "match_limit", "ban_length"):
@@ -107,6 +112,10 @@ class Budget:
                 raise ValueError(f"Budget.{name} must be a positive int, got {v!r}")
         if not self.seconds > 0:
             raise ValueError(f"Budget.seconds must be positive, got {self.seconds!r}")
+        if not self.after_seconds_per_enode >= 0:
+            raise ValueError(
+                f"Budget.after_seconds_per_enode must be >= 0, got {self.after_seconds_per_enode!r}"
+            )
 
 
 #: How the second iteration is predicted: egglog's first has a fixed cost (about half a second
@@ -117,6 +126,18 @@ class Budget:
 #: iterations are predicted from the last one.
 SECOND_ITERATION_GROWTH = 6.0
 ITERATION_SECONDS_PER_ENODE = 40e-6
+
+#: How the first iteration is predicted, so that it is not started when even its e-graph would
+#: not leave the time to export and extract it (the PCGs and their seeds are then extracted as
+#: loaded). Measured with the shipped rules on dgx-a100:1 to 4 nodes (egglog 14,
+#: ``saturate(model, machine, budget=Budget(iterations=2))``, 2026-11-27): it took 0.5-1.1 s
+#: and grew the loaded PCG 2.9x (Inception-v3 on 32 GPUs), 30x (MLP), 39x (BERT-Large), 49x
+#: (Transformer), 315x (DLRM, 22 nodes), at about 20 us per e-node it left beyond the fixed
+#: cost. The growth taken is a typical one, not a bound: the e-graphs it underestimates are
+#: small ones.
+FIRST_ITERATION_SECONDS = 0.5
+FIRST_ITERATION_SECONDS_PER_ENODE = 20e-6
+FIRST_ITERATION_GROWTH = 40.0
 
 #: Exporting the e-graph (and, for several PCGs, cutting out each one's part) takes about
 #: this long per e-node on the development machine: 12-22 us in bench/RESULTS.md's saturation
@@ -634,6 +655,25 @@ def _run(
     initial, initial_rss = state.initial_enodes, state.initial_rss
     limit = budget.iterations if max_iterations is None else max_iterations
     reason = StopReason.ITERATIONS
+
+    def over_time(elapsed: float, now: float, iteration_s: float, nodes: float) -> bool:
+        """Whether an iteration of ``iteration_s`` leaving ``nodes`` e-nodes would end, with
+        the export and what the caller does with it, past the budget."""
+        export_s, after_s = _export_seconds(nodes, export_scale)
+        after_s += budget.after_seconds_per_enode * nodes
+        return (
+            elapsed + iteration_s + export_s + after_s >= budget.seconds
+            or now + iteration_s + export_s >= deliver_by
+        )
+
+    if max_iterations is None and not history:
+        # The first iteration is predicted from the constants above: a budget too small for it
+        # gets the loaded PCGs and their seeds, in time.
+        nodes = initial * FIRST_ITERATION_GROWTH
+        iteration_s = FIRST_ITERATION_SECONDS + FIRST_ITERATION_SECONDS_PER_ENODE * nodes
+        now = time.perf_counter()
+        if over_time(now - start, now, iteration_s, nodes):
+            return StopReason.TIME, state
     for it in range(len(history) + 1, limit + 1):
         changed, matches = _iteration(eg)
         nodes = _enodes(eg, lang)
@@ -659,6 +699,8 @@ def _run(
             break
         if max_iterations is not None:
             continue
+        if it == limit:
+            break  # the iteration limit, whatever the predictions for a next one say
         # egglog cannot interrupt an iteration, so stop before one that would overrun: predict
         # it as the last one times the e-graph's last growth, at least doubled (on MNIST, 2
         # GPUs: 4.4x more e-nodes, the next iteration took 4x longer); the second from the
@@ -674,11 +716,7 @@ def _run(
             before_nodes, before_rss = history[-2].enodes, history[-2].rss_bytes
         predicted_nodes = nodes * growth
         # The export after the last iteration is in the budget too.
-        export_s, after_s = _export_seconds(predicted_nodes, export_scale)
-        if (
-            elapsed + iteration_s + export_s + after_s >= budget.seconds
-            or now + iteration_s + export_s >= deliver_by
-        ):
+        if over_time(elapsed, now, iteration_s, predicted_nodes):
             reason = StopReason.TIME
             break
         # Memory grows with the e-nodes as in the last iteration, or as over the whole run when

@@ -156,6 +156,13 @@ def _derivable(egraph: EGraphData, allowed: np.ndarray) -> np.ndarray:
     return marked
 
 
+#: Costing an exported e-graph (:func:`enode_costs`) and its greedy extractions take about this
+#: long per e-node: 1.6 s for 75,669 e-nodes (BERT-Large's 4 distinct segments on 32 GPUs, 10
+#: extractions; ``python bench/budgets.py`` with progress, 2026-11-27). Saturation leaves this
+#: much time per e-node of the e-graph it hands over (:class:`~pcgopt.egraph.Budget`).
+EXTRACTION_SECONDS_PER_ENODE = 20e-6
+
+
 def enode_costs(
     egraph: EGraphData,
     machine: Machine,
@@ -539,13 +546,15 @@ def extract_ilp(
     time_limit_s: float = 60.0,
     max_enodes: int = 50_000,
     warm_start: Extraction | None = None,
+    node_limit: int | None = None,
 ) -> Extraction:
     """The optimal extraction for the model in the module docstring, memory capacity included,
     as a 0-1 program solved by HiGHS, started from ``warm_start`` if given (so the result is
     never worse than it). Raises :class:`ExtractionError` above ``max_enodes``
     needed e-nodes (use :func:`extract_greedy`), if the solver finds no solution in
-    ``time_limit_s`` or if no acyclic choice fits; ``optimal`` says whether it proved
-    optimality in time."""
+    ``time_limit_s`` (or ``node_limit`` branch-and-bound nodes, a limit that does not depend
+    on the machine's speed) or if no acyclic choice fits; ``optimal`` says whether it proved
+    optimality within them."""
     try:
         import highspy
     except ImportError as e:  # pragma: no cover - declared dependency
@@ -579,6 +588,8 @@ def extract_ilp(
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit_s))
+    if node_limit is not None:
+        h.setOptionValue("mip_max_nodes", int(node_limit))
     inf = highspy.kHighsInf
     h.addVars(ncols, lower, upper)
     # HiGHS's tolerances are absolute: in microseconds and GiB the coefficients are O(1).

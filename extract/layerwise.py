@@ -642,6 +642,7 @@ class _Search:
         self.history: list[float] = []
         self.best_s = math.inf
         self.start = time.perf_counter()
+        self.max_evaluations: int | None = None  # a limit that does not depend on speed
 
     def evaluate(self, assignment: tuple[MatmulStrategy, ...]) -> tuple[bool, float]:
         hit = self.cache.get(assignment)
@@ -745,6 +746,9 @@ class _Search:
         return tuple(out)
 
     def over(self, time_limit_s: float | None) -> bool:
+        """Whether the search is out of time or of evaluations (:attr:`max_evaluations`)."""
+        if self.max_evaluations is not None and len(self.cache) >= self.max_evaluations:
+            return True
         return time_limit_s is not None and time.perf_counter() - self.start > time_limit_s
 
     def random_start(self, rng: random.Random) -> tuple[MatmulStrategy, ...]:
@@ -770,6 +774,7 @@ def coordinate_descent(
     time_limit_s: float | None = None,
     tie: bool | None = None,
     allow: Callable[[MatmulStrategy], bool] | None = None,
+    max_evaluations: int | None = None,
 ) -> LayerwiseResult:
     """AutoDDL's coordinate descent (section 4.4) over per-layer SBP matmul strategies: from
     each start (the first the best uniform assignment, :meth:`uniform_start`, then random ones
@@ -777,7 +782,8 @@ def coordinate_descent(
     takes the strategy that minimizes the iteration cost with the others fixed, until a sweep
     changes nothing (or ``max_sweeps``); the best assignment over all ``restarts`` starts is
     returned. ``time_limit_s`` is checked before every evaluation but the first (the
-    data-parallel start), so it is exceeded by at most one evaluation.
+    data-parallel start), so it is exceeded by at most one evaluation; ``max_evaluations``
+    likewise, a limit that gives the same result however fast the machine is.
     ``tie=True`` makes layers of one role (the same name up to numbers, e.g. ``layer3/ffn1``
     and ``layer5/ffn1``, with the same weight shape) share a strategy: one coordinate per role
     instead of per layer, for deep models; the default (None) ties when there are more than
@@ -786,6 +792,7 @@ def coordinate_descent(
     if not isinstance(restarts, int) or restarts < 1:
         raise BaselineError(f"restarts must be a positive integer, got {restarts!r}")
     search = _Search(pcg, machine, optimizer, layers, devices, tie, allow)
+    search.max_evaluations = max_evaluations
     rng = random.Random(seed)
     for k in range(restarts):
         if k and search.over(time_limit_s):

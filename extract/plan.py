@@ -50,13 +50,14 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,7 @@ from pcgopt.extract.cost import (
     iteration_cost,
 )
 from pcgopt.extract.extraction import (
+    EXTRACTION_SECONDS_PER_ENODE,
     Extraction,
     ExtractionError,
     enode_costs,
@@ -510,6 +512,32 @@ def mapped_cost(
     return placed, mapping, mapping.cost(final)
 
 
+#: How long the check takes, predicted before the search so that the phases leave it the time
+#: (:func:`check_seconds`): per plan node, per task of the parallel evaluator (one per shard
+#: and partial sum of a node's output), and per task of a windowed operator (its numpy
+#: windows cost more per call). Fitted to the check of the data-parallel and Megatron plans of
+#: six zoo models on 8 and 32 GPUs (0.02-2.7 s) and rounded up: the constants predict 0.71-2.2x
+#: of each measured time; plans have 1.4-1.7 nodes per model node.
+CHECK_SECONDS_PER_NODE = 0.5e-3
+CHECK_SECONDS_PER_TASK = 15e-6
+CHECK_SECONDS_PER_WINDOWED_TASK = 0.12e-3
+PLAN_NODES_PER_MODEL_NODE = 1.4
+_WINDOWED_OPS = frozenset({"conv2d", "pool2d", "batch_norm"})
+
+
+def check_seconds(pcg: PCG, machine: Machine) -> float:
+    """The predicted time of checking a plan of ``pcg`` on ``machine`` (every node on every
+    device, as a data-parallel plan would), from the constants above."""
+    windowed = sum(n.op in _WINDOWED_OPS for n in pcg.nodes)
+    per_device = (
+        windowed * CHECK_SECONDS_PER_WINDOWED_TASK
+        + (len(pcg.nodes) - windowed) * CHECK_SECONDS_PER_TASK
+    )
+    return PLAN_NODES_PER_MODEL_NODE * (
+        len(pcg.nodes) * CHECK_SECONDS_PER_NODE + machine.num_devices * per_device
+    )
+
+
 @dataclass(frozen=True)
 class _Clock:
     """The search's time budget as a deadline: a phase may use what is left of the budget less
@@ -521,14 +549,23 @@ class _Clock:
     deadline: float
 
     @classmethod
-    def start(cls, budget_s: float) -> _Clock:
-        """The phases share the budget less :data:`RESERVE_SHARE`."""
-        planned = budget_s * (1 - RESERVE_SHARE)
+    def untimed(cls) -> _Clock:
+        """The clock of a deterministic search: no phase has a time limit."""
+        return cls(math.inf, math.inf)
+
+    @classmethod
+    def start(cls, budget_s: float, check_s: float = 0.0) -> _Clock:
+        """The phases share the budget less :data:`RESERVE_SHARE` and the predicted time of
+        the check beyond it (``check_s``), but at least :data:`MIN_SEARCH_SHARE` of it."""
+        reserved = max(RESERVE_SHARE * budget_s, check_s)
+        planned = max(MIN_SEARCH_SHARE * budget_s, budget_s - reserved)
         return cls(planned, time.perf_counter() + planned)
 
     def limit(self, phase: str) -> float:
         """Seconds for ``phase`` (one of :data:`PHASE_SHARES`): what is left of the budget,
         keeping the shares of the phases after it."""
+        if math.isinf(self.deadline):
+            return math.inf
         names = list(PHASE_SHARES)
         after = sum(PHASE_SHARES[n] for n in names[names.index(phase) + 1 :])
         return max(
@@ -536,6 +573,8 @@ class _Clock:
         )
 
     def left(self) -> float:
+        if math.isinf(self.deadline):
+            return math.inf
         return max(0.02 * self.budget_s, self.deadline - time.perf_counter())
 
 
@@ -543,6 +582,23 @@ class _Clock:
 #: phase's limit (limits are checked between steps), the check and assembling the Plan. In
 #: ``python bench/run.py --budget 20`` at 030240b one search ended 0.5 s after its budget.
 RESERVE_SHARE = 0.05
+
+#: The least part of the time budget the search phases get, however long the check is
+#: predicted to take (a budget smaller than the check is then overrun by the check).
+MIN_SEARCH_SHARE = 0.25
+
+#: Saturation's limits in a deterministic search (``saturate_and_extract(deterministic=True)``):
+#: iterations and e-nodes (per segment under graph splitting), no wall time.
+DETERMINISTIC_BUDGET = Budget(iterations=2, enodes=50_000, seconds=math.inf, speculate=False)
+
+#: The layer-wise searches' limit in a deterministic search: coordinate descent from the best
+#: uniform start only, for at most this many evaluated assignments, then Metropolis-Hastings
+#: for as many steps (BERT-Large on 32 GPUs evaluates one in about 0.2 s).
+DETERMINISTIC_EVALUATIONS = 24
+
+#: The exact extraction's branch-and-bound node limit in a deterministic search, where it has
+#: no time limit (HiGHS is deterministic for a given limit).
+DETERMINISTIC_ILP_NODES = 2_000
 
 #: Each phase's share of the time budget less the reserve (they add up to 1), in the order
 #: they run.
@@ -574,18 +630,26 @@ def saturate_and_extract(
     min_segment_ops: int = MIN_SEGMENT_OPS,
     degrees: Sequence[int] | None = None,
     presets: Sequence[str] | None = None,
+    deterministic: bool = False,
 ) -> Plan:
     """Optimize ``pcg`` for training on ``machine`` (module docstring): returns the fastest
     plan found that fits in device memory, with its predicted cost.
 
-    ``time_budget_s``: the search's wall-time target; the phases share it, less a reserve
-    of :data:`RESERVE_SHARE` (5%) for overruns and the check, as :data:`PHASE_SHARES` says
-    (the layer-wise searches 18%, saturation 42% with building the baselines and the rest of
-    loading the rules before it and exporting the e-graph after it, extraction 24% of which
-    costing the e-graph is not bounded, the branch-parallel plan 8%, placement and mapping
-    8%); time a phase leaves unused goes to the next one, time it
-    overruns comes out of its own successors' (limits are checked between steps, so a step in
-    progress can overrun them);
+    ``time_budget_s``: the wall-time limit of the whole call (load the rules ahead with
+    :func:`pcgopt.egraph.warm_up` to keep their one-time loading out of it). The check's
+    time is predicted from the model's size (:func:`check_seconds`) and kept back, at least
+    :data:`RESERVE_SHARE` (5%) of the budget, which also absorbs overruns; the phases share the
+    rest as :data:`PHASE_SHARES` says (the layer-wise searches 18%, saturation 42% with
+    building the baselines and the rest of loading the rules before it and exporting the
+    e-graph after it, extraction 24%, the branch-parallel plan 8%, placement and mapping 8%).
+    Saturation runs into greedy extraction's share as long as its e-graph leaves the time to
+    cost and extract it, and stops before an iteration predicted not to leave that time
+    (the first one included). Time a phase
+    leaves unused goes to the next one; time it overruns comes out of its own successors'
+    (limits are checked between steps, so a step in progress can overrun them).
+    ``python bench/budgets.py`` measures the adherence. A check predicted to take more than
+    the budget still runs (the search keeps :data:`MIN_SEARCH_SHARE`): the call then
+    overruns by it;
     ``memory_budget``: the search's own memory limit in bytes (saturation stops before it);
     ``rules``: the rewrite rules (default: the shipped, proved ones); ``check``: verify the
     plan against the input with the reference evaluator (module docstring); ``baselines``:
@@ -603,6 +667,17 @@ def saturate_and_extract(
     :func:`~pcgopt.egraph.saturate`; the default is every divisor of the device count and the
     rule files that can rewrite the model.
 
+    ``deterministic``: limit the search by work instead of wall time, so that identical inputs
+    give identical plans, whatever the machine's speed or load: ``time_budget_s`` is ignored;
+    saturation stops at :data:`DETERMINISTIC_BUDGET`'s iterations and e-nodes (or the memory
+    budget, the one limit that still depends on the process), the layer-wise searches at
+    :data:`DETERMINISTIC_EVALUATIONS` (their random choices are seeded), the exact
+    extraction at :data:`DETERMINISTIC_ILP_NODES` branch-and-bound nodes, and the other
+    phases run to their end. Otherwise these phases stop at
+    their share of the time budget, so what they find depends on how fast they run:
+    the layer-wise searches, saturation, extraction, the branch-parallel search and the
+    placement search.
+
     A candidate that the placement or the machine mapping rejects (:class:`CostError`, a
     bug) is left out with a warning, and the others still compete; if none is left, the
     :class:`CostError` says why.
@@ -616,7 +691,9 @@ def saturate_and_extract(
         pcg,
         machine,
         optimizer,
-        _Clock.start(time_budget_s),
+        _Clock.untimed()
+        if deterministic
+        else _Clock.start(time_budget_s, check_seconds(pcg, machine) if check else 0.0),
         _reporter(progress),
         bool(progress),
         rules,
@@ -624,6 +701,7 @@ def saturate_and_extract(
         memory_budget,
         degrees,
         presets,
+        deterministic,
     )
     clock, say, phases = search.clock, search.say, search.phases
     input_cost = iteration_cost(pcg, machine, optimizer=optimizer)
@@ -631,7 +709,7 @@ def saturate_and_extract(
     layerwise: dict[str, tuple[PCG, CostBreakdown] | None] = {}
     if baselines:
         start = time.perf_counter()
-        layerwise = _layerwise_searches(pcg, machine, optimizer, clock, say)
+        layerwise = _layerwise_searches(pcg, machine, optimizer, clock, say, deterministic)
         phases["layer-wise search"] = time.perf_counter() - start
     extra: dict[str, tuple[PCG, CostBreakdown] | None] = {
         f"seed {k}": (seed, iteration_cost(seed, machine, optimizer=optimizer))
@@ -722,7 +800,12 @@ def _best(
 
 
 def _layerwise_searches(
-    pcg: PCG, machine: Machine, optimizer: str, clock: _Clock, say: Callable[[str], None]
+    pcg: PCG,
+    machine: Machine,
+    optimizer: str,
+    clock: _Clock,
+    say: Callable[[str], None],
+    deterministic: bool = False,
 ) -> dict[str, tuple[PCG, CostBreakdown] | None]:
     """AutoDDL's searches over per-layer SBP matmul strategies: coordinate descent, then
     Metropolis-Hastings from its result (it escapes the local optima where every single-layer
@@ -734,7 +817,8 @@ def _layerwise_searches(
         found = coordinate_descent(
             pcg,
             machine,
-            restarts=4,
+            restarts=1 if deterministic else 4,
+            max_evaluations=DETERMINISTIC_EVALUATIONS if deterministic else None,
             optimizer=optimizer,
             time_limit_s=clock.limit("coordinate descent"),
         )
@@ -742,7 +826,7 @@ def _layerwise_searches(
         walked = metropolis_hastings(
             pcg,
             machine,
-            steps=found.evaluations,
+            steps=DETERMINISTIC_EVALUATIONS if deterministic else found.evaluations,
             start=found.strategies,
             optimizer=optimizer,
             time_limit_s=clock.limit("metropolis-hastings"),
@@ -906,11 +990,28 @@ class _Search:
     memory_budget: int
     degrees: Sequence[int] | None
     presets: Sequence[str] | None
+    deterministic: bool
     phases: dict[str, float] = field(default_factory=dict)
 
     @property
     def rewrite_options(self) -> dict[str, Any]:
         return {"degrees": self.degrees, "presets": self.presets}
+
+    def saturation_budget(self, seconds: float) -> Budget:
+        """Saturation's budget: ``seconds`` (with the time to cost and extract what it
+        leaves), or in a deterministic search :data:`DETERMINISTIC_BUDGET`. No speculative
+        iterations: they would use up the whole share whenever the next iteration is
+        predicted not to fit (the suite's searches took 40% longer with them), though the
+        prediction of the second iteration is rough (BERT-Large's segments on 32 GPUs grew 2x
+        where 6x is predicted; with it the plan is 21% faster)."""
+        if self.deterministic:
+            return replace(DETERMINISTIC_BUDGET, memory_bytes=self.memory_budget)
+        return Budget(
+            seconds=seconds,
+            memory_bytes=self.memory_budget,
+            speculate=False,
+            after_seconds_per_enode=EXTRACTION_SECONDS_PER_ENODE,
+        )
 
 
 def _explore(
@@ -948,13 +1049,9 @@ def _whole_phase(search: _Search, seed_plans: Sequence[PCG]) -> tuple[PCG | None
         pcg,
         machine,
         rules=search.rules,
-        # The phases' shares were set with saturation stopping where it predicts the next
-        # iteration would not fit, so no speculative iterations here.
-        budget=Budget(
-            seconds=clock.limit("saturate"),
-            memory_bytes=search.memory_budget,
-            speculate=False,
-        ),
+        # Saturation runs into greedy extraction's share as long as its e-graph leaves the
+        # time to cost and extract it.
+        budget=search.saturation_budget(clock.limit("extract greedy")),
         progress=search.progress,
         seeds=list(dict.fromkeys(seed_plans)),
         **search.rewrite_options,
@@ -975,6 +1072,7 @@ def _whole_phase(search: _Search, seed_plans: Sequence[PCG]) -> tuple[PCG | None
                     costs,
                     time_limit_s=clock.limit("extract exact"),
                     warm_start=extraction,
+                    node_limit=DETERMINISTIC_ILP_NODES if search.deterministic else None,
                 )
             except ExtractionError as e:
                 say(f"exact extraction skipped: {e}")
@@ -1025,6 +1123,7 @@ def _split_phase(
         saturate_s=clock.limit("saturate"),
         extract_s=extract_s,
         memory_budget=search.memory_budget,
+        segment_budget=search.saturation_budget(math.inf) if search.deterministic else None,
         optimizer=search.optimizer,
         progress=search.say,
         **search.rewrite_options,

@@ -50,6 +50,7 @@ from pcgopt.egraph import Budget, saturate_together
 from pcgopt.errors import PCGError
 from pcgopt.extract.cost import Optimizer
 from pcgopt.extract.extraction import (
+    EXTRACTION_SECONDS_PER_ENODE,
     ENodeCosts,
     ExtractionError,
     _local_cost,
@@ -284,9 +285,11 @@ def split_search(
     (module docstring). None if it does not split into at least two segments of ``min_ops``
     computing operators. ``seeds``: plans equivalent to ``pcg`` whose slices seed the
     segments' e-graphs and whose layouts at the cuts are tried. ``saturate_s`` (from the
-    call: cutting the graph and slicing the seeds count) is the time of the distinct
-    segments' saturation together, ``extract_s`` (plus what saturation left) is shared by
-    their extractions, each getting what is left divided by the number still to do.
+    call: cutting the graph and slicing the seeds count) and ``extract_s`` are the time of the
+    distinct segments' saturation together and of their extractions: saturation may run into
+    ``extract_s`` as long as its e-graph leaves the time to cost and extract it
+    (:data:`~pcgopt.extract.extraction.EXTRACTION_SECONDS_PER_ENODE`), and each extraction
+    gets what is left divided by the number still to do.
     ``segment_budget``: the saturation's budget instead (benchmarks: an iteration budget
     gives every segment that many iterations); either way its back-off match limit and
     e-node budget are per segment (multiplied by the number of distinct segments, since the
@@ -309,10 +312,13 @@ def split_search(
     # One e-graph for all distinct segments: egglog's fixed cost of a run (about a second
     # with the shipped rules, whatever the graph's size) is paid once. The back-off's match
     # limit and the e-node budget count over all of them, so they grow with their number.
+    # Saturation's budget runs to the extractions' deadline, leaving each e-node it adds the
+    # time to cost and extract it.
     budget = segment_budget or Budget(
-        seconds=max(0.5, saturate_until - time.perf_counter()),
+        seconds=max(0.05, extract_until - time.perf_counter()),
         memory_bytes=memory_budget,
-        speculate=False,  # as in the whole-graph phase (plan.py)
+        speculate=False,  # as in the whole-graph phase (plan.py: _Search.saturation_budget)
+        after_seconds_per_enode=EXTRACTION_SECONDS_PER_ENODE,
     )
     budget = replace(
         budget,

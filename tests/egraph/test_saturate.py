@@ -470,11 +470,33 @@ def test_the_time_budget_stops_a_run_that_would_blow_up():
 
 
 def test_the_time_budget_leaves_room_to_export_the_egraph(monkeypatch):
-    # With an export predicted at a second per e-node, no e-graph past the first iteration
-    # could be exported within 60 s: saturation stops there, on time.
+    # With an export predicted at a second per e-node, no e-graph past the loaded one could be
+    # exported within 60 s: saturation runs no iteration, on time.
     monkeypatch.setattr(saturate_module, "EXPORT_SECONDS_PER_ENODE", 1.0)
     sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(seconds=60.0, enodes=10**7))
-    assert (sat.stop_reason, sat.iterations) == (StopReason.TIME, 1)
+    assert (sat.stop_reason, sat.iterations) == (StopReason.TIME, 0)
+
+
+def test_the_time_budget_leaves_room_for_what_the_caller_does_with_the_egraph():
+    # The caller costs and extracts the e-graph at a second per e-node: the first iteration's
+    # e-graph would not leave that time in 60 s, so the model comes back as loaded.
+    model = blowing_up_model()
+    budget = Budget(seconds=60.0, enodes=10**7, after_seconds_per_enode=1.0)
+    sat = saturate(model, TWO_GPUS, budget=budget)
+    assert (sat.stop_reason, sat.iterations) == (StopReason.TIME, 0)
+    assert_equivalent(model, sat.egraph.to_pcg(sat.egraph.choice_for(model)))
+
+
+def test_a_budget_too_small_for_the_first_iteration_does_not_start_it():
+    # egglog's first iteration alone takes about half a second (FIRST_ITERATION_SECONDS).
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(seconds=0.05))
+    assert (sat.stop_reason, sat.iterations) == (StopReason.TIME, 0)
+    assert sat.history == ()
+
+
+def test_budget_rejects_a_negative_time_per_enode_after_saturation():
+    with pytest.raises(ValueError, match="after_seconds_per_enode must be >= 0"):
+        Budget(after_seconds_per_enode=-1.0)
 
 
 def test_the_memory_budget_leaves_room_to_export_the_egraph(monkeypatch):

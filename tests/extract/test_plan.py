@@ -15,7 +15,7 @@ from pcgopt.extract import (
     saturate_and_extract,
 )
 from pcgopt.extract import plan as plan_module
-from pcgopt.models import mnist_mlp
+from pcgopt.models import build, mnist_mlp
 from pcgopt.serialize import pcg_from_dict
 
 MNIST = mnist_mlp(batch=64, in_features=784, hidden=512, out_features=10)
@@ -240,6 +240,91 @@ def test_each_phase_gets_what_the_phases_before_it_left_and_the_next_keep_theirs
     now[0] = 99.5  # every phase overran: the next still gets 2% of the planned time
     assert clock.limit("branch parallel") == pytest.approx(2.0)
     assert clock.left() == pytest.approx(2.0)
+
+
+def test_the_predicted_check_time_is_kept_back_from_the_phases(monkeypatch):
+    from pcgopt.extract.plan import MIN_SEARCH_SHARE, RESERVE_SHARE, _Clock
+
+    monkeypatch.setattr(plan_module.time, "perf_counter", lambda: 0.0)
+    # A check shorter than the reserve changes nothing; a longer one comes off the phases.
+    assert _Clock.start(100.0, 1.0).deadline == pytest.approx(100.0 * (1 - RESERVE_SHARE))
+    assert _Clock.start(100.0, 30.0).deadline == pytest.approx(70.0)
+    # A check longer than the budget leaves the search its least share (the call overruns).
+    assert _Clock.start(100.0, 500.0).deadline == pytest.approx(100.0 * MIN_SEARCH_SHARE)
+
+
+def test_the_check_time_grows_with_the_model_and_the_devices():
+    from pcgopt.extract.plan import check_seconds
+
+    small, large = build("mlp"), build("bert_large")
+    one, four = Machine.preset("dgx-a100", nodes=1), Machine.preset("dgx-a100", nodes=4)
+    assert check_seconds(small, one) < check_seconds(large, one) < check_seconds(large, four)
+
+
+_DETERMINISTIC_SEARCH = """
+import json
+from pcgopt import Machine
+from pcgopt.extract import saturate_and_extract
+from pcgopt.models import build
+machine = Machine.preset("dgx-a100", nodes=1, devices_per_node=2)
+model = build("transformer", small=True, layers=2)
+plan = saturate_and_extract(model, machine, deterministic=True)
+found = plan.to_dict()
+stats = found.pop("stats")  # its seconds and memory are the run's, the rest is the search's
+found["searched"] = {
+    k: stats[k] for k in ("candidates", "chosen", "num_enodes", "iterations", "segments")
+}
+print(json.dumps(found, sort_keys=True))
+"""
+
+
+def test_a_deterministic_search_gives_the_same_plan_in_every_process():
+    # Two processes at once, with different string hashing (set and dict orders of names
+    # change with it), on a model that graph splitting cuts into segments.
+    import os
+    import subprocess
+    import sys
+
+    runs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _DETERMINISTIC_SEARCH],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for seed in ("1", "2")
+    ]
+    outputs = [run.communicate(timeout=600) for run in runs]
+    for run, (_, err) in zip(runs, outputs, strict=True):
+        assert run.returncode == 0, err
+    first, second = (json.loads(out) for out, _ in outputs)
+    assert first["searched"]["segments"] >= 2 and first["searched"]["chosen"] == "e-graph"
+    assert first == second
+
+
+def test_a_deterministic_search_is_limited_by_work_not_time(monkeypatch):
+    # Not one phase gets a time limit: each is handed infinity, and saturation its e-node and
+    # iteration limits.
+    limits, budgets, saturate = [], [], plan_module.saturate
+    greedy = plan_module.extract_greedy
+
+    def spy_saturate(*args, **kwargs):
+        budgets.append(kwargs["budget"])
+        return saturate(*args, **kwargs)
+
+    def spy_greedy(*args, **kwargs):
+        limits.append(kwargs["time_limit_s"])
+        return greedy(*args, **kwargs)
+
+    monkeypatch.setattr(plan_module, "saturate", spy_saturate)
+    monkeypatch.setattr(plan_module, "extract_greedy", spy_greedy)
+    plan = saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=1e-3, deterministic=True)
+    assert budgets == [
+        plan_module.replace(plan_module.DETERMINISTIC_BUDGET, memory_bytes=4 * 2**30)
+    ]
+    assert limits == [float("inf")]
+    assert plan.stats.iterations <= plan_module.DETERMINISTIC_BUDGET.iterations
 
 
 def test_a_plan_runs_on_jax_as_it_was_costed(mnist_plan):
