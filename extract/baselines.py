@@ -45,7 +45,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
+
+import numpy as np
 
 from pcgopt.builder import PCGBuilder, Tensor
 from pcgopt.errors import PCGError
@@ -61,6 +64,7 @@ __all__ = [
     "fuse",
     "megatron",
     "sequential",
+    "split_projections",
     "unity_figure_2b",
 ]
 
@@ -75,6 +79,10 @@ class BaselineError(PCGError):
 _PASS_THROUGH = frozenset(
     {*ACTIVATIONS, "dropout", "scale", "reshape", "transpose", "batch_matmul", "softmax"}
 )
+# Elementwise operators that pass such a split on when their other inputs are Weights of the
+# same sizes (an attention mask imported as a constant, ``scores * keep + fill``): those are
+# stored split as the data input is.
+_PASS_WITH_CONSTANTS = frozenset({"add", "sub", "mul", "div", "maximum", "minimum", "where"})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -137,13 +145,14 @@ def _data_free(pcg: PCG) -> set[str]:
 
 
 def _weight_matmul(pcg: PCG, node: Node) -> bool:
-    """A MatMul or Linear of an activation by a rank-2 Weight (a dense layer)."""
-    return (
-        node.op in ("matmul", "linear")
-        and len(node.inputs) >= 2
-        and pcg.node(node.inputs[1].node).op == "weight"
-        and pcg.shape(node.inputs[1]).rank == 2
-    )
+    """A MatMul or Linear of an activation by a rank-2 Weight, or by a Slice of one (a part of
+    a fused projection, :func:`split_projections`): a dense layer."""
+    if node.op not in ("matmul", "linear") or len(node.inputs) < 2:
+        return False
+    w = pcg.node(node.inputs[1].node)
+    if w.op == "slice":
+        w = pcg.node(w.inputs[0].node)
+    return w.op == "weight" and pcg.shape(node.inputs[1]).rank == 2
 
 
 def _column_parallel(pcg: PCG, degree: int) -> set[str]:
@@ -151,7 +160,19 @@ def _column_parallel(pcg: PCG, degree: int) -> set[str]:
     :data:`_PASS_THROUGH` operators: Megatron's column-parallel halves."""
     consumers = pcg.consumers()
     outputs = set(pcg.outputs)
+    free = _data_free(pcg)
     chosen: set[str] = set()
+
+    def passes(user: Node, slot: int) -> bool:
+        if user.op in _PASS_THROUGH:
+            return True
+        sizes = pcg.shape(user.inputs[slot]).sizes
+        return user.op in _PASS_WITH_CONSTANTS and all(
+            r.node in free and pcg.node(r.node).op == "weight" and pcg.shape(r).sizes == sizes
+            for i, r in enumerate(user.inputs)
+            if i != slot
+        )
+
     for node in pcg.nodes:
         if not _weight_matmul(pcg, node) or pcg.shape(node.inputs[1]).sizes[1] % degree:
             continue
@@ -168,7 +189,7 @@ def _column_parallel(pcg: PCG, degree: int) -> set[str]:
                 user = pcg.node(name)
                 if _weight_matmul(pcg, user) and slot == 0:
                     ends += 1
-                elif user.op in _PASS_THROUGH:
+                elif passes(user, slot):
                     stack.extend(user.output(i) for i in range(len(pcg.output_shapes(name))))
                 else:
                     ok = False
@@ -247,9 +268,10 @@ class _Lowering:
 
         def make() -> Tensor:
             name = ref.node
-            w = self.b.partition(
-                self._source(name), dim=dim, degree=self.tp, name=self._name(f"{name}.tp")
-            )
+            # A Weight, or a Slice of one computed on one device first (a fused projection's
+            # part): its gradient is gathered back into the whole weight's.
+            whole = self._source(name) if self.pcg.node(name).op == "weight" else self._free(ref, 1)
+            w = self.b.partition(whole, dim=dim, degree=self.tp, name=self._name(f"{name}.tp"))
             if self.dp > 1:
                 w = self.b.replicate(w, degree=self.dp, name=self._name(f"{name}.r{self.dp}"))
             return w
@@ -305,17 +327,53 @@ class _Lowering:
 
     def _harmonize(self, node: Node, data: dict[int, Tensor]) -> tuple[list[Tensor], int]:
         """All inputs on the same number of devices: data inputs with fewer shards get copies,
-        weight-only inputs are replicated on all of them."""
+        weight-only inputs are replicated on all of them, except a Weight of an elementwise
+        operator's size, which is split as its widest data input is (an attention mask)."""
         shards = max((t.shape.num_shards for t in data.values()), default=1)
+        widest = max(data.values(), key=lambda t: t.shape.num_shards, default=None)
         ins: list[Tensor] = []
         for i, ref in enumerate(node.inputs):
             if i in data:
                 t = data[i]
                 n = t.shape.num_shards
                 ins.append(self._replicate(ref, t, shards // n) if shards % n == 0 else t)
+            elif (
+                node.op in _PASS_WITH_CONSTANTS
+                and widest is not None
+                and self._splits_like(ref, widest)
+            ):
+                ins.append(self._weight_like(ref, widest))
             else:
                 ins.append(self._free(ref, shards))
         return ins, shards
+
+    def _splits_like(self, ref: TensorRef, t: Tensor) -> bool:
+        """Whether weight ``ref`` can take ``t``'s layout: a Weight of ``t``'s sizes, ``t``
+        split (not only copied) and without partial sums."""
+        s = t.shape
+        return (
+            self.pcg.node(ref.node).op == "weight"
+            and self.pcg.shape(ref).sizes == s.sizes
+            and not s.is_partial
+            and any(d > 1 for d in s.degrees)
+        )
+
+    def _weight_like(self, ref: TensorRef, t: Tensor) -> Tensor:
+        """Weight ``ref`` split and copied as ``t`` is (its stored layout: free)."""
+        layout = t.shape
+
+        def make() -> Tensor:
+            w = self._source(ref.node)
+            for dim, d in enumerate(layout.degrees):
+                if d > 1:
+                    w = self.b.partition(
+                        w, dim=dim, degree=d, name=self._name(f"{ref.node}.split{dim}")
+                    )
+            if layout.copy_degree > 1:
+                w = self.b.replicate(w, degree=layout.copy_degree, name=self._name(f"{ref.node}.r"))
+            return w
+
+        return self._memo(("like", ref, layout), make)
 
     def _apply(self, node: Node, ins: list[Tensor], name: str | None = None) -> tuple[Tensor, ...]:
         out = self.b.apply(node.op, *ins, name=name or node.name, **dict(node.params))
@@ -492,6 +550,7 @@ def megatron(pcg: PCG, machine: Machine, *, tensor_degree: int | None = None) ->
     """
     _check_sequential(pcg)
     batch = batch_size(pcg)
+    pcg = split_projections(pcg)
     if tensor_degree is not None:
         _check_tensor_degree(machine, tensor_degree)
         dp = _largest_divisor(batch, machine.num_devices // tensor_degree)
@@ -507,6 +566,66 @@ def megatron(pcg: PCG, machine: Machine, *, tensor_degree: int | None = None) ->
         if not lowering.fallbacks:
             return plan
     return _Lowering(pcg, _largest_divisor(batch, machine.num_devices)).run()
+
+
+def split_projections(pcg: PCG) -> PCG:
+    """Fused projections as one dense layer per part: a MatMul or Linear by a rank-2 Weight
+    whose output only Splits and Slices of its last dimension read (GPT-2's and most
+    exporters' fused QKV) becomes one such layer per part, over the Slices of its weight's
+    columns (and of its bias), computed from weights only. Each output element is the same
+    dot product as before, so the graph computes exactly what ``pcg`` does; Megatron can then
+    split each part's columns (its heads), where a split of the fused columns would cut across
+    Q, K and V. The parts are named after the fused layer (``qkv`` gives ``qkv.0``...)."""
+    consumers = pcg.consumers()
+    outputs = set(pcg.outputs)
+    added: dict[str, list[Node]] = {}  # fused layer -> the nodes that replace it
+    dropped: set[str] = set()
+    moved: dict[TensorRef, TensorRef] = {}  # a part's tensor -> its layer's output
+    for node in pcg.nodes:
+        if not _weight_matmul(pcg, node) or len(pcg.output_shapes(node.name)) != 1:
+            continue
+        last = pcg.shape(node.output()).rank - 1
+        users = [pcg.node(name) for name, _ in consumers.get(node.output(), [])]
+        parts: list[tuple[TensorRef, int, int]] = []
+        for user in users:
+            if user.op == "split" and user.params["axis"] == last:
+                stops = np.cumsum(user.params["sizes"]).tolist()
+                starts = [0, *stops[:-1]]
+                cuts = enumerate(zip(starts, stops, strict=True))
+                parts += [(user.output(i), a, b) for i, (a, b) in cuts]
+            elif user.op == "slice" and user.params["axis"] == last:
+                parts.append((user.output(), user.params["start"], user.params["stop"]))
+            else:
+                parts = []
+                break
+        if len(parts) < 2 or node.output() in outputs or any(r in outputs for r, _, _ in parts):
+            continue
+        new: list[Node] = []
+        for k, (ref, start, stop) in enumerate(parts):
+            name = f"{node.name}.{k}"
+            cut = {"start": start, "stop": stop}
+            w = Node(f"{name}.w", "slice", (node.inputs[1],), {"axis": 1, **cut})
+            extra = [Node(f"{name}.b", "slice", (r,), {"axis": 0, **cut}) for r in node.inputs[2:]]
+            layer = Node(
+                name,
+                node.op,
+                (node.inputs[0], w.output(), *(e.output() for e in extra)),
+                node.params,
+            )
+            new += [w, *extra, layer]
+            moved[ref] = layer.output()
+        added[node.name] = new
+        dropped |= {user.name for user in users}
+    if not added:
+        return pcg
+    nodes: list[Node] = []
+    for node in pcg.nodes:
+        if node.name in added:
+            nodes += added[node.name]
+        elif node.name not in dropped:
+            inputs = tuple(moved.get(r, r) for r in node.inputs)
+            nodes.append(node if inputs == node.inputs else replace(node, inputs=inputs))
+    return PCG(nodes, pcg.outputs)
 
 
 def _feed_forward_blocks(pcg: PCG) -> list[tuple[Node, Node | None, Node]]:
