@@ -723,8 +723,13 @@ def saturate_and_extract(
     # (the phases after it have shares of their own); graph splitting seeds with them.
     start = time.perf_counter()
     fixed = _baselines(pcg, machine, optimizer, say) if baselines else {}
+    if baselines:
+        fixed.update(_on_one_node(pcg, machine, optimizer, say))
     phases["baselines"] = time.perf_counter() - start
-    baseline_plans = [v[0] for k, v in fixed.items() if k != "sequential" and v is not None]
+    # Graph splitting seeds with the whole machine's baselines (their layouts at the cuts).
+    baseline_plans = [
+        v[0] for k, v in fixed.items() if k in ("data parallel", "megatron") and v is not None
+    ]
     extracted, explored = _explore(search, seed_plans, baseline_plans, split, min_segment_ops)
 
     start = time.perf_counter()
@@ -856,6 +861,32 @@ def _baselines(
             say(f"baseline {name} does not apply: {e}")
             fixed[name] = None
     return fixed
+
+
+def _on_one_node(
+    pcg: PCG, machine: Machine, optimizer: str, say: Callable[[str], None]
+) -> dict[str, tuple[PCG, CostBreakdown] | None]:
+    """The data-parallel and Megatron plans of one node of a machine of several, costed on the
+    whole machine (the other nodes idle): a plan for part of the machine is a plan for all of
+    it, and one the search must not lose to where crossing nodes costs more than it gains."""
+    if len(machine.levels) < 2 or machine.counts[0] == 1:
+        return {}
+    node = Machine(
+        (replace(machine.levels[0], count=1), *machine.levels[1:]), machine.device, machine.name
+    )
+    if node.num_devices == 1:
+        return {}
+    found: dict[str, tuple[PCG, CostBreakdown] | None] = {}
+    for name, make in (("data parallel", data_parallel), ("megatron", megatron)):
+        try:
+            plan = make(pcg, node)
+            found[f"{name} on one node"] = (
+                plan,
+                iteration_cost(plan, machine, optimizer=optimizer),
+            )
+        except (BaselineError, CostError) as e:
+            say(f"baseline {name} on one node does not apply: {e}")
+    return found
 
 
 def _branch_parallel(

@@ -138,6 +138,21 @@ def test_two_towers_run_at_once_and_pay_for_the_transfers():
     assert "overlap" in repr(mapped) and "branches at once" in mapped.summary()
 
 
+def test_more_nodes_never_map_slower_than_one_node_of_them():
+    # Two towers run at once within one node; with a second node beside it, the mapping keeps
+    # them on the first node's fast links rather than splitting them across the slow one.
+    pcg = fork(2, rows=16, width=4096)
+    one = Machine.preset("dgx-a100", nodes=1, devices_per_node=2)
+    two = Machine.preset("dgx-a100", nodes=2, devices_per_node=2)
+    within = map_machine(pcg, one, cost=iteration_cost(pcg, one))
+    cost = iteration_cost(pcg, two)
+    mapping = map_machine(pcg, two, cost=cost)
+    assert within.time_s < within.sequential_s  # the towers do run at once on one node
+    assert mapping.time_s == pytest.approx(within.time_s)
+    assert {mapping.offsets["t0_0"], mapping.offsets["t1_0"]} == {0, 1}
+    check_schedule(pcg, two, mapping, cost)
+
+
 @pytest.mark.parametrize("k, devices, rounds", [(4, 4, 1), (4, 2, 2), (3, 2, 2), (2, 4, 1)])
 def test_identical_towers_spread_evenly_when_moving_is_free(k, devices, rounds):
     machine = flat(devices, bandwidth=1e18, latency=0.0)

@@ -242,6 +242,17 @@ def test_each_phase_gets_what_the_phases_before_it_left_and_the_next_keep_theirs
     assert clock.left() == pytest.approx(2.0)
 
 
+def test_plans_for_one_node_of_several_are_candidates_on_the_whole_machine():
+    # On two Summit nodes of two GPUs, the MNIST MLP's gradients cost more to all-reduce across
+    # the nodes than the second node's compute saves: data parallelism on one node is faster.
+    machine = Machine.preset("summit", nodes=2, devices_per_node=2)
+    plan = saturate_and_extract(MNIST, machine, time_budget_s=2, check=False)
+    c = plan.stats.candidates
+    assert c["data parallel on one node"] < c["data parallel"]
+    assert c["megatron on one node"] < c["megatron"]
+    assert plan.cost.total_s <= min(c["data parallel on one node"], c["megatron on one node"])
+
+
 def test_the_predicted_check_time_is_kept_back_from_the_phases(monkeypatch):
     from pcgopt.extract.plan import MIN_SEARCH_SHARE, RESERVE_SHARE, _Clock
 
