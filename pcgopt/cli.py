@@ -4,8 +4,8 @@
     pcgopt models
     pcgopt ops [NAME]
     pcgopt equivalent A.json B.json [--logical] [--trials N]
-    pcgopt optimize MODEL [--machine PRESET[:NODES[:GPUS]]] [--budget S] [--json OUT] [--dot OUT]
-                   [--run [--devices N] [--steps K]]
+    pcgopt optimize MODEL [--machine PRESET[:NODES[:GPUS]]] [--budget S] [--deterministic]
+                   [--json OUT] [--dot OUT] [--run [--devices N] [--steps K]]
     pcgopt run PLAN.json [--devices N] [--steps K] [--model MODEL] [--seed S] [--lr LR]
     pcgopt reductions --machine PRESET:NODES --axes 4,16 --reduce 0 [--bytes N] [--top K]
 
@@ -152,6 +152,7 @@ def _optimize(args: argparse.Namespace) -> int:
         check=not args.no_check,
         progress=not args.quiet,
         optimizer=optimizer,
+        deterministic=args.deterministic,
     )
     print(plan.explain(max_rows=args.rows))
     if args.json:
@@ -345,6 +346,12 @@ def build_parser() -> argparse.ArgumentParser:
         "JSON/YAML file (default: $PCGOPT_MACHINE, else one dgx-h100 node)",
     )
     p.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
+    p.add_argument(
+        "--deterministic",
+        action="store_true",
+        help="limit the search by work (iterations, e-nodes, evaluations) instead of --budget, "
+        "so that the same model and machine give the same plan",
+    )
     p.add_argument(
         "--optimizer",
         metavar="NAME",

@@ -97,6 +97,20 @@ def test_optimize_costs_the_update_of_the_optimizer_the_model_is_trained_with(tm
     assert "--optimizer: unknown 'lamb'; valid: sgd, momentum, adam" in capsys.readouterr().err
 
 
+def test_optimize_deterministic_writes_the_same_plan_twice(tmp_path, capsys):
+    argv = ["optimize", "mnist_mlp", "--small", "--machine", "summit:1:2", "--deterministic"]
+    plans = []
+    for k in range(2):
+        j = tmp_path / f"plan{k}.json"
+        assert main([*argv, "--budget", str(0.001 * (k + 1)), "--json", str(j), "--quiet"]) == 0
+        found = json.loads(j.read_text())
+        stats = found.pop("stats")  # seconds and memory are the run's
+        plans.append((found, stats["candidates"], stats["chosen"], stats["num_enodes"]))
+    capsys.readouterr()
+    assert plans[0] == plans[1]
+    assert plans[0][3] > 0  # the e-graph was searched: the budget was not the limit
+
+
 def test_optimize_names_a_bad_machine(capsys):
     assert main(["optimize", "mnist_mlp", "--machine", "summit:two"]) == 2
     assert "machine spec 'summit:two'" in capsys.readouterr().err
