@@ -140,27 +140,29 @@ def test_every_tensor_class_has_shape_facts_matching_its_nodes(mnist):
 
 
 def random_acyclic_choice(graph, rng):
-    """One e-node per class the outputs need, drawn at random among those that do not close a
-    cycle (depth first from the outputs; a class that failed once is not tried again, which
-    keeps the search linear and may, rarely, give up: then None)."""
-    chosen, path, failed = {}, set(), set()
-
-    def pick(c):
-        if c in chosen:
-            return True
-        if c in failed or c in path:
-            return False
-        path.add(c)
-        for i in rng.sample(graph.classes[c], len(graph.classes[c])):
-            if all(pick(ch) for ch in graph.nodes[i].children):
-                chosen[c] = i
-                break
-        path.discard(c)
-        if c not in chosen:
-            failed.add(c)
-        return c in chosen
-
-    return chosen if all(pick(r) for r in graph.roots) else None
+    """One e-node per class, drawn at random, bottom up: a class is decided when it is drawn
+    among those with an e-node whose children are all decided, and takes one of those e-nodes
+    at random. Every choice is acyclic by construction, and every class with an acyclic way to
+    compute it is decided; None if an output has none."""
+    waiting = [len(set(n.children)) for n in graph.nodes]
+    parents = {}
+    for i, n in enumerate(graph.nodes):
+        for c in set(n.children):
+            parents.setdefault(c, []).append(i)
+    ready = {}  # class -> its e-nodes whose children are all decided
+    for i, n in enumerate(graph.nodes):
+        if not waiting[i]:
+            ready.setdefault(n.eclass, []).append(i)
+    chosen = {}
+    while ready:
+        c = rng.choice(sorted(ready))
+        chosen[c] = rng.choice(ready.pop(c))
+        for i in parents.get(c, ()):
+            waiting[i] -= 1
+            e = graph.nodes[i].eclass
+            if not waiting[i] and e not in chosen:
+                ready.setdefault(e, []).append(i)
+    return chosen if all(r in chosen for r in graph.roots) else None
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
