@@ -43,8 +43,8 @@ from pcgopt.extract import (
     megatron,
     saturate_and_extract,
 )
-from pcgopt.extract.layerwise import coordinate_descent, metropolis_hastings, summa_like
-from pcgopt.extract.plan import placed_cost
+from pcgopt.extract.search.plan import placed_cost
+from pcgopt.extract.strategies.layerwise import coordinate_descent, metropolis_hastings, summa_like
 from pcgopt.graph import PCG
 from pcgopt.models import build
 from pcgopt.models.layers import self_attention

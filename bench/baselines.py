@@ -2,7 +2,7 @@
 
 For each model, each node count and each baseline (data parallel, Megatron, sequential), the
 plan's iteration time, communication bytes, memory per device and feasibility under
-``pcgopt.extract.cost.iteration_cost``. Weak scaling, as in Unity's evaluation: the zoo's
+``pcgopt.extract.costmodel.cost.iteration_cost``. Weak scaling, as in Unity's evaluation: the zoo's
 default batch is Unity's per-GPU minibatch, so the global batch is that times the devices.
 
     python bench/baselines.py                      # prints the table, updates bench/RESULTS.md
@@ -20,8 +20,8 @@ from collections.abc import Callable, Sequence
 from _results import write_section as replace_section
 
 from pcgopt import Machine, models
-from pcgopt.extract.baselines import data_parallel, megatron, sequential
-from pcgopt.extract.cost import iteration_cost
+from pcgopt.extract.costmodel.cost import iteration_cost
+from pcgopt.extract.strategies.baselines import data_parallel, megatron, sequential
 from pcgopt.graph import PCG
 
 UNITY_MODELS = ("mlp", "bert_large", "dlrm", "xdl", "candle_uno", "resnext50", "inception_v3")
@@ -100,7 +100,8 @@ def write_section(table: Sequence[str], command: str, seconds: float) -> None:
             "",
             "Unity's seven models, full size, on Summit nodes (6 V100 each), weak scaling: the "
             "global batch is Unity's per-GPU minibatch times the GPUs. Costs are "
-            "`pcgopt.extract.cost.iteration_cost` with the optimizer Unity trains each model "
+            "`pcgopt.extract.costmodel.cost.iteration_cost` with the optimizer Unity trains each "
+            "model "
             "with (section 6.1: Adam for BERT-Large, plain SGD for the others; no overlap of "
             "communication and computation); communication bytes are summed over all devices. "
             "Plan: `dpD` data parallel degree, `tpT` Megatron tensor-parallel degree (kept "
@@ -117,7 +118,8 @@ def write_section(table: Sequence[str], command: str, seconds: float) -> None:
             "(no sequence parallelism), which is why Megatron on BERT-Large needs more memory "
             "per GPU than data parallelism at Unity's per-GPU batch. The cost model's default "
             "placement puts both the tensor- and the data-parallel groups on the closest "
-            "devices, which is optimistic for hybrid plans (extract/cost.py, 'Placement').",
+            "devices, which is optimistic for hybrid plans (extract/costmodel/cost.py, "
+            "'Placement').",
             "",
         ]
     )

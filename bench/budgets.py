@@ -17,7 +17,7 @@ import time
 from _results import publish
 
 from pcgopt.egraph import warm_up
-from pcgopt.extract.plan import machine_from_spec, saturate_and_extract
+from pcgopt.extract.search.plan import machine_from_spec, saturate_and_extract
 from pcgopt.models import build
 
 HEADING = "## Budget adherence"

@@ -23,7 +23,7 @@ from _results import publish
 from pcgopt import Machine, models
 from pcgopt.egraph import Budget, saturate, saturate_together, warm_up
 from pcgopt.egraph.translate import legal_degrees
-from pcgopt.extract.splitting import segment_pcg, split_segments
+from pcgopt.extract.search.splitting import segment_pcg, split_segments
 
 HEADING = "## egglog's fixed cost per saturation"
 MODEL, NODES, ITERATIONS, REPEATS = "inception_v3", 8, 2, 3

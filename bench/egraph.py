@@ -33,7 +33,7 @@ from _results import write_section
 
 from pcgopt import Machine, models
 from pcgopt.egraph import Budget, saturate, saturate_split, shipped_presets, warm_up
-from pcgopt.extract.baselines import data_parallel, megatron, unity_figure_2b
+from pcgopt.extract.strategies.baselines import data_parallel, megatron, unity_figure_2b
 
 HEADING = "## E-graph saturation"
 SPLIT_HEADING = "## Split e-graph saturation"

@@ -28,7 +28,7 @@ import numpy as np
 from _results import check_kind, publish
 
 from pcgopt import Machine
-from pcgopt.extract.plan import saturate_and_extract
+from pcgopt.extract.search.plan import saturate_and_extract
 from pcgopt.frontend.onnx import from_onnx
 from pcgopt.models import ZOO
 from pcgopt.render import forward_flops

@@ -26,11 +26,11 @@ from _results import publish
 from baselines import per_gpu_batch
 
 from pcgopt import Machine, OpKind, models
-from pcgopt.extract.baselines import data_parallel
-from pcgopt.extract.branches import branch_parallel, lower_degrees
-from pcgopt.extract.cost import CostBreakdown, collective_cost, iteration_cost
-from pcgopt.extract.layerwise import dense_layers, strategies_for
-from pcgopt.extract.plan import mapped_cost
+from pcgopt.extract.costmodel.cost import CostBreakdown, collective_cost, iteration_cost
+from pcgopt.extract.search.plan import mapped_cost
+from pcgopt.extract.strategies.baselines import data_parallel
+from pcgopt.extract.strategies.branches import branch_parallel, lower_degrees
+from pcgopt.extract.strategies.layerwise import dense_layers, strategies_for
 from pcgopt.graph import PCG
 
 HEADING = "## Where the joint plan falls short"
@@ -151,7 +151,8 @@ def main() -> None:
             "Plans an expert would try where the joint plan falls short of Unity's speedup "
             "(bench/run.py), costed like the search's candidates: weak scaling, Summit, the "
             "optimizer Unity trains the model with, axes placed and branches mapped "
-            "(`pcgopt.extract.plan.mapped_cost`). 'one GPU': the model as given, sequential. "
+            "(`pcgopt.extract.search.plan.mapped_cost`). 'one GPU': the model as given, "
+            "sequential. "
             "'tables whole on k GPUs': each embedding lookup on k GPUs (batch split k ways), "
             "every other operator data parallel on all GPUs or on the first node's, tensors "
             "redistributed between them. MLP: its dense layers alternate between two of the "

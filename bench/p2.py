@@ -21,8 +21,8 @@ import time
 from _results import publish
 
 from pcgopt import Machine
-from pcgopt.extract.placement import matrices
-from pcgopt.extract.reduction import _synthesize_counts, explore, synthesize
+from pcgopt.extract.strategies.placement import matrices
+from pcgopt.extract.strategies.reduction import _synthesize_counts, explore, synthesize
 
 HEADING = "## P^2: placements and reduction programs"
 SYSTEMS = (("dgx-a100", 2), ("dgx-a100", 4), ("v100-ring", 2), ("v100-ring", 4))
@@ -114,7 +114,8 @@ def main() -> None:
             "The systems of P^2's Figure 9 with the bandwidths its simulator assumes (presets "
             "`dgx-a100`: [nodes 16], NVSwitch 270 GB/s, one 8 GB/s NIC per node; `v100-ring`: "
             "[nodes 8], NVLink ring 135 GB/s, 8 GB/s NIC). Times are "
-            "`pcgopt.extract.reduction.simulate` (each step a flat alpha-beta collective; groups "
+            "`pcgopt.extract.strategies.reduction.simulate` (each step a flat alpha-beta "
+            "collective; groups "
             "that run at once share the links of the units they occupy), for 2^29 float32 "
             "values per device per node. 'matrix (n)': the parallelism matrix, rows per axis, "
             "with its number of valid programs of at most 5 steps. Speedup: one AllReduce on the "

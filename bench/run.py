@@ -49,7 +49,7 @@ peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 # The baselines again, outside the search and its clock: every placement tried, so that a
 # baseline the search placed in a hurry does not flatter the joint plan.
 from pcgopt.extract import BaselineError, CostError, data_parallel, megatron, sequential
-from pcgopt.extract.plan import mapped_cost
+from pcgopt.extract.search.plan import mapped_cost
 baselines = {}
 makers = {"data parallel": data_parallel, "megatron": megatron, "sequential": sequential}
 for key, make in makers.items():
@@ -60,7 +60,7 @@ for key, make in makers.items():
 # A bound on any plan's time under the cost model: the model's compute and optimizer update
 # on one GPU (fused where that is cheaper), divided by the GPUs, no communication at all.
 from pcgopt.extract import fuse, iteration_cost
-from pcgopt.extract.baselines import _single_device
+from pcgopt.extract.strategies.baselines import _single_device
 one_gpu = _single_device(machine)
 alone = [iteration_cost(g, one_gpu, optimizer=optimizer) for g in (pcg, fuse(pcg))]
 bound = min(c.compute_s + c.update_s for c in alone) / machine.num_devices
@@ -164,7 +164,8 @@ def main() -> None:
             "",
             "Unity's seven models, full size, Summit nodes (6 V100 each), weak scaling as in the "
             "Baselines table. Predicted time per training iteration under "
-            "`pcgopt.extract.cost.iteration_cost` with the optimizer Unity trains each model with "
+            "`pcgopt.extract.costmodel.cost.iteration_cost` with the optimizer Unity trains each "
+            "model with "
             "(section 6.1: Adam for BERT-Large, plain SGD for the others). 'joint plan' is what "
             f"`saturate_and_extract(pcg, machine, time_budget_s={args.budget:g}, "
             "optimizer=...)` returns: the "

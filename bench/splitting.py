@@ -27,8 +27,8 @@ import json, resource, sys, time, warnings
 from pcgopt import Machine, models
 from pcgopt.egraph import Budget, saturate, warm_up
 from pcgopt.extract import data_parallel, iteration_cost, megatron
-from pcgopt.extract.extraction import enode_costs, extract_greedy
-from pcgopt.extract.splitting import split_search
+from pcgopt.extract.search.extraction import enode_costs, extract_greedy
+from pcgopt.extract.search.splitting import split_search
 layers, iterations, how = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 machine = Machine.preset("dgx-a100", nodes=8, devices_per_node=8)
 pcg = models.build("bert_large", layers=layers, batch=4 * machine.num_devices)

@@ -91,7 +91,7 @@ class Budget:
     process and the child together stay within ``memory_bytes``); the time budget is then
     used up, where a prediction may have stopped early. ``after_seconds_per_enode``: what the
     caller will spend per e-node of the exported e-graph before its own deadline (costing and
-    extracting it, :data:`~pcgopt.extract.extraction.EXTRACTION_SECONDS_PER_ENODE`), so that
+    extracting it, :data:`~pcgopt.extract.search.extraction.EXTRACTION_SECONDS_PER_ENODE`), so that
     ``seconds`` covers that work too: an iteration is started only if its e-graph leaves the
     time for it."""
 

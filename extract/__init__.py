@@ -1,45 +1,49 @@
-"""pcgopt.extract: the cost model, extraction, the machine-mapping DP, placement and reduction
-synthesis, and the optimizer's entry point.
+"""pcgopt.extract: the cost model, the strategy generators and the search, from a saturated
+e-graph to the optimizer's entry point.
 
 Lives in the top-level folder ``extract/`` and installs as ``pcgopt.extract`` (see DESIGN.md).
+Three parts, one subpackage each; everything public is re-exported here.
 
-* :mod:`pcgopt.extract.cost`: :func:`iteration_cost`, what one training iteration of a PCG
-  costs on a :class:`pcgopt.Machine` (compute, communication by level, memory per device), and
-  :func:`collective_cost`, the alpha-beta model of one collective on the hierarchy;
-* :mod:`pcgopt.extract.calibrate`: :func:`fit_alpha_beta`, alpha and beta fitted to measured
-  collective timings (:func:`load_csv`);
-* :mod:`pcgopt.extract.baselines`: :func:`data_parallel`, :func:`megatron` and
-  :func:`sequential`, the hand-written plans the optimizer must never lose to, and
-  :func:`coordinate_descent`, AutoDDL's search (:mod:`pcgopt.extract.layerwise`: per-layer
-  SBP matmul strategies, :func:`metropolis_hastings`, :func:`summa_like`);
-* :mod:`pcgopt.extract.extraction`: :func:`extract_greedy` and :func:`extract_ilp`, the cheapest
-  PCG in an e-graph under the cost model;
-* :mod:`pcgopt.extract.mapping`: :func:`map_machine`, Unity's machine-mapping DP: which
-  independent branches run at once on disjoint devices (sequence and parallel splits, a memo
-  table shared across candidates, :class:`MappingCache`);
-* :mod:`pcgopt.extract.branches`: :func:`branch_parallel`, data parallelism narrowed where
-  the mapping DP runs branches at once (:func:`lower_degrees`: a batch degree per node);
-* :mod:`pcgopt.extract.placement`: P^2's parallelism matrices (:func:`parallelism_matrices`)
-  and :func:`place_plan`, a plan's axes placed on the hierarchy;
-* :mod:`pcgopt.extract.reduction`: P^2's reduction-program synthesis (:func:`synthesize`),
-  simulator (:func:`simulate`) and ranking (:func:`best_reduction`);
-  :mod:`pcgopt.lower.reduction` runs programs as JAX collectives (optional extra);
-* :mod:`pcgopt.extract.splitting`: graph splitting (Unity section 5.3): :func:`split_search`
-  saturates and extracts a deep PCG segment by segment and stitches the cheapest combination;
-* :mod:`pcgopt.extract.plan`: :func:`saturate_and_extract`, PCG and machine to :class:`Plan`.
+The cost model, :mod:`pcgopt.extract.costmodel`:
+
+* :mod:`~pcgopt.extract.costmodel.cost`: :func:`iteration_cost`, what one training iteration
+  of a PCG costs on a :class:`pcgopt.Machine` (compute, communication by level, memory per
+  device), and :func:`collective_cost`, the alpha-beta model of one collective on the
+  hierarchy;
+* :mod:`~pcgopt.extract.costmodel.calibrate`: :func:`fit_alpha_beta`, alpha and beta fitted
+  to measured collective timings (:func:`load_csv`).
+
+The strategy generators, :mod:`pcgopt.extract.strategies`:
+
+* :mod:`~pcgopt.extract.strategies.baselines`: :func:`data_parallel`, :func:`megatron` and
+  :func:`sequential`, the hand-written plans the optimizer must never lose to;
+* :mod:`~pcgopt.extract.strategies.layerwise`: AutoDDL's per-layer SBP matmul strategies,
+  :func:`coordinate_descent`, :func:`metropolis_hastings`, :func:`summa_like`;
+* :mod:`~pcgopt.extract.strategies.branches`: :func:`branch_parallel`, data parallelism
+  narrowed where the mapping DP runs branches at once (:func:`lower_degrees`: a batch degree
+  per node);
+* :mod:`~pcgopt.extract.strategies.placement`: P^2's parallelism matrices
+  (:func:`parallelism_matrices`) and :func:`place_plan`, a plan's axes placed on the
+  hierarchy;
+* :mod:`~pcgopt.extract.strategies.reduction`: P^2's reduction-program synthesis
+  (:func:`synthesize`), simulator (:func:`simulate`) and ranking (:func:`best_reduction`);
+  :mod:`pcgopt.lower.reduction` runs programs as JAX collectives (optional extra).
+
+The search, :mod:`pcgopt.extract.search`:
+
+* :mod:`~pcgopt.extract.search.extraction`: :func:`extract_greedy` and :func:`extract_ilp`,
+  the cheapest PCG in an e-graph under the cost model;
+* :mod:`~pcgopt.extract.search.mapping`: :func:`map_machine`, Unity's machine-mapping DP:
+  which independent branches run at once on disjoint devices (a memo table shared across
+  candidates, :class:`MappingCache`);
+* :mod:`~pcgopt.extract.search.splitting`: graph splitting (Unity section 5.3):
+  :func:`split_search` saturates and extracts a deep PCG segment by segment and stitches the
+  cheapest combination;
+* :mod:`~pcgopt.extract.search.plan`: :func:`saturate_and_extract`, PCG and machine to
+  :class:`Plan`.
 """
 
-from pcgopt.extract.baselines import (
-    BaselineError,
-    coordinate_descent,
-    data_parallel,
-    fuse,
-    megatron,
-    sequential,
-    unity_figure_2b,
-)
-from pcgopt.extract.branches import BranchParallel, branch_parallel, lower_degrees
-from pcgopt.extract.calibrate import (
+from pcgopt.extract.costmodel.calibrate import (
     AlphaBeta,
     CalibrationError,
     Measurement,
@@ -47,7 +51,7 @@ from pcgopt.extract.calibrate import (
     fit_alpha_beta,
     load_csv,
 )
-from pcgopt.extract.cost import (
+from pcgopt.extract.costmodel.cost import (
     COLLECTIVES,
     OPTIMIZERS,
     CollectiveCost,
@@ -63,7 +67,7 @@ from pcgopt.extract.cost import (
     iteration_cost,
     roofline_s,
 )
-from pcgopt.extract.extraction import (
+from pcgopt.extract.search.extraction import (
     DagCost,
     ENodeCosts,
     Extraction,
@@ -73,13 +77,7 @@ from pcgopt.extract.extraction import (
     extract_greedy,
     extract_ilp,
 )
-from pcgopt.extract.layerwise import (
-    LayerwiseResult,
-    MatmulStrategy,
-    metropolis_hastings,
-    summa_like,
-)
-from pcgopt.extract.mapping import (
+from pcgopt.extract.search.mapping import (
     DeviceBlock,
     MachineMapping,
     MappedUnit,
@@ -87,14 +85,7 @@ from pcgopt.extract.mapping import (
     MappingError,
     map_machine,
 )
-from pcgopt.extract.placement import (
-    ParallelismMatrix,
-    PlacementError,
-    PlanPlacement,
-    parallelism_matrices,
-    place_plan,
-)
-from pcgopt.extract.plan import (
+from pcgopt.extract.search.plan import (
     DEFAULT_MACHINE,
     Plan,
     PlanCheckError,
@@ -103,14 +94,37 @@ from pcgopt.extract.plan import (
     machine_from_spec,
     saturate_and_extract,
 )
-from pcgopt.extract.reduction import (
+from pcgopt.extract.search.splitting import SplitSearch, split_search, split_segments
+from pcgopt.extract.strategies.baselines import (
+    BaselineError,
+    coordinate_descent,
+    data_parallel,
+    fuse,
+    megatron,
+    sequential,
+    unity_figure_2b,
+)
+from pcgopt.extract.strategies.branches import BranchParallel, branch_parallel, lower_degrees
+from pcgopt.extract.strategies.layerwise import (
+    LayerwiseResult,
+    MatmulStrategy,
+    metropolis_hastings,
+    summa_like,
+)
+from pcgopt.extract.strategies.placement import (
+    ParallelismMatrix,
+    PlacementError,
+    PlanPlacement,
+    parallelism_matrices,
+    place_plan,
+)
+from pcgopt.extract.strategies.reduction import (
     ReductionError,
     ReductionProgram,
     best_reduction,
     simulate,
     synthesize,
 )
-from pcgopt.extract.splitting import SplitSearch, split_search, split_segments
 
 __all__ = [
     "COLLECTIVES",

@@ -1,6 +1,6 @@
 """pcgopt: joint algebraic and parallelization optimization of DNN training graphs.
 
-``pcgopt.saturate_and_extract(pcg, machine)`` is the optimizer (:mod:`pcgopt.extract.plan`).
+``pcgopt.saturate_and_extract(pcg, machine)`` is the optimizer (:mod:`pcgopt.extract.search.plan`).
 
 A model is a parallel computation graph (:class:`PCG`): operators plus parallelization
 operators (Partition, Combine, Replicate, Reduce and fused collectives) on parallel tensors
@@ -85,7 +85,7 @@ _TOP_LEVEL = {"saturate_and_extract", "Plan"}
 
 def __getattr__(name: str):
     if name in _TOP_LEVEL:
-        from pcgopt.extract import plan
+        from pcgopt.extract.search import plan
 
         return getattr(plan, name)
     raise AttributeError(f"module 'pcgopt' has no attribute {name!r}")

@@ -137,8 +137,8 @@ def _equivalent(args: argparse.Namespace) -> int:
 
 def _optimize(args: argparse.Namespace) -> int:
     # The optimizer is the top layer; the CLI loads it only for this command.
-    from pcgopt.extract.cost import OPTIMIZERS
-    from pcgopt.extract.plan import default_machine, machine_from_spec, saturate_and_extract
+    from pcgopt.extract.costmodel.cost import OPTIMIZERS
+    from pcgopt.extract.search.plan import default_machine, machine_from_spec, saturate_and_extract
 
     optimizer = args.optimizer or (ZOO[args.model].optimizer if args.model in ZOO else "adam")
     if optimizer not in OPTIMIZERS:
@@ -245,9 +245,9 @@ def _int_list(text: str, what: str) -> list[int]:
 
 
 def _reductions(args: argparse.Namespace) -> int:
-    from pcgopt.extract.placement import PlacementError
-    from pcgopt.extract.plan import machine_from_spec
-    from pcgopt.extract.reduction import explore
+    from pcgopt.extract.search.plan import machine_from_spec
+    from pcgopt.extract.strategies.placement import PlacementError
+    from pcgopt.extract.strategies.reduction import explore
 
     machine = machine_from_spec(args.machine)
     axes = _int_list(args.axes, "--axes")

@@ -741,7 +741,8 @@ _GiB = 2**30
 # cost model (src/graph/tuning.cc, table hwLat, Ring algorithm, Simple protocol, the one used for
 # large messages) charges 3.4 µs per step over NVLink, 5.7 µs over PCI (NCCL's class for paths
 # through the host, used here for Summit's X-Bus) and 9.6 µs over the network (later NCCL
-# releases say 14 µs). They are rough; fit them to measurements with extract.calibrate.
+# releases say 14 µs). They are rough; fit them to measurements with
+# pcgopt.extract.costmodel.calibrate.
 _NVLINK_LATENCY_S = 3.4e-6
 _HOST_LATENCY_S = 5.7e-6
 _NETWORK_LATENCY_S = 9.6e-6

@@ -12,7 +12,7 @@ per-dimension degrees, copies and partial sums. :func:`sbp_of` reads a shape as 
 For machines with several GPUs per node (AutoDDL section 4.2) a degree can be a tuple, one
 factor per hierarchy level: ``(S0:(1, 2), B:(2, 2))`` on 2 nodes of 4 GPUs splits dimension 0
 in two inside each node and copies across nodes and the other GPU pair. The tuples are the rows
-of a P^2 parallelism matrix (:class:`pcgopt.extract.placement.ParallelismMatrix` with
+of a P^2 parallelism matrix (:class:`pcgopt.extract.strategies.placement.ParallelismMatrix` with
 ``axes=sbp.axes`` and ``rows=sbp.rows``).
 
 >>> from pcgopt.shapes import ParallelTensorShape

@@ -5,7 +5,7 @@ of operators between cuts. :func:`segment_pcg` makes one segment a PCG of its ow
 new input, its exit returned unsplit and laid out as each of the layouts it may hand on), and
 :func:`seed_slice` takes a plan's part in that segment. These are graph functions only:
 :func:`pcgopt.egraph.saturate_split` saturates the distinct segments and joins their e-graphs,
-and :mod:`pcgopt.extract.splitting` extracts them one by one and stitches the plans.
+and :mod:`pcgopt.extract.search.splitting` extracts them one by one and stitches the plans.
 """
 
 from __future__ import annotations

@@ -130,8 +130,8 @@ def test_reductions_lists_placements_and_their_best_programs(capsys):
 
 
 def _plan_file(tmp_path, name="plan.json"):
-    from pcgopt.extract.baselines import megatron
-    from pcgopt.extract.plan import machine_from_spec
+    from pcgopt.extract.search.plan import machine_from_spec
+    from pcgopt.extract.strategies.baselines import megatron
     from pcgopt.models import build
 
     path = tmp_path / name

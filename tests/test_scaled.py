@@ -17,7 +17,7 @@ from pcgopt import (
     scaled_down,
 )
 from pcgopt.extract import data_parallel
-from pcgopt.extract.baselines import megatron
+from pcgopt.extract.strategies.baselines import megatron
 from pcgopt.ops import OpKind
 from pcgopt.render import forward_flops
 from pcgopt.testing.strategies import sizes, small_pcgs

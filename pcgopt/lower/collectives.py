@@ -1,6 +1,7 @@
 """The collectives a compiled plan runs, beside the ones the cost model charges for it.
 
-The cost model (:func:`pcgopt.extract.cost.iteration_cost`) charges every parallel node its
+The cost model (:func:`pcgopt.extract.costmodel.cost.iteration_cost`) charges every parallel node
+its
 collectives (a Combine a gather forward and a scatter backward, a replicated weight its gradient
 all-reduce, ...). An SPMD program runs the same plan with every device holding what it needs, so
 some of them take another form there (:func:`spmd_form`):
@@ -36,7 +37,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from pcgopt.extract.cost import CostBreakdown, source_layouts
+from pcgopt.extract.costmodel.cost import CostBreakdown, source_layouts
 from pcgopt.graph import PCG, Node
 from pcgopt.lower.hlo import CompiledCollective, collective_bytes
 

@@ -9,7 +9,8 @@ all-reduces in one, say); each operand is reported as a collective of its own, m
 ``combined``. No JAX is needed: the input is text.
 
 **Bytes** are what every device sends, summed over all devices and groups, for the algorithms
-the cost model charges (:func:`pcgopt.extract.cost.flat_coefficients`), with ``n`` the bytes
+the cost model charges (:func:`pcgopt.extract.costmodel.cost.flat_coefficients`), with ``n`` the
+bytes
 of a device's buffer and ``p`` devices per group::
 
     all-reduce          2 (p-1) n      per group (ring)

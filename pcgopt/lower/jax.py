@@ -36,7 +36,7 @@ after the machine's levels when the plan spans the whole machine. Its size is th
 devices than the widest tensor then hold copies); :attr:`Lowered.mesh` says which. The devices
 are numbered as the plan numbers them, and the mesh holds them in the order that runs every
 collective on the device groups the plan placed it on (:attr:`Plan.mapping
-<pcgopt.extract.plan.Plan.mapping>`: P^2's placement and the machine mapping's offsets; for a
+<pcgopt.extract.search.plan.Plan.mapping>`: P^2's placement and the machine mapping's offsets; for a
 bare PCG, the ``placement`` given or the cost model's consecutive devices):
 :mod:`pcgopt.lower.placement`. Groups no device order can give (the cost model's default
 placement of a plan with two axes puts both on consecutive devices) are listed in
@@ -80,7 +80,7 @@ import numpy as np
 
 from pcgopt.errors import PCGError
 from pcgopt.evaluate import random_feeds
-from pcgopt.extract.cost import OPTIMIZERS, iteration_cost, source_layouts
+from pcgopt.extract.costmodel.cost import OPTIMIZERS, iteration_cost, source_layouts
 from pcgopt.graph import PCG, TensorRef
 from pcgopt.lower.collectives import (
     CollectiveComparison,
@@ -588,7 +588,7 @@ class Lowered:
 
     ``pcg``: the plan; ``assignment``: every tensor's layout on the mesh; ``optimizer``,
     ``learning_rate``, ``micro_batches``: the training step's; ``plan``: the
-    :class:`~pcgopt.extract.plan.Plan` it came from, if any (its cost model is what
+    :class:`~pcgopt.extract.search.plan.Plan` it came from, if any (its cost model is what
     :meth:`collectives` compares against)."""
 
     pcg: PCG
@@ -947,7 +947,7 @@ class Lowered:
 
     def planned_collectives(self) -> tuple[PlannedCollective, ...]:
         """The cost model's collectives for this plan, with their SPMD forms: the plan's own
-        cost if lowered from a Plan, else :func:`~pcgopt.extract.cost.iteration_cost` on a
+        cost if lowered from a Plan, else :func:`~pcgopt.extract.costmodel.cost.iteration_cost` on a
         node of the mesh's size (one DGX-H100 node of that many GPUs)."""
         if self.plan is not None:
             cost = self.plan.cost
@@ -1089,13 +1089,13 @@ def lower(
     concurrent: bool = True,
     machine: Machine | None = None,
 ) -> Lowered | MappedLowered:
-    """The plan (a :class:`~pcgopt.extract.plan.Plan` or a PCG) as a JAX program
+    """The plan (a :class:`~pcgopt.extract.search.plan.Plan` or a PCG) as a JAX program
     (module docstring). ``devices``: the JAX devices to run on, or how many of
     ``jax.devices()`` (default: as many as the plan needs), numbered as the plan numbers its
     devices. ``optimizer`` and ``micro_batches`` default to the plan's cost model's (a bare
     PCG: Adam, 1). ``placement``: the device groups of the parallel nodes (default: the
-    Plan's :attr:`~pcgopt.extract.plan.Plan.mapping`; for a PCG given a ``machine``, P^2's
-    placement on it, :func:`~pcgopt.extract.placement.place_plan`; else the cost model's
+    Plan's :attr:`~pcgopt.extract.search.plan.Plan.mapping`; for a PCG given a ``machine``, P^2's
+    placement on it, :func:`~pcgopt.extract.strategies.placement.place_plan`; else the cost model's
     consecutive devices); the mesh's devices are ordered to run each node's collective on its
     groups (:mod:`pcgopt.lower.placement`; :attr:`Lowered.placement` says which nodes' groups
     it could not make the plan's).
@@ -1104,7 +1104,7 @@ def lower(
     :class:`~pcgopt.lower.mapped.MappedLowered`, its branches programs on sub-meshes of their
     own devices (:mod:`pcgopt.lower.mapped`); ``concurrent=False`` runs it as one SPMD
     program on all devices instead."""
-    from pcgopt.extract.plan import Plan
+    from pcgopt.extract.search.plan import Plan
     from pcgopt.lower.saved import SavedPlan
 
     if isinstance(plan_or_pcg, Plan | SavedPlan) and concurrent and placement is None:
@@ -1135,7 +1135,7 @@ def lower(
         raise LoweringError(f"learning_rate must be > 0, got {learning_rate!r}")
     available = _available(devices)
     if plan is None and placement is None and machine is not None:
-        from pcgopt.extract.placement import place_plan
+        from pcgopt.extract.strategies.placement import place_plan
 
         placement = place_plan(pcg, machine, optimizer=optimizer).devices
     _loss_terms(pcg)

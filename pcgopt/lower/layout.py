@@ -55,7 +55,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from pcgopt.errors import PCGError
-from pcgopt.extract.cost import source_layouts
+from pcgopt.extract.costmodel.cost import source_layouts
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.ops import OpKind
 from pcgopt.ops.parallel import ParallelOp
@@ -184,7 +184,7 @@ class LayoutAssignment:
     """Every tensor's :class:`MeshLayout` on ``grid``, and for each source stored in a layout
     (a weight partitioned or replicated where it is kept), which nodes' values are the source
     as loaded: ``stored[node]`` is the source node it loads (see
-    :func:`pcgopt.extract.cost.source_layouts`)."""
+    :func:`pcgopt.extract.costmodel.cost.source_layouts`)."""
 
     pcg: PCG
     grid: DeviceGrid

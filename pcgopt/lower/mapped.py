@@ -1,6 +1,6 @@
 """Plans whose branches run at once on disjoint devices, run on those devices.
 
-The machine mapping (:func:`pcgopt.extract.mapping.map_machine`, Unity section 5.2) runs
+The machine mapping (:func:`pcgopt.extract.search.mapping.map_machine`, Unity section 5.2) runs
 independent branches of a plan at once on disjoint blocks of devices (DLRM's embedding tables
 on one GPU each, Inception's towers side by side). One SPMD program runs every node on every
 device of its mesh, so :func:`pcgopt.lower.jax.lower` alone would run such branches one after

@@ -1,7 +1,8 @@
 """The plan's device groups on a mesh: which device sits at each mesh coordinate.
 
 A plan's placement (P^2's parallelism matrix, then the machine mapping's offsets) says, for every
-parallel node, which devices its collective runs over: :attr:`pcgopt.extract.plan.Plan.mapping`,
+parallel node, which devices its collective runs over:
+:attr:`pcgopt.extract.search.plan.Plan.mapping`,
 groups of device numbers (the cost model's default for a bare PCG: consecutive devices). A
 layout assignment (:mod:`pcgopt.lower.layout`) says which mesh axes each node's collective runs
 over (:func:`collective_axes`). The two meet in the mesh's device order: the device at every
@@ -42,7 +43,7 @@ from types import MappingProxyType
 
 import numpy as np
 
-from pcgopt.extract.placement import default_placement
+from pcgopt.extract.strategies.placement import default_placement
 from pcgopt.graph import TensorRef
 from pcgopt.lower.layout import DeviceGrid, LayoutAssignment, MeshLayout
 from pcgopt.ops import OpKind

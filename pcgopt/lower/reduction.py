@@ -1,7 +1,7 @@
 """Synthesized reduction programs as real collectives in JAX (optional: ``pip install
 pcgopt[jax]``).
 
-:func:`run_program` executes a :class:`~pcgopt.extract.reduction.ReductionProgram` with
+:func:`run_program` executes a :class:`~pcgopt.extract.strategies.reduction.ReductionProgram` with
 ``jax.shard_map`` on a device mesh that mirrors the program's synthesis hierarchy: one mesh axis
 ``g`` over the reduction groups and one axis ``s1 .. sn`` per synthesis level, outermost first,
 so that mesh position ``(g, digits)`` is member ``rank(digits)`` of reduction group ``g``. A step
@@ -15,7 +15,8 @@ whose groups vary synthesis levels ``i..j`` is one collective over the mesh axes
 
 Every device keeps a buffer of all ``k`` chunks (``k`` the size of a reduction group); which
 chunks it holds before each step, and so which rows it sends and where the result goes, comes
-from the state semantics of :mod:`pcgopt.extract.reduction`, as per-device index tables fed to
+from the state semantics of :mod:`pcgopt.extract.strategies.reduction`, as per-device index tables
+fed to
 the mapped function. A ``Master`` step runs its collective in every parallel group, and only the
 first devices keep the result (the state semantics say the others are untouched).
 
@@ -32,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from pcgopt.extract.reduction import (
+from pcgopt.extract.strategies.reduction import (
     ReductionError,
     ReductionProgram,
     apply_collective,

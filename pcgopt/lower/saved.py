@@ -1,4 +1,5 @@
-"""A plan read back from its JSON file (:meth:`Plan.to_dict <pcgopt.extract.plan.Plan.to_dict>`),
+"""A plan read back from its JSON file
+(:meth:`Plan.to_dict <pcgopt.extract.search.plan.Plan.to_dict>`),
 with what running it needs: its graph, its device groups and its schedule (which branches run at
 once on which devices). No JAX needed: the CLI reads it before JAX loads."""
 
@@ -17,7 +18,7 @@ __all__ = ["SavedPlan"]
 @dataclass(frozen=True)
 class SavedPlan:
     """A plan as its JSON file keeps it (:meth:`Plan.to_dict
-    <pcgopt.extract.plan.Plan.to_dict>`): what running it needs, its schedule included."""
+    <pcgopt.extract.search.plan.Plan.to_dict>`): what running it needs, its schedule included."""
 
     pcg: PCG
     mapping: Mapping[str, Any]
@@ -28,7 +29,7 @@ class SavedPlan:
     def from_dict(cls, pcg: PCG, data: Mapping[str, Any]) -> SavedPlan | None:
         """The plan of a plan file's fields (``pcg`` already read), or None if the file keeps
         no schedule (a bare PCG, or a plan written before schedules were kept)."""
-        from pcgopt.extract.mapping import DeviceBlock, MappedUnit
+        from pcgopt.extract.search.mapping import DeviceBlock, MappedUnit
 
         schedule = (data.get("machine_mapping") or {}).get("units")
         if not schedule:

@@ -28,7 +28,7 @@ from pcgopt.models.vision import inception_v3, resnext50, vgg13
 @dataclass(frozen=True)
 class ModelEntry:
     """A zoo model: its builder, the keyword sizes of its small variant, where it is from, and
-    the optimizer its source trains it with (a name in ``pcgopt.extract.cost.OPTIMIZERS``;
+    the optimizer its source trains it with (a name in ``pcgopt.extract.costmodel.cost.OPTIMIZERS``;
     Unity section 6.1: Adam for BERT-Large, plain SGD for its other models; "adam" where the
     source does not say)."""
 

@@ -6,7 +6,7 @@ import pytest
 from pcgopt import Machine, PCGBuilder
 from pcgopt.egraph import Budget, saturate, saturate_split, shipped_presets
 from pcgopt.egraph.translate import legal_degrees
-from pcgopt.extract.baselines import megatron
+from pcgopt.extract.strategies.baselines import megatron
 from pcgopt.models import bert_large
 from pcgopt.rewrite import Rule
 from pcgopt.rules import LAYOUTS_RULES_FILE, OPT_IN, load

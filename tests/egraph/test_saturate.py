@@ -34,7 +34,7 @@ from pcgopt.egraph.language import language
 from pcgopt.egraph.translate import translate_rule
 from pcgopt.errors import PCGError
 from pcgopt.extract import iteration_cost
-from pcgopt.extract.baselines import data_parallel, megatron, unity_figure_2b
+from pcgopt.extract.strategies.baselines import data_parallel, megatron, unity_figure_2b
 from pcgopt.models import bert_large, mnist_mlp
 from pcgopt.ops import Params
 from pcgopt.rewrite import Rule
@@ -420,7 +420,7 @@ def test_a_rank_2_model_loads_only_the_matrix_rules_and_a_loaded_superset_serves
 
 
 def test_a_plans_split_of_rank_2_token_ids_does_not_bring_back_the_matrix_algebra():
-    from pcgopt.extract.baselines import data_parallel
+    from pcgopt.extract.strategies.baselines import data_parallel
     from pcgopt.models import bert_large
 
     bert = bert_large(batch=8, seq=16, hidden=32, layers=1, heads=4, vocab=64)
@@ -607,7 +607,7 @@ def test_a_seed_plan_joins_the_input_class_and_can_be_extracted():
     """AutoDDL's 3D matmul is not built by the rules within a small budget, but a plan of the
     layer-wise search seeds the e-graph: it is then represented, and extracting it gives a PCG
     equivalent to the input."""
-    from pcgopt.extract.layerwise import MatmulStrategy, lower
+    from pcgopt.extract.strategies.layerwise import MatmulStrategy, lower
 
     model = _square_chain(8, 2)
     machine = Machine.preset("dgx-a100", devices_per_node=8)

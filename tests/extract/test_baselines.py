@@ -6,7 +6,7 @@ import pytest
 import pcgopt
 from pcgopt import Machine, PCGBuilder, models
 from pcgopt.extract import BaselineError, iteration_cost
-from pcgopt.extract.baselines import (
+from pcgopt.extract.strategies.baselines import (
     data_parallel,
     fuse,
     megatron,
@@ -305,7 +305,7 @@ def attention(*, fused: bool, batch=8, seq=16, d=32, heads=4):
 
 
 def test_a_fused_projection_becomes_exact_layers_over_its_weight_slices():
-    from pcgopt.extract.baselines import split_projections
+    from pcgopt.extract.strategies.baselines import split_projections
 
     model = attention(fused=True)
     split = split_projections(model)

@@ -20,9 +20,9 @@ from pcgopt.extract import (
     megatron,
     saturate_and_extract,
 )
-from pcgopt.extract.layerwise import MatmulStrategy, dense_layers, strategies_for
-from pcgopt.extract.placement import batch_split_only
-from pcgopt.extract.plan import mapped_cost
+from pcgopt.extract.search.plan import mapped_cost
+from pcgopt.extract.strategies.layerwise import MatmulStrategy, dense_layers, strategies_for
+from pcgopt.extract.strategies.placement import batch_split_only
 from pcgopt.models import ZOO, build
 from pcgopt.ops import OpKind
 from pcgopt.testing.strategies import flat_machine, towers

@@ -17,7 +17,7 @@ from pcgopt.extract import (
     iteration_cost,
     roofline_s,
 )
-from pcgopt.extract.cost import update_s
+from pcgopt.extract.costmodel.cost import update_s
 from pcgopt.machine import V100_SXM2_16GB
 from pcgopt.testing.strategies import small_pcgs
 
@@ -653,9 +653,9 @@ def test_docstring_examples_run():
     """extract/ is not among pytest's doctest paths; its examples are checked here."""
     import doctest
 
-    import pcgopt.extract.calibrate
-    import pcgopt.extract.cost
+    import pcgopt.extract.costmodel.calibrate
+    import pcgopt.extract.costmodel.cost
 
-    for module in (pcgopt.extract.cost, pcgopt.extract.calibrate):
+    for module in (pcgopt.extract.costmodel.cost, pcgopt.extract.costmodel.calibrate):
         failed, tried = doctest.testmod(module)
         assert tried > 0 and failed == 0, module.__name__

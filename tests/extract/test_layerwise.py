@@ -16,11 +16,12 @@ from pcgopt.extract import (
     BaselineError,
     CostError,
     accumulate_to_fit,
-    baselines,
     iteration_cost,
     saturate_and_extract,
 )
-from pcgopt.extract.layerwise import (
+from pcgopt.extract.search.plan import placed_cost
+from pcgopt.extract.strategies import baselines
+from pcgopt.extract.strategies.layerwise import (
     MatmulStrategy,
     coordinate_descent,
     dense_layers,
@@ -30,7 +31,6 @@ from pcgopt.extract.layerwise import (
     summa_like,
     uniform_strategy,
 )
-from pcgopt.extract.plan import placed_cost
 from pcgopt.machine import DeviceSpec, Level, Link
 from pcgopt.models import build
 
@@ -301,7 +301,7 @@ def test_coordinate_descent_never_loses_to_its_data_parallel_start():
 def test_the_uniform_start_tries_the_most_even_three_way_split_right_after_data_parallelism(
     monkeypatch,
 ):
-    from pcgopt.extract import layerwise
+    from pcgopt.extract.strategies import layerwise
 
     tried: list[set[MatmulStrategy]] = []
     evaluate = layerwise._Search.evaluate

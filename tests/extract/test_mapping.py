@@ -22,10 +22,10 @@ from pcgopt.extract import (
     map_machine,
     saturate_and_extract,
 )
-from pcgopt.extract import mapping as mapping_module
-from pcgopt.extract.mapping import _units
-from pcgopt.extract.placement import default_placement
-from pcgopt.extract.plan import mapped_cost
+from pcgopt.extract.search import mapping as mapping_module
+from pcgopt.extract.search.mapping import _units
+from pcgopt.extract.search.plan import mapped_cost
+from pcgopt.extract.strategies.placement import default_placement
 from pcgopt.models import build
 from pcgopt.testing.strategies import flat_machine, small_pcgs, towers
 

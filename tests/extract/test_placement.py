@@ -8,7 +8,7 @@ import math
 import pytest
 from hypothesis import given, settings
 
-from pcgopt.extract.placement import (
+from pcgopt.extract.strategies.placement import (
     ParallelismMatrix,
     PlacementError,
     matrices,
@@ -108,9 +108,9 @@ def test_bad_placements_are_refused_with_the_reason():
 
 
 def test_placing_a_hybrid_plan_keeps_tensor_parallelism_inside_a_socket():
-    from pcgopt.extract.baselines import megatron
-    from pcgopt.extract.cost import iteration_cost
-    from pcgopt.extract.placement import place_plan, plan_axes, sub_hierarchies
+    from pcgopt.extract.costmodel.cost import iteration_cost
+    from pcgopt.extract.strategies.baselines import megatron
+    from pcgopt.extract.strategies.placement import place_plan, plan_axes, sub_hierarchies
     from pcgopt.machine import Machine
     from pcgopt.models import ZOO
 
@@ -130,8 +130,8 @@ def test_placing_a_hybrid_plan_keeps_tensor_parallelism_inside_a_socket():
 
 
 def test_a_time_limit_keeps_the_first_matrix_tried_and_counts_the_rest():
-    from pcgopt.extract.baselines import megatron
-    from pcgopt.extract.placement import place_plan
+    from pcgopt.extract.strategies.baselines import megatron
+    from pcgopt.extract.strategies.placement import place_plan
     from pcgopt.machine import Machine
     from pcgopt.models import ZOO
 
@@ -154,8 +154,8 @@ def test_a_matrix_remembers_its_groups_without_changing_what_it_equals():
 
 
 def test_plans_whose_axes_cannot_be_named_keep_the_default_placement():
-    from pcgopt.extract.baselines import megatron
-    from pcgopt.extract.placement import place_plan
+    from pcgopt.extract.strategies.baselines import megatron
+    from pcgopt.extract.strategies.placement import place_plan
     from pcgopt.machine import Machine
     from pcgopt.models import ZOO
 
@@ -166,10 +166,10 @@ def test_plans_whose_axes_cannot_be_named_keep_the_default_placement():
 
 def test_a_branch_narrowed_to_one_group_runs_on_consecutive_devices_beside_the_others():
     from pcgopt import Machine, PCGBuilder
-    from pcgopt.extract.branches import lower_degrees
-    from pcgopt.extract.layerwise import MatmulStrategy
-    from pcgopt.extract.mapping import map_machine
-    from pcgopt.extract.placement import parallel_nodes, place_plan, plan_axes
+    from pcgopt.extract.search.mapping import map_machine
+    from pcgopt.extract.strategies.branches import lower_degrees
+    from pcgopt.extract.strategies.layerwise import MatmulStrategy
+    from pcgopt.extract.strategies.placement import parallel_nodes, place_plan, plan_axes
 
     b = PCGBuilder()
     x = b.input((96, 1024), name="x")
@@ -202,8 +202,8 @@ def test_a_weight_copied_in_two_steps_syncs_its_gradient_in_groups_across_all_it
     of the layout the weight is stored in, not at the 2 devices its own output spans."""
     from pcgopt import Machine, PCGBuilder
     from pcgopt.extract import iteration_cost
-    from pcgopt.extract.placement import place_plan
-    from pcgopt.extract.plan import mapped_cost
+    from pcgopt.extract.search.plan import mapped_cost
+    from pcgopt.extract.strategies.placement import place_plan
 
     b = PCGBuilder()
     x = b.replicate(b.partition(b.input((96, 64), name="x"), dim=0, degree=3), degree=2)

@@ -14,7 +14,7 @@ from pcgopt.extract import (
     machine_from_spec,
     saturate_and_extract,
 )
-from pcgopt.extract import plan as plan_module
+from pcgopt.extract.search import plan as plan_module
 from pcgopt.models import build, mnist_mlp
 from pcgopt.serialize import pcg_from_dict
 
@@ -179,7 +179,7 @@ def test_a_failed_extraction_still_returns_the_best_baseline(monkeypatch):
 
 def test_a_candidate_that_cannot_be_placed_is_left_out_with_a_warning(monkeypatch):
     from pcgopt.extract import CostError
-    from pcgopt.extract.baselines import data_parallel
+    from pcgopt.extract.strategies.baselines import data_parallel
 
     only = data_parallel(MNIST, TWO_GPUS)
     mapped_cost = plan_module.mapped_cost
@@ -204,7 +204,7 @@ def test_a_candidate_that_cannot_be_placed_is_left_out_with_a_warning(monkeypatc
 
 
 def test_candidates_that_are_the_same_plan_are_placed_once(monkeypatch):
-    from pcgopt.extract.baselines import data_parallel
+    from pcgopt.extract.strategies.baselines import data_parallel
 
     placed: list[pcgopt.PCG] = []
     place = plan_module.place_plan
@@ -223,7 +223,7 @@ def test_candidates_that_are_the_same_plan_are_placed_once(monkeypatch):
 
 
 def test_each_phase_gets_what_the_phases_before_it_left_and_the_next_keep_theirs(monkeypatch):
-    from pcgopt.extract.plan import PHASE_SHARES, RESERVE_SHARE, _Clock
+    from pcgopt.extract.search.plan import PHASE_SHARES, RESERVE_SHARE, _Clock
 
     assert sum(PHASE_SHARES.values()) == pytest.approx(1.0)
     now = [0.0]
@@ -254,7 +254,7 @@ def test_plans_for_one_node_of_several_are_candidates_on_the_whole_machine():
 
 
 def test_the_predicted_check_time_is_kept_back_from_the_phases(monkeypatch):
-    from pcgopt.extract.plan import MIN_SEARCH_SHARE, RESERVE_SHARE, _Clock
+    from pcgopt.extract.search.plan import MIN_SEARCH_SHARE, RESERVE_SHARE, _Clock
 
     monkeypatch.setattr(plan_module.time, "perf_counter", lambda: 0.0)
     # A check shorter than the reserve changes nothing; a longer one comes off the phases.
@@ -265,7 +265,7 @@ def test_the_predicted_check_time_is_kept_back_from_the_phases(monkeypatch):
 
 
 def test_the_check_time_grows_with_the_model_and_the_devices():
-    from pcgopt.extract.plan import check_seconds
+    from pcgopt.extract.search.plan import check_seconds
 
     small, large = build("mlp"), build("bert_large")
     one, four = Machine.preset("dgx-a100", nodes=1), Machine.preset("dgx-a100", nodes=4)

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from pcgopt.extract.cost import collective_cost
-from pcgopt.extract.placement import ParallelismMatrix
-from pcgopt.extract.reduction import (
+from pcgopt.extract.costmodel.cost import collective_cost
+from pcgopt.extract.strategies.placement import ParallelismMatrix
+from pcgopt.extract.strategies.reduction import (
     InvalidStep,
     ReductionError,
     apply_collective,
@@ -266,7 +266,7 @@ def test_reduce_programs_leave_the_sum_on_the_root():
 
 
 def test_malformed_steps_and_requests_name_the_fault():
-    from pcgopt.extract.reduction import Step
+    from pcgopt.extract.strategies.reduction import Step
 
     with pytest.raises(ReductionError, match=r"Parallel\(e\) needs an ancestor level"):
         Step("AllReduce", 1, "Parallel")

@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 from pcgopt import Machine, PCGBuilder, PCGError, equivalent
 from pcgopt.extract import data_parallel, iteration_cost, saturate_and_extract
-from pcgopt.extract.splitting import (
+from pcgopt.extract.search.splitting import (
     cancel_inverse_pairs,
     cut_tensors,
     layout_chain,

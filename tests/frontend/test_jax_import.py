@@ -178,8 +178,8 @@ def test_a_language_model_ending_in_its_loss_imports_with_the_loss():
 
 
 def test_a_data_parallel_plan_of_the_loss_trains_as_jax_differentiates_it():
-    from pcgopt.extract.baselines import data_parallel
-    from pcgopt.extract.plan import machine_from_spec
+    from pcgopt.extract.search.plan import machine_from_spec
+    from pcgopt.extract.strategies.baselines import data_parallel
     from pcgopt.lower.jax import lower
 
     params, tokens, targets = gpt_example()

@@ -85,7 +85,7 @@ def test_node_and_weight_names_are_the_exporters(corpus_model):
 
 @pytest.mark.parametrize("name", ["bert", "resnet"])
 def test_optimize_returns_a_checked_plan_in_the_models_names(name):
-    from pcgopt.extract.plan import saturate_and_extract
+    from pcgopt.extract.search.plan import saturate_and_extract
 
     entry = MANIFEST[name]
     m = from_onnx(CORPUS / f"{name}.onnx", dims={entry["batch_symbol"]: 16})
@@ -126,8 +126,8 @@ def test_data_parallel_plan_of_an_imported_model_trains_on_jax(name):
     """The new operators (exact GELU, slices, broadcasts, pow, sqrt, ...) lower to sharded JAX
     programs whose loss and gradients are the unsharded model's."""
     pytest.importorskip("jax")
-    from pcgopt.extract.baselines import data_parallel
-    from pcgopt.extract.plan import machine_from_spec
+    from pcgopt.extract.search.plan import machine_from_spec
+    from pcgopt.extract.strategies.baselines import data_parallel
     from pcgopt.lower.jax import lower, reference_loss_and_grads
 
     entry = MANIFEST[name]

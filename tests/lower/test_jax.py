@@ -10,8 +10,8 @@ from hypothesis import assume, given, settings
 
 from pcgopt import PCGBuilder, evaluate
 from pcgopt.errors import DegreeError
-from pcgopt.extract.baselines import data_parallel, megatron, unity_figure_2b
-from pcgopt.extract.plan import machine_from_spec
+from pcgopt.extract.search.plan import machine_from_spec
+from pcgopt.extract.strategies.baselines import data_parallel, megatron, unity_figure_2b
 from pcgopt.models import build
 from pcgopt.testing.strategies import small_pcgs, towers
 

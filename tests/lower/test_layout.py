@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given
 
 from pcgopt import PCGBuilder
-from pcgopt.extract.baselines import data_parallel, megatron, unity_figure_2b
-from pcgopt.extract.plan import machine_from_spec
+from pcgopt.extract.search.plan import machine_from_spec
+from pcgopt.extract.strategies.baselines import data_parallel, megatron, unity_figure_2b
 from pcgopt.lower.layout import DeviceGrid, LayoutError, MeshLayout, assign_layouts
 from pcgopt.lower.run import devices_needed
 from pcgopt.models import build

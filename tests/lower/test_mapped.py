@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from pcgopt import PCGBuilder, evaluate
-from pcgopt.extract.plan import machine_from_spec, mapped_plan
+from pcgopt.extract.search.plan import machine_from_spec, mapped_plan
 
 jax = pytest.importorskip("jax", reason="running plans needs the optional extra pcgopt[jax]")
 

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcgopt.extract.baselines import megatron
-from pcgopt.extract.placement import ParallelismMatrix, place_plan
-from pcgopt.extract.plan import machine_from_spec
+from pcgopt.extract.search.plan import machine_from_spec
+from pcgopt.extract.strategies.baselines import megatron
+from pcgopt.extract.strategies.placement import ParallelismMatrix, place_plan
 from pcgopt.lower.layout import DeviceGrid, prime_factors
 from pcgopt.lower.placement import device_order
 from pcgopt.models import build

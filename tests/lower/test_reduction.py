@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent(
     """
     import json, sys
     import numpy as np
-    from pcgopt.extract.reduction import synthesize
+    from pcgopt.extract.strategies.reduction import synthesize
     from pcgopt.lower.reduction import run_allreduce, run_program
 
     def covering(programs):

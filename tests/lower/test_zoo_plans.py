@@ -38,9 +38,9 @@ import pytest
 
 from pcgopt import evaluate
 from pcgopt.errors import PCGError
-from pcgopt.extract.baselines import BaselineError, data_parallel, megatron
-from pcgopt.extract.layerwise import coordinate_descent
-from pcgopt.extract.plan import Plan, machine_from_spec, mapped_plan
+from pcgopt.extract.search.plan import Plan, machine_from_spec, mapped_plan
+from pcgopt.extract.strategies.baselines import BaselineError, data_parallel, megatron
+from pcgopt.extract.strategies.layerwise import coordinate_descent
 from pcgopt.graph import PCG
 from pcgopt.models import ZOO, build
 
@@ -232,7 +232,7 @@ def check_all(out: Path) -> None:
 def search_saved(budget_s: float = 2.0) -> None:
     """Searches every model on every device count with ``saturate_and_extract`` and writes
     ``sae_plans.json``."""
-    from pcgopt.extract.plan import saturate_and_extract
+    from pcgopt.extract.search.plan import saturate_and_extract
     from pcgopt.testing.strategies import flat_machine
 
     out = {}

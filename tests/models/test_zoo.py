@@ -85,7 +85,7 @@ def test_sizes_are_keywords():
 
 
 def test_each_model_names_the_optimizer_its_source_trains_it_with():
-    from pcgopt.extract.cost import OPTIMIZERS
+    from pcgopt.extract.costmodel.cost import OPTIMIZERS
 
     assert {entry.optimizer for entry in ZOO.values()} <= set(OPTIMIZERS)
     # Unity section 6.1: Adam for BERT-Large, SGD for its other six models.

@@ -42,7 +42,12 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from pcgopt.extract.cost import CostBreakdown, default_groups, iteration_cost, source_layouts
+from pcgopt.extract.costmodel.cost import (
+    CostBreakdown,
+    default_groups,
+    iteration_cost,
+    source_layouts,
+)
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine
 from pcgopt.ops import OpKind
@@ -319,7 +324,7 @@ class PlanPlacement:
     last when the plan spans fewer devices than the machine), the chosen ``matrix`` (None when
     the plan has no axes this view can name, then the cost model's default placement is
     used), ``devices`` (the device groups of every parallel node, as
-    :func:`pcgopt.extract.cost.iteration_cost` takes them), its ``cost``, and every matrix
+    :func:`pcgopt.extract.costmodel.cost.iteration_cost` takes them), its ``cost``, and every matrix
     tried with its iteration time (``tried``). ``reason`` says why the default was kept, if it
     was."""
 
@@ -350,7 +355,8 @@ def parallel_nodes(pcg: PCG) -> list[tuple[str, int, int]]:
     """(name, degree, width) of every parallel node that takes a degree: ``width`` is the
     number of devices its groups cover, the most shards among its inputs and outputs; for a
     trainable weight's Replicate, the width of the layouts the weight is stored in below it
-    (:func:`~pcgopt.extract.cost.source_layouts`), where the cost model syncs its gradient in
+    (:func:`~pcgopt.extract.costmodel.cost.source_layouts`), where the cost model syncs its
+    gradient in
     groups of its degree (a weight copied 2 then 3 ways: 3 groups of 2), if they all have
     one width (:func:`_synced_widths`)."""
     return _parallel_nodes(pcg, _synced_widths(pcg))
@@ -546,7 +552,8 @@ def place_plan(
     the plan uses every device) and every parallelism matrix of the axes of
     :func:`plan_axes` on it, the collectives of each degree run in the groups of the axes it
     spans (:meth:`ParallelismMatrix.groups`); the one with the lowest iteration time under
-    :func:`pcgopt.extract.cost.iteration_cost` is kept (feasible ones first). Reductions that
+    :func:`pcgopt.extract.costmodel.cost.iteration_cost` is kept (feasible ones first). Reductions
+    that
     span levels are priced with the best synthesized program, so placement and reduction
     strategy are chosen together. The nodes of a branch narrowed to one group of fewer devices
     keep the default's consecutive devices (:func:`_axis_nodes`), so that the machine mapping

@@ -5,8 +5,9 @@ AllReduce, AllGather, ReduceScatter and AllToAll at many message sizes and group
 one linear equation ``seconds = a * alpha + b * beta`` per measurement with the coefficients of
 its algorithm, and solves for alpha and beta by least squares, once per network. This module does
 the same, with the very coefficients the cost model charges
-(:func:`pcgopt.extract.cost.flat_coefficients`), so a fitted pair reproduces the measurements
-through :func:`~pcgopt.extract.cost.collective_cost`.
+(:func:`pcgopt.extract.costmodel.cost.flat_coefficients`), so a fitted pair reproduces the
+measurements
+through :func:`~pcgopt.extract.costmodel.cost.collective_cost`.
 
 Measurements come as a CSV file with the columns ``collective, group_size, bytes, seconds`` and
 optionally ``level`` (the machine level the groups span, e.g. ``node`` or ``gpu``)::
@@ -15,7 +16,8 @@ optionally ``level`` (the machine level the groups span, e.g. ``node`` or ``gpu`
     all_reduce,8,1048576,0.000041,gpu
     all_reduce,2,1048576,0.000270,node
 
-``bytes`` is the per-device message as :func:`~pcgopt.extract.cost.flat_coefficients` defines
+``bytes`` is the per-device message as :func:`~pcgopt.extract.costmodel.cost.flat_coefficients`
+defines
 it (the vector of an AllReduce, the gathered output of an AllGather, the input of a
 ReduceScatter, each device's buffer of an AllToAll). Rows are fitted per level where a level is
 given, else per group size. :func:`calibrated` puts the fitted links into a machine.
@@ -39,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from pcgopt.extract.cost import COLLECTIVES, flat_coefficients
+from pcgopt.extract.costmodel.cost import COLLECTIVES, flat_coefficients
 from pcgopt.machine import Level, Link, Machine, Topology
 
 __all__ = [

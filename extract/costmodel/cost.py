@@ -56,7 +56,8 @@ alpha-beta model (AutoDDL section 3.1, Table 2: bandwidth-optimal, long-message 
 
 AutoDDL's table writes ``(2p-1) alpha`` for AllReduce and ``n beta`` for AlltoAll; the ring's
 ``2(p-1)`` steps and the ``(p-1)/p`` share a pairwise exchange actually sends are used here, and
-:mod:`pcgopt.extract.calibrate` fits alpha and beta to the same formulas. ``beta`` is one over the
+:mod:`pcgopt.extract.costmodel.calibrate` fits alpha and beta to the same formulas. ``beta`` is one
+over the
 bandwidth of the link that limits the group: the machine's links are per *unit* of their level
 (Machine's docstring), so every byte that leaves a unit (a GPU, a socket, a node) is counted
 against that unit's link, summed over all the groups that run at once, and the busiest unit link
@@ -82,7 +83,7 @@ volumes do not shrink with the inner phases (on DGX-A100, 16 GPUs share one NIC)
 no hierarchical form here.
 
 An AllReduce or Reduce whose groups span two or more levels also gets every reduction program
-P^2's synthesis finds for that layout (:mod:`pcgopt.extract.reduction`: Reduce-AllReduce-
+P^2's synthesis finds for that layout (:mod:`pcgopt.extract.strategies.reduction`: Reduce-AllReduce-
 Broadcast, ReduceScatter-AllReduce-AllGather, AllReduce inside then across, ..., each step priced
 with the flat algorithms above), and the fastest of flat, hierarchical and synthesized is
 charged (``algorithm="synthesized"`` in :class:`CollectiveCost`). The hook ``reduction_cost``
@@ -105,7 +106,7 @@ iteration.
 
 **Placement.** A PCG fixes what every shard holds, not which device holds it. Here, by default,
 the groups of every collective are consecutive devices from device 0 (the machine mapping,
-:mod:`pcgopt.extract.mapping`, moves independent branches to other devices afterwards): group
+:mod:`pcgopt.extract.search.mapping`, moves independent branches to other devices afterwards): group
 ``g`` of a degree-``d`` collective is devices ``g*d .. g*d + d-1``, the closest devices the
 hierarchy offers, since device numbers that are close are close in the machine (Machine's
 docstring). This is optimistic: in a hybrid plan two collectives cannot both be innermost
@@ -405,7 +406,8 @@ def _hierarchical(
 def _synthesized(
     kind: str, groups: tuple[tuple[int, ...], ...], nbytes: float, machine: Machine
 ) -> _Algo | None:
-    """The best reduction program P^2-style synthesis finds (:mod:`pcgopt.extract.reduction`)
+    """The best reduction program P^2-style synthesis finds
+    (:mod:`pcgopt.extract.strategies.reduction`)
     for an AllReduce or Reduce whose groups span two or more levels; None otherwise."""
     if kind not in ("all_reduce", "reduce"):
         return None
@@ -416,7 +418,7 @@ def _synthesized(
         return None  # programs reduce to the lowest-numbered member; this root is another
     # The synthesizer prices its steps with this module's flat algorithms, so it imports this
     # module; importing it here, at first use, keeps the two free of an import cycle.
-    from pcgopt.extract.reduction import best_program
+    from pcgopt.extract.strategies.reduction import best_program
 
     # Up to 5 steps on two levels (93 programs); up to 4 on deeper layouts (385 programs on
     # three levels, against 1,635 of 5 steps that take about 0.5 s to synthesize per layout);
@@ -473,7 +475,8 @@ def collective_cost(
 
     ``algorithm``: ``"flat"``, ``"hierarchical"`` (flat where no hierarchical form applies),
     ``"synthesized"`` (for an AllReduce or Reduce spanning two or more levels, the fastest
-    program of :func:`pcgopt.extract.reduction.best_program`; otherwise the faster of flat and
+    program of :func:`pcgopt.extract.strategies.reduction.best_program`; otherwise the faster of
+    flat and
     hierarchical) or ``"best"``, the fastest of the three. ``reduction_cost``: the hook that
     times AllReduce instead (see :class:`ReductionCost`).
 
@@ -795,7 +798,8 @@ class CostBreakdown:
 
     ``total_s = compute_s + comm_s + update_s - overlap_s``: ``overlap_s`` is 0 from the cost
     model, which runs nodes one after another; a machine mapping
-    (:meth:`pcgopt.extract.mapping.MachineMapping.cost`) that runs independent branches at once
+    (:meth:`pcgopt.extract.search.mapping.MachineMapping.cost`) that runs independent branches at
+    once
     on disjoint devices sets it to the time that saves, net of moving tensors between branches.
     ``comm_bytes``: bytes sent, summed over all
     devices; ``*_per_level``: by machine level, outermost first. ``memory_per_device``: bytes a

@@ -3,31 +3,34 @@
 Phases, each timed in :attr:`Plan.stats`:
 
 1. **layer-wise search**: AutoDDL's searches over per-layer SBP matmul strategies
-   (:mod:`pcgopt.extract.layerwise`): coordinate descent (12% of the time budget), then
+   (:mod:`pcgopt.extract.strategies.layerwise`): coordinate descent (12% of the time budget), then
    Metropolis-Hastings from its result (6%); their plans, and any ``seeds`` given, seed the
    e-graph and are candidates;
 2. **saturate**: the verified rules explore the equivalent PCGs in one e-graph
    (:func:`pcgopt.egraph.saturate`) within a share of the time budget, starting from the input
    and the seeds in the same e-class. A model with cuts is split first (graph splitting,
-   Unity section 5.3, :mod:`pcgopt.extract.splitting`): each segment is saturated and
+   Unity section 5.3, :mod:`pcgopt.extract.search.splitting`): each segment is saturated and
    extracted on its own, within the same shares, and the segments are stitched;
 3. **extract**: the cheapest PCG the e-graph holds under the cost model, shared subgraphs
-   counted once and the device memory respected (:mod:`pcgopt.extract.extraction`: exact ILP for
+   counted once and the device memory respected (:mod:`pcgopt.extract.search.extraction`: exact ILP
+   for
    small e-graphs, greedy plus local search otherwise);
 4. **baselines**: data parallelism, Megatron-style tensor parallelism and sequential
-   optimization (:mod:`pcgopt.extract.baselines`), costed by the same model, and the
-   branch-parallel plan (:func:`~pcgopt.extract.branches.branch_parallel`: data parallelism
+   optimization (:mod:`pcgopt.extract.strategies.baselines`), costed by the same model, and the
+   branch-parallel plan (:func:`~pcgopt.extract.strategies.branches.branch_parallel`: data
+   parallelism
    whose degree narrows where the mapping DP runs branches at once, a plan that only pays off
    once mapped, so extraction would not propose it). The plan returned is
    the fastest that fits in memory among the extraction, the baselines, the layer-wise plans
    and the seeds, so it is never worse than any of them; :attr:`SearchStats.chosen`
    says which one won;
 5. **placement and mapping**: every candidate's parallelism axes are placed on the machine
-   hierarchy with P^2's parallelism matrices (:func:`pcgopt.extract.placement.place_plan`;
+   hierarchy with P^2's parallelism matrices
+   (:func:`pcgopt.extract.strategies.placement.place_plan`;
    reductions across levels priced with the best synthesized program; each distinct plan
    once, within its part of what is left of the time budget, at least one matrix each:
    :attr:`PlanPlacement.untried` counts the matrices a time limit skipped), then the
-   machine-mapping DP (:func:`pcgopt.extract.mapping.map_machine`, Unity section 5.2) decides
+   machine-mapping DP (:func:`pcgopt.extract.search.mapping.map_machine`, Unity section 5.2) decides
    which independent branches run at once on disjoint devices, with one memo table for all
    candidates. Candidates are compared by this cost, a candidate that does not fit device
    memory with gradient accumulation over the fewest micro-batches that fit
@@ -65,15 +68,13 @@ from pcgopt.egraph import Budget, saturate, warm_up_in_background
 from pcgopt.egraph.translate import legal_degrees
 from pcgopt.errors import NotEquivalentError, PCGError
 from pcgopt.evaluate import assert_equivalent
-from pcgopt.extract.baselines import BaselineError, data_parallel, megatron, sequential
-from pcgopt.extract.branches import branch_parallel
-from pcgopt.extract.cost import (
+from pcgopt.extract.costmodel.cost import (
     CostBreakdown,
     CostError,
     accumulate_to_fit,
     iteration_cost,
 )
-from pcgopt.extract.extraction import (
+from pcgopt.extract.search.extraction import (
     EXTRACTION_SECONDS_PER_ENODE,
     Extraction,
     ExtractionError,
@@ -81,15 +82,17 @@ from pcgopt.extract.extraction import (
     extract_greedy,
     extract_ilp,
 )
-from pcgopt.extract.layerwise import coordinate_descent, metropolis_hastings
-from pcgopt.extract.mapping import MachineMapping, MappingCache, map_machine
-from pcgopt.extract.placement import (
+from pcgopt.extract.search.mapping import MachineMapping, MappingCache, map_machine
+from pcgopt.extract.search.splitting import MIN_SEGMENT_OPS, split_search, split_segments
+from pcgopt.extract.strategies.baselines import BaselineError, data_parallel, megatron, sequential
+from pcgopt.extract.strategies.branches import branch_parallel
+from pcgopt.extract.strategies.layerwise import coordinate_descent, metropolis_hastings
+from pcgopt.extract.strategies.placement import (
     PlanPlacement,
     batch_split_only,
     default_placement,
     place_plan,
 )
-from pcgopt.extract.splitting import MIN_SEGMENT_OPS, split_search, split_segments
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine, MachineError
 from pcgopt.names import model_names
@@ -474,13 +477,13 @@ def mapped_cost(
     time_limit_s: float | None = None,
 ) -> tuple[PlanPlacement, MachineMapping, CostBreakdown]:
     """How :func:`saturate_and_extract` costs a candidate plan: its axes placed on the hierarchy
-    (:func:`~pcgopt.extract.placement.place_plan`), its independent branches mapped onto
-    disjoint devices where that is faster (:func:`~pcgopt.extract.mapping.map_machine`, memo
+    (:func:`~pcgopt.extract.strategies.placement.place_plan`), its independent branches mapped onto
+    disjoint devices where that is faster (:func:`~pcgopt.extract.search.mapping.map_machine`, memo
     table ``cache``), then, if it still does not fit device memory, gradient accumulation over
     the fewest micro-batches that fit in the cost model's (unmapped, so conservative) memory
-    (:func:`~pcgopt.extract.cost.accumulate_to_fit`), mapped again. ``cost``: its
+    (:func:`~pcgopt.extract.costmodel.cost.accumulate_to_fit`), mapped again. ``cost``: its
     default-placement cost, if known; ``time_limit_s``: the placement search's (see
-    :func:`~pcgopt.extract.placement.place_plan`).
+    :func:`~pcgopt.extract.strategies.placement.place_plan`).
 
     The placement spreads a plan's axes over the machine, which can leave no room to run
     narrow branches beside each other. For a plan whose tensors are split along their batch
@@ -658,7 +661,7 @@ def saturate_and_extract(
     another search), each a candidate and an e-graph seed; they must compute what ``pcg``
     computes (with ``check=True`` the returned plan is verified, whichever it is);
     ``progress``: True prints phases to stderr, or a callable receives them;
-    ``split``: graph splitting (Unity section 5.3, :mod:`pcgopt.extract.splitting`): saturate
+    ``split``: graph splitting (Unity section 5.3, :mod:`pcgopt.extract.search.splitting`): saturate
     and extract segments of at least ``min_segment_ops`` computing operators separately and
     stitch them, with a DP over the layouts handed across the cuts; None (the default) splits
     when the graph has such cuts, False never does. ``degrees`` (the only degrees rewrites
@@ -1130,7 +1133,7 @@ def _split_phase(
     baseline_plans: Sequence[PCG],
     min_segment_ops: int,
 ) -> tuple[PCG | None, _Explored]:
-    """Graph splitting (:mod:`pcgopt.extract.splitting`) in saturation's and extraction's
+    """Graph splitting (:mod:`pcgopt.extract.search.splitting`) in saturation's and extraction's
     shares: the stitched plan (None if it failed) and what to report. The data-parallel and
     Megatron plans join the seeds, for their layouts at the cuts (``baseline_plans`` if the
     caller built them, else built here)."""

@@ -35,8 +35,10 @@ extraction per segment back together:
   ``discard_copies``) is then removed (:func:`cancel_inverse_pairs`), so a layout kept across
   a cut costs nothing.
 
-The stitched plan is an ordinary candidate of :func:`~pcgopt.extract.plan.saturate_and_extract`:
-re-costed by :func:`~pcgopt.extract.cost.iteration_cost`, placed, mapped and checked like the
+The stitched plan is an ordinary candidate of
+:func:`~pcgopt.extract.search.plan.saturate_and_extract`:
+re-costed by :func:`~pcgopt.extract.costmodel.cost.iteration_cost`, placed, mapped and checked like
+the
 others.
 """
 
@@ -48,8 +50,8 @@ from dataclasses import dataclass, field, replace
 
 from pcgopt.egraph import Budget, saturate_together
 from pcgopt.errors import PCGError
-from pcgopt.extract.cost import Optimizer
-from pcgopt.extract.extraction import (
+from pcgopt.extract.costmodel.cost import Optimizer
+from pcgopt.extract.search.extraction import (
     EXTRACTION_SECONDS_PER_ENODE,
     ENodeCosts,
     ExtractionError,
@@ -288,7 +290,7 @@ def split_search(
     call: cutting the graph and slicing the seeds count) and ``extract_s`` are the time of the
     distinct segments' saturation together and of their extractions: saturation may run into
     ``extract_s`` as long as its e-graph leaves the time to cost and extract it
-    (:data:`~pcgopt.extract.extraction.EXTRACTION_SECONDS_PER_ENODE`), and each extraction
+    (:data:`~pcgopt.extract.search.extraction.EXTRACTION_SECONDS_PER_ENODE`), and each extraction
     gets what is left divided by the number still to do.
     ``segment_budget``: the saturation's budget instead (benchmarks: an iteration budget
     gives every segment that many iterations); either way its back-off match limit and

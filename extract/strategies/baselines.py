@@ -804,7 +804,7 @@ def sequential(pcg: PCG, machine: Machine) -> PCG:
     """Sequential optimization: :func:`fuse` with no parallelism in view (kept when a single
     device runs it no slower), then the cheaper of :func:`data_parallel` and :func:`megatron`
     on that fixed graph (feasible first, then total time)."""
-    from pcgopt.extract.cost import iteration_cost
+    from pcgopt.extract.costmodel.cost import iteration_cost
 
     _check_sequential(pcg)
     fused = fuse(pcg)
@@ -826,9 +826,11 @@ def _single_device(machine: Machine) -> Machine:
 
 def coordinate_descent(pcg: PCG, machine: Machine, *, restarts: int = 4, **options: Any):
     """AutoDDL's coordinate descent over per-layer SBP matmul strategies, as a baseline: see
-    :func:`pcgopt.extract.layerwise.coordinate_descent` (``options``: its keywords). Returns a
-    :class:`~pcgopt.extract.layerwise.LayerwiseResult` (``.pcg``, ``.strategies``, ``.cost``)."""
+    :func:`pcgopt.extract.strategies.layerwise.coordinate_descent` (``options``: its keywords).
+    Returns a
+    :class:`~pcgopt.extract.strategies.layerwise.LayerwiseResult` (``.pcg``, ``.strategies``,
+    ``.cost``)."""
     # layerwise builds on this module's lowering, so it is imported when first needed.
-    from pcgopt.extract.layerwise import coordinate_descent as search
+    from pcgopt.extract.strategies.layerwise import coordinate_descent as search
 
     return search(pcg, machine, restarts=restarts, **options)

@@ -2,7 +2,8 @@
 (Unity section 5.2, where extraction and machine mapping interact).
 
 A data-parallel plan spans as many devices as its degree, in every node, so the machine-mapping
-DP (:func:`~pcgopt.extract.mapping.map_machine`) cannot run two of its branches at once: neither
+DP (:func:`~pcgopt.extract.search.mapping.map_machine`) cannot run two of its branches at once:
+neither
 fits beside the other. CANDLE-Uno's five feature towers on a 6-GPU Summit node show what that
 loses: run one after another on all six GPUs, or side by side on one or two GPUs each.
 Such a plan is only cheaper once mapped, and extraction costs plans as if their nodes ran in
@@ -25,20 +26,20 @@ sequence, so no other search proposes it. :func:`branch_parallel` does:
    is an ordinary PCG, equivalent to the input.
 4. **The descent.** Coordinate descent over the dense layers' SBP matmul strategies, each on
    the devices of its view, ranked by the exact cost under the mapping (a tensor-parallel
-   assignment placed by P^2, as :func:`~pcgopt.extract.plan.saturate_and_extract` places it),
+   assignment placed by P^2, as :func:`~pcgopt.extract.search.plan.saturate_and_extract` places it),
    within ``time_limit_s``. Besides one layer at a time, it moves all layers of one operator
    together (every embedding table's columns split 2 ways, say): branches that run at once
    take as long as the slowest, so a move of one branch alone often gains nothing.
 
 The estimate of step 2 leaves out the redistributions step 3 adds (a degree change at a join
 can cost more than the DP saw), so the plan is judged like every other candidate:
-:func:`~pcgopt.extract.plan.saturate_and_extract` places and maps it
+:func:`~pcgopt.extract.search.plan.saturate_and_extract` places and maps it
 with the exact cost model, and keeps it only if it is the fastest.
 
 >>> from pcgopt import Machine
 >>> from pcgopt.models import build
 >>> from pcgopt.extract import data_parallel
->>> from pcgopt.extract.plan import mapped_cost
+>>> from pcgopt.extract.search.plan import mapped_cost
 >>> summit, pcg = Machine.preset("summit"), build("candle_uno", small=True)
 >>> found = branch_parallel(pcg, summit)
 >>> found.narrowed > 0  # towers below the widest data-parallel degree
@@ -61,22 +62,8 @@ import numpy as np
 
 from pcgopt.builder import Tensor
 from pcgopt.errors import PCGError
-from pcgopt.extract.baselines import (
-    BaselineError,
-    _check_sequential,
-    _largest_divisor,
-    batch_size,
-    data_parallel,
-)
-from pcgopt.extract.cost import CostError, iteration_cost
-from pcgopt.extract.layerwise import (
-    MatmulStrategy,
-    _LayerwiseLowering,
-    check_strategies,
-    dense_layers,
-    strategies_for,
-)
-from pcgopt.extract.mapping import (
+from pcgopt.extract.costmodel.cost import CostError, iteration_cost
+from pcgopt.extract.search.mapping import (
     MappingCache,
     _annotate,
     _decompose,
@@ -84,7 +71,21 @@ from pcgopt.extract.mapping import (
     _units,
     map_machine,
 )
-from pcgopt.extract.placement import batch_split_only, place_plan
+from pcgopt.extract.strategies.baselines import (
+    BaselineError,
+    _check_sequential,
+    _largest_divisor,
+    batch_size,
+    data_parallel,
+)
+from pcgopt.extract.strategies.layerwise import (
+    MatmulStrategy,
+    _LayerwiseLowering,
+    check_strategies,
+    dense_layers,
+    strategies_for,
+)
+from pcgopt.extract.strategies.placement import batch_split_only, place_plan
 from pcgopt.graph import PCG, Node
 from pcgopt.machine import Machine
 from pcgopt.ops import OpKind
@@ -172,8 +173,9 @@ def lower_degrees(
     """``pcg`` (sequential) data parallel with compute node ``name`` split by batch
     ``degrees[name]`` ways (nodes left out follow their inputs): inputs arriving at another
     degree are redistributed. Dense layers in ``strategies`` run that SBP matmul strategy
-    instead (:func:`~pcgopt.extract.layerwise.lower`). Raises
-    :class:`~pcgopt.extract.baselines.BaselineError` for a node that is not a compute node of
+    instead (:func:`~pcgopt.extract.strategies.layerwise.lower`). Raises
+    :class:`~pcgopt.extract.strategies.baselines.BaselineError` for a node that is not a compute
+    node of
     ``pcg``, a degree that does not divide the batch or exceeds the machine, or a strategy
     that cannot be applied."""
     _check_sequential(pcg)
@@ -238,7 +240,8 @@ def branch_parallel(
     (the widest degrees first; after half the limit no further degree is costed, and views
     narrower than every costed degree are not used) and the coordinate descent of step 4
     (checked before every evaluation); the DP itself is not bounded. Raises
-    :class:`~pcgopt.extract.baselines.BaselineError` when ``pcg`` has no batch to split or is
+    :class:`~pcgopt.extract.strategies.baselines.BaselineError` when ``pcg`` has no batch to split
+    or is
     already parallel."""
     _check_sequential(pcg)
     batch = batch_size(pcg)

@@ -24,7 +24,8 @@ moved by AllToAll, AllGather or taken from copies), otherwise with splits other 
 all-gathered, and as a last resort on whole inputs. Between dense layers the redistribution is
 section 4.2's path: ReduceScatter of the partial sums, AllToAll between split dimensions,
 AllGather into copies. The result is an ordinary PCG, equivalent to the input
-(``pcgopt.equivalent``), costed by :func:`~pcgopt.extract.cost.iteration_cost` like every other
+(``pcgopt.equivalent``), costed by :func:`~pcgopt.extract.costmodel.cost.iteration_cost` like every
+other
 plan.
 
 A layer whose sizes no strategy over all ``p`` devices divides (a batch of 256 and no factor 3
@@ -38,7 +39,8 @@ whose weight shard alone (with gradient and optimizer state) exceeds device memo
 tried, and an assignment that does not fit never replaces one that does. An assignment that
 does not fit at full batch is costed with gradient accumulation over the fewest micro-batches
 that fit
-(:func:`~pcgopt.extract.cost.accumulate_to_fit`, AutoDDL section 5.2), so the micro-batch count
+(:func:`~pcgopt.extract.costmodel.cost.accumulate_to_fit`, AutoDDL section 5.2), so the micro-batch
+count
 is chosen with the strategies. Repeated evaluations are cached.
 
 * :func:`coordinate_descent`: from a start, set each layer in turn to its best strategy with the
@@ -63,14 +65,14 @@ from typing import Any
 
 from pcgopt.builder import Tensor
 from pcgopt.errors import PCGError
-from pcgopt.extract.baselines import (
+from pcgopt.extract.costmodel.cost import CostBreakdown, CostError, accumulate_to_fit
+from pcgopt.extract.strategies.baselines import (
     BaselineError,
     _check_sequential,
     _largest_divisor,
     _Lowering,
     batch_size,
 )
-from pcgopt.extract.cost import CostBreakdown, CostError, accumulate_to_fit
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.machine import Machine
 from pcgopt.sbp import SBP
@@ -223,7 +225,8 @@ def _target(s: Any, dim: int, factor: int) -> tuple[tuple[int, ...], int] | None
 
 
 class _LayerwiseLowering(_Lowering):
-    """:class:`~pcgopt.extract.baselines._Lowering` with one :class:`MatmulStrategy` per dense
+    """:class:`~pcgopt.extract.strategies.baselines._Lowering` with one :class:`MatmulStrategy` per
+    dense
     layer and redistribution between layouts (module docstring)."""
 
     def __init__(self, pcg: PCG, strategies: Mapping[str, MatmulStrategy], input_degree: int):
@@ -232,7 +235,8 @@ class _LayerwiseLowering(_Lowering):
         self.failed: list[tuple[str, MatmulStrategy, PCGError]] = []
 
     def lowered(self) -> PCG:
-        """The lowered PCG; raises :class:`~pcgopt.extract.baselines.BaselineError` naming the
+        """The lowered PCG; raises :class:`~pcgopt.extract.strategies.baselines.BaselineError`
+        naming the
         first dense layer whose strategy could not be applied."""
         plan = self.run()
         if self.failed:
@@ -483,7 +487,8 @@ class _LayerwiseLowering(_Lowering):
 
 
 def check_strategies(pcg: PCG, machine: Machine, strategies: Mapping[str, MatmulStrategy]) -> None:
-    """Raises :class:`~pcgopt.extract.baselines.BaselineError`, naming the node, unless every
+    """Raises :class:`~pcgopt.extract.strategies.baselines.BaselineError`, naming the node, unless
+    every
     key of ``strategies`` is a dense layer of ``pcg`` given a :class:`MatmulStrategy` that fits
     ``machine``."""
     layers = set(dense_layers(pcg))

@@ -1,7 +1,8 @@
 """Machine mapping by dynamic programming over series-parallel splits (Unity, section 5.2).
 
 A PCG fixes how every tensor is split, not which devices run what: the cost model
-(:func:`~pcgopt.extract.cost.iteration_cost`) puts every node's tasks on the first devices and
+(:func:`~pcgopt.extract.costmodel.cost.iteration_cost`) puts every node's tasks on the first
+devices and
 adds the nodes' times up, as if the whole graph ran one node after another. Independent
 branches (DLRM's embedding tables, Inception's towers, the query/key/value projections) could
 instead run *at once* on disjoint devices. :func:`map_machine` decides that:
@@ -31,7 +32,7 @@ over device subsets). Every block of ``a`` units of a level is laid out like eve
 sub-problem's cost depends on the view's *shape*, not on where it starts: the memo table is
 keyed by (sub-graph, view shape), and a unit's cost on a view is its cost from the cost model at
 device 0. Costs do not change when shifted: :meth:`MachineMapping.device_groups` shifts the
-cost model's device groups, and :func:`~pcgopt.extract.cost.iteration_cost` on the shifted
+cost model's device groups, and :func:`~pcgopt.extract.costmodel.cost.iteration_cost` on the shifted
 groups charges every node the same.
 
 **Transfers.** The side of a parallel split that does not start on the view's first device needs
@@ -43,7 +44,8 @@ back). Concurrent branches are assumed not to slow each other's collectives.
 **Limits.** The mapping places a fixed PCG: how many devices a branch spans is the PCG's
 choice, made by extraction and the layer-wise searches, which cost a plan as if its nodes ran
 in sequence; a branch narrowed to leave room for another only pays off once mapped, and
-:func:`~pcgopt.extract.branches.branch_parallel` proposes such plans (data parallel ones) by
+:func:`~pcgopt.extract.strategies.branches.branch_parallel` proposes such plans (data parallel
+ones) by
 running this DP on units whose time depends on their view. Memory under the mapping counts a
 weight on every device of its unit, and what a unit reads from a unit placed elsewhere on the
 reader's devices too (a shared weight with its gradient and optimizer state, any other tensor
@@ -80,7 +82,7 @@ from types import MappingProxyType
 import numpy as np
 
 from pcgopt.errors import PCGError
-from pcgopt.extract.cost import (
+from pcgopt.extract.costmodel.cost import (
     CostBreakdown,
     DevicePlacement,
     MemoryBreakdown,
@@ -534,7 +536,8 @@ class _Solver:
         receivers: Callable[[int], int] | None = None,
     ) -> None:
         # unit_s (unit, devices) -> seconds: units whose time depends on the devices they get
-        # (elastic, pcgopt.extract.branches); moves are then split over the receiving devices.
+        # (elastic, pcgopt.extract.strategies.branches); moves are then split over the receiving
+        # devices.
         # None: every unit takes its fixed time.
         self.unit_s = unit_s
         self.receivers = receivers  # elastic units: the degree a view of that many devices runs
@@ -794,7 +797,7 @@ def map_machine(
 
     ``cost``: the cost model's breakdown of ``pcg`` (computed if not given, with ``devices``
     and ``optimizer``); ``devices``: the explicit device groups that cost used (a placement
-    from :func:`~pcgopt.extract.placement.place_plan`), so that footprints include them;
+    from :func:`~pcgopt.extract.strategies.placement.place_plan`), so that footprints include them;
     ``cache``: a :class:`MappingCache` to share between calls on the same machine.
     """
     if not isinstance(pcg, PCG):

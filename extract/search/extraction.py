@@ -2,12 +2,13 @@
 
 An extraction picks one e-node for every e-class the outputs need, acyclic, so that the PCG it
 spells (:meth:`EGraphData.to_pcg`) trains fastest on the machine and fits in its memory. The
-cost is the cost model's own (:mod:`pcgopt.extract.cost`), split into what one e-node costs on
+cost is the cost model's own (:mod:`pcgopt.extract.costmodel.cost`), split into what one e-node
+costs on
 its own and what one e-class costs once, however many e-nodes share it:
 
 * **per e-node** (:class:`ENodeCosts`, ``node_s``): a compute e-node's forward and backward time
-  on its shard shapes (:func:`~pcgopt.extract.cost.compute_times`), a parallel e-node's
-  collectives and their duals (:func:`~pcgopt.extract.cost.parallel_collectives`) in the
+  on its shard shapes (:func:`~pcgopt.extract.costmodel.cost.compute_times`), a parallel e-node's
+  collectives and their duals (:func:`~pcgopt.extract.costmodel.cost.parallel_collectives`) in the
   default placement. Sources, and Partition/Replicate of a source layout (how a source is loaded
   or stored), cost nothing;
 * **per e-class, once**: a weight layout some other e-node reads is *stored*: its optimizer
@@ -17,7 +18,7 @@ its own and what one e-class costs once, however many e-nodes share it:
   ``stored_s`` covers the rows one lookup e-node reading it touches, and an e-node reading it
   densely pays the difference to a dense sync and update in its ``node_s``.
 
-For a chosen set of e-nodes the sums are those :func:`~pcgopt.extract.cost.iteration_cost`
+For a chosen set of e-nodes the sums are those :func:`~pcgopt.extract.costmodel.cost.iteration_cost`
 computes for the PCG, except where a weight layout is reached through several Replicates (the
 model charges each) or read by several lookups (the model charges the largest one's rows, not
 their sum; a dense reader beside a lookup pays the difference once per reader); the final plan is
@@ -47,7 +48,7 @@ import numpy as np
 from pcgopt.egraph import EGraphData
 from pcgopt.egraph.export import OUT
 from pcgopt.errors import PCGError
-from pcgopt.extract.cost import (
+from pcgopt.extract.costmodel.cost import (
     LAYOUT_OPS,
     Optimizer,
     _optimizer,

@@ -51,7 +51,8 @@ the requested reduction; :func:`execute` runs a lowered program on the states of
 machine and checks it.
 
 **Simulation** (section 5). :func:`simulate` prices each step with
-:func:`pcgopt.extract.cost.collective_cost` (flat alpha-beta algorithms; the groups of a step run
+:func:`pcgopt.extract.costmodel.cost.collective_cost` (flat alpha-beta algorithms; the groups of a
+step run
 at once and share the links of the units they occupy, so contention on a node's network link is
 counted) on the step's per-device message, and adds the steps. :func:`best_reduction` ranks
 every (placement, program) pair. The cost model uses the best program for an AllReduce or Reduce
@@ -79,8 +80,8 @@ from typing import Literal, get_args
 
 import numpy as np
 
-from pcgopt.extract.cost import CollectiveCost, collective_cost
-from pcgopt.extract.placement import (
+from pcgopt.extract.costmodel.cost import CollectiveCost, collective_cost
+from pcgopt.extract.strategies.placement import (
     ParallelismMatrix,
     PlacementError,
     matrices,
