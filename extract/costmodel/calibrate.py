@@ -1,13 +1,12 @@
 """Alpha and beta of the communication model, fitted to measured collective timings.
 
-AutoDDL (section 3.2) does not trust the vendors' peak latency and bandwidth: it times
-AllReduce, AllGather, ReduceScatter and AllToAll at many message sizes and group sizes, writes
-one linear equation ``seconds = a * alpha + b * beta`` per measurement with the coefficients of
-its algorithm, and solves for alpha and beta by least squares, once per network. This module does
-the same, with the very coefficients the cost model charges
+AutoDDL (section 3.2) does not trust the vendors' peak latency and bandwidth: it times AllReduce,
+AllGather, ReduceScatter and AllToAll at many message sizes and group sizes, writes one linear
+equation ``seconds = a * alpha + b * beta`` per measurement with the coefficients of its algorithm,
+and solves for alpha and beta by least squares, once per network. This module does the same, with
+the very coefficients the cost model charges
 (:func:`pcgopt.extract.costmodel.cost.flat_coefficients`), so a fitted pair reproduces the
-measurements
-through :func:`~pcgopt.extract.costmodel.cost.collective_cost`.
+measurements through :func:`~pcgopt.extract.costmodel.cost.collective_cost`.
 
 Measurements come as a CSV file with the columns ``collective, group_size, bytes, seconds`` and
 optionally ``level`` (the machine level the groups span, e.g. ``node`` or ``gpu``)::
@@ -17,8 +16,7 @@ optionally ``level`` (the machine level the groups span, e.g. ``node`` or ``gpu`
     all_reduce,2,1048576,0.000270,node
 
 ``bytes`` is the per-device message as :func:`~pcgopt.extract.costmodel.cost.flat_coefficients`
-defines
-it (the vector of an AllReduce, the gathered output of an AllGather, the input of a
+defines it (the vector of an AllReduce, the gathered output of an AllGather, the input of a
 ReduceScatter, each device's buffer of an AllToAll). Rows are fitted per level where a level is
 given, else per group size. :func:`calibrated` puts the fitted links into a machine.
 

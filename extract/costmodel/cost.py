@@ -57,14 +57,13 @@ alpha-beta model (AutoDDL section 3.1, Table 2: bandwidth-optimal, long-message 
 AutoDDL's table writes ``(2p-1) alpha`` for AllReduce and ``n beta`` for AlltoAll; the ring's
 ``2(p-1)`` steps and the ``(p-1)/p`` share a pairwise exchange actually sends are used here, and
 :mod:`pcgopt.extract.costmodel.calibrate` fits alpha and beta to the same formulas. ``beta`` is one
-over the
-bandwidth of the link that limits the group: the machine's links are per *unit* of their level
-(Machine's docstring), so every byte that leaves a unit (a GPU, a socket, a node) is counted
+over the bandwidth of the link that limits the group: the machine's links are per *unit* of their
+level (Machine's docstring), so every byte that leaves a unit (a GPU, a socket, a node) is counted
 against that unit's link, summed over all the groups that run at once, and the busiest unit link
 sets the time. For one group that is :meth:`Machine.slowest_link`; when several groups share a
-node's network link, each gets its share. ``alpha`` is the largest latency among the links a
-group's messages cross (the outermost level it spans and every level inside it); on every
-preset, that of the outermost level.
+node's network link, each gets its share. ``alpha`` is the largest latency among the links a group's
+messages cross (the outermost level it spans and every level inside it); on every preset, that of
+the outermost level.
 
 A group that spans two or more levels of the hierarchy (:meth:`Machine.group_levels`) also
 gets a hierarchical algorithm, one phase per level it spans, and the cheaper of flat and
@@ -474,11 +473,10 @@ def collective_cost(
     per-device message of ``nbytes`` (see :func:`flat_coefficients`).
 
     ``algorithm``: ``"flat"``, ``"hierarchical"`` (flat where no hierarchical form applies),
-    ``"synthesized"`` (for an AllReduce or Reduce spanning two or more levels, the fastest
-    program of :func:`pcgopt.extract.strategies.reduction.best_program`; otherwise the faster of
-    flat and
-    hierarchical) or ``"best"``, the fastest of the three. ``reduction_cost``: the hook that
-    times AllReduce instead (see :class:`ReductionCost`).
+    ``"synthesized"`` (for an AllReduce or Reduce spanning two or more levels, the fastest program
+    of :func:`pcgopt.extract.strategies.reduction.best_program`; otherwise the faster of flat and
+    hierarchical) or ``"best"``, the fastest of the three. ``reduction_cost``: the hook that times
+    AllReduce instead (see :class:`ReductionCost`).
 
     >>> m = Machine.preset("summit", nodes=1, devices_per_node=2)
     >>> c = collective_cost("all_reduce", [(0, 1)], 4e6, m)
@@ -796,16 +794,15 @@ class MemoryBreakdown:
 class CostBreakdown:
     """What one training iteration costs, and where (see :func:`iteration_cost`).
 
-    ``total_s = compute_s + comm_s + update_s - overlap_s``: ``overlap_s`` is 0 from the cost
-    model, which runs nodes one after another; a machine mapping
+    ``total_s = compute_s + comm_s + update_s - overlap_s``: ``overlap_s`` is 0 from the cost model,
+    which runs nodes one after another; a machine mapping
     (:meth:`pcgopt.extract.search.mapping.MachineMapping.cost`) that runs independent branches at
-    once
-    on disjoint devices sets it to the time that saves, net of moving tensors between branches.
-    ``comm_bytes``: bytes sent, summed over all
-    devices; ``*_per_level``: by machine level, outermost first. ``memory_per_device``: bytes a
-    device holds (``memory`` splits it), ``feasible``: whether that fits ``memory_capacity``.
-    ``devices_used``: the most devices any node spans. ``per_node``: every node, in the PCG's
-    order. ``str()`` (or :meth:`summary`) is a table of the costliest nodes.
+    once on disjoint devices sets it to the time that saves, net of moving tensors between branches.
+    ``comm_bytes``: bytes sent, summed over all devices; ``*_per_level``: by machine level,
+    outermost first. ``memory_per_device``: bytes a device holds (``memory`` splits it),
+    ``feasible``: whether that fits ``memory_capacity``. ``devices_used``: the most devices any node
+    spans. ``per_node``: every node, in the PCG's order. ``str()`` (or :meth:`summary`) is a table
+    of the costliest nodes.
     """
 
     machine: str

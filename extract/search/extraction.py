@@ -1,10 +1,9 @@
 """Choosing the cheapest PCG an e-graph represents.
 
 An extraction picks one e-node for every e-class the outputs need, acyclic, so that the PCG it
-spells (:meth:`EGraphData.to_pcg`) trains fastest on the machine and fits in its memory. The
-cost is the cost model's own (:mod:`pcgopt.extract.costmodel.cost`), split into what one e-node
-costs on
-its own and what one e-class costs once, however many e-nodes share it:
+spells (:meth:`EGraphData.to_pcg`) trains fastest on the machine and fits in its memory. The cost is
+the cost model's own (:mod:`pcgopt.extract.costmodel.cost`), split into what one e-node costs on its
+own and what one e-class costs once, however many e-nodes share it:
 
 * **per e-node** (:class:`ENodeCosts`, ``node_s``): a compute e-node's forward and backward time
   on its shard shapes (:func:`~pcgopt.extract.costmodel.cost.compute_times`), a parallel e-node's

@@ -1,11 +1,10 @@
 """Machine mapping by dynamic programming over series-parallel splits (Unity, section 5.2).
 
 A PCG fixes how every tensor is split, not which devices run what: the cost model
-(:func:`~pcgopt.extract.costmodel.cost.iteration_cost`) puts every node's tasks on the first
-devices and
-adds the nodes' times up, as if the whole graph ran one node after another. Independent
-branches (DLRM's embedding tables, Inception's towers, the query/key/value projections) could
-instead run *at once* on disjoint devices. :func:`map_machine` decides that:
+(:func:`~pcgopt.extract.costmodel.cost.iteration_cost`) puts every node's tasks on the first devices
+and adds the nodes' times up, as if the whole graph ran one node after another. Independent branches
+(DLRM's embedding tables, Inception's towers, the query/key/value projections) could instead run *at
+once* on disjoint devices. :func:`map_machine` decides that:
 
 **Units.** Every compute node is a unit; a source or parallelization node joins the unit that
 reads it (a weight, its Replicate and the MatMul reading it run together), or is a unit of its
@@ -41,15 +40,14 @@ receiving device gets over the link of the divided level, ``latency + bytes / ba
 per micro-batch for the latency), twice if the tensor needs a gradient (the gradient comes
 back). Concurrent branches are assumed not to slow each other's collectives.
 
-**Limits.** The mapping places a fixed PCG: how many devices a branch spans is the PCG's
-choice, made by extraction and the layer-wise searches, which cost a plan as if its nodes ran
-in sequence; a branch narrowed to leave room for another only pays off once mapped, and
-:func:`~pcgopt.extract.strategies.branches.branch_parallel` proposes such plans (data parallel
-ones) by
-running this DP on units whose time depends on their view. Memory under the mapping counts a
+**Limits.** The mapping places a fixed PCG: how many devices a branch spans is the PCG's choice,
+made by extraction and the layer-wise searches, which cost a plan as if its nodes ran in sequence; a
+branch narrowed to leave room for another only pays off once mapped, and
+:func:`~pcgopt.extract.strategies.branches.branch_parallel` proposes such plans (data parallel ones)
+by running this DP on units whose time depends on their view. Memory under the mapping counts a
 weight on every device of its unit, and what a unit reads from a unit placed elsewhere on the
-reader's devices too (a shared weight with its gradient and optimizer state, any other tensor
-as activations): an upper bound.
+reader's devices too (a shared weight with its gradient and optimizer state, any other tensor as
+activations): an upper bound.
 
 **Result.** :class:`MachineMapping`: the iteration time (critical path), the schedule (every
 unit's devices and start and end), each node's device offset, per-device memory under the
@@ -537,8 +535,7 @@ class _Solver:
     ) -> None:
         # unit_s (unit, devices) -> seconds: units whose time depends on the devices they get
         # (elastic, pcgopt.extract.strategies.branches); moves are then split over the receiving
-        # devices.
-        # None: every unit takes its fixed time.
+        # devices. None: every unit takes its fixed time.
         self.unit_s = unit_s
         self.receivers = receivers  # elastic units: the degree a view of that many devices runs
         self._divisions: dict[tuple[int, int], list] = {}

@@ -11,19 +11,16 @@ Phases, each timed in :attr:`Plan.stats`:
    and the seeds in the same e-class. A model with cuts is split first (graph splitting,
    Unity section 5.3, :mod:`pcgopt.extract.search.splitting`): each segment is saturated and
    extracted on its own, within the same shares, and the segments are stitched;
-3. **extract**: the cheapest PCG the e-graph holds under the cost model, shared subgraphs
-   counted once and the device memory respected (:mod:`pcgopt.extract.search.extraction`: exact ILP
-   for
+3. **extract**: the cheapest PCG the e-graph holds under the cost model, shared subgraphs counted
+   once and the device memory respected (:mod:`pcgopt.extract.search.extraction`: exact ILP for
    small e-graphs, greedy plus local search otherwise);
-4. **baselines**: data parallelism, Megatron-style tensor parallelism and sequential
-   optimization (:mod:`pcgopt.extract.strategies.baselines`), costed by the same model, and the
-   branch-parallel plan (:func:`~pcgopt.extract.strategies.branches.branch_parallel`: data
-   parallelism
-   whose degree narrows where the mapping DP runs branches at once, a plan that only pays off
-   once mapped, so extraction would not propose it). The plan returned is
-   the fastest that fits in memory among the extraction, the baselines, the layer-wise plans
-   and the seeds, so it is never worse than any of them; :attr:`SearchStats.chosen`
-   says which one won;
+4. **baselines**: data parallelism, Megatron-style tensor parallelism and sequential optimization
+   (:mod:`pcgopt.extract.strategies.baselines`), costed by the same model, and the branch-parallel
+   plan (:func:`~pcgopt.extract.strategies.branches.branch_parallel`: data parallelism whose degree
+   narrows where the mapping DP runs branches at once, a plan that only pays off once mapped, so
+   extraction would not propose it). The plan returned is the fastest that fits in memory among the
+   extraction, the baselines, the layer-wise plans and the seeds, so it is never worse than any of
+   them; :attr:`SearchStats.chosen` says which one won;
 5. **placement and mapping**: every candidate's parallelism axes are placed on the machine
    hierarchy with P^2's parallelism matrices
    (:func:`pcgopt.extract.strategies.placement.place_plan`;

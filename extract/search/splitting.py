@@ -36,10 +36,8 @@ extraction per segment back together:
   a cut costs nothing.
 
 The stitched plan is an ordinary candidate of
-:func:`~pcgopt.extract.search.plan.saturate_and_extract`:
-re-costed by :func:`~pcgopt.extract.costmodel.cost.iteration_cost`, placed, mapped and checked like
-the
-others.
+:func:`~pcgopt.extract.search.plan.saturate_and_extract`: re-costed by
+:func:`~pcgopt.extract.costmodel.cost.iteration_cost`, placed, mapped and checked like the others.
 """
 
 from __future__ import annotations

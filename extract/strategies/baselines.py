@@ -827,9 +827,8 @@ def _single_device(machine: Machine) -> Machine:
 def coordinate_descent(pcg: PCG, machine: Machine, *, restarts: int = 4, **options: Any):
     """AutoDDL's coordinate descent over per-layer SBP matmul strategies, as a baseline: see
     :func:`pcgopt.extract.strategies.layerwise.coordinate_descent` (``options``: its keywords).
-    Returns a
-    :class:`~pcgopt.extract.strategies.layerwise.LayerwiseResult` (``.pcg``, ``.strategies``,
-    ``.cost``)."""
+    Returns a :class:`~pcgopt.extract.strategies.layerwise.LayerwiseResult` (``.pcg``,
+    ``.strategies``, ``.cost``)."""
     # layerwise builds on this module's lowering, so it is imported when first needed.
     from pcgopt.extract.strategies.layerwise import coordinate_descent as search
 

@@ -1,13 +1,12 @@
 """Branch-parallel plans: data parallelism whose degree narrows where branches run at once
 (Unity section 5.2, where extraction and machine mapping interact).
 
-A data-parallel plan spans as many devices as its degree, in every node, so the machine-mapping
-DP (:func:`~pcgopt.extract.search.mapping.map_machine`) cannot run two of its branches at once:
-neither
-fits beside the other. CANDLE-Uno's five feature towers on a 6-GPU Summit node show what that
-loses: run one after another on all six GPUs, or side by side on one or two GPUs each.
-Such a plan is only cheaper once mapped, and extraction costs plans as if their nodes ran in
-sequence, so no other search proposes it. :func:`branch_parallel` does:
+A data-parallel plan spans as many devices as its degree, in every node, so the machine-mapping DP
+(:func:`~pcgopt.extract.search.mapping.map_machine`) cannot run two of its branches at once: neither
+fits beside the other. CANDLE-Uno's five feature towers on a 6-GPU Summit node show what that loses:
+run one after another on all six GPUs, or side by side on one or two GPUs each. Such a plan is only
+cheaper once mapped, and extraction costs plans as if their nodes ran in sequence, so no other
+search proposes it. :func:`branch_parallel` does:
 
 1. **Elastic costs.** The data-parallel plan at every legal degree ``d`` (a divisor of the
    batch, at most the machine's devices) is costed by the cost model, and every node's time is
@@ -171,12 +170,11 @@ def lower_degrees(
     strategies: Mapping[str, MatmulStrategy] | None = None,
 ) -> PCG:
     """``pcg`` (sequential) data parallel with compute node ``name`` split by batch
-    ``degrees[name]`` ways (nodes left out follow their inputs): inputs arriving at another
-    degree are redistributed. Dense layers in ``strategies`` run that SBP matmul strategy
-    instead (:func:`~pcgopt.extract.strategies.layerwise.lower`). Raises
+    ``degrees[name]`` ways (nodes left out follow their inputs): inputs arriving at another degree
+    are redistributed. Dense layers in ``strategies`` run that SBP matmul strategy instead
+    (:func:`~pcgopt.extract.strategies.layerwise.lower`). Raises
     :class:`~pcgopt.extract.strategies.baselines.BaselineError` for a node that is not a compute
-    node of
-    ``pcg``, a degree that does not divide the batch or exceeds the machine, or a strategy
+    node of ``pcg``, a degree that does not divide the batch or exceeds the machine, or a strategy
     that cannot be applied."""
     _check_sequential(pcg)
     strategies = dict(strategies or {})
@@ -235,14 +233,13 @@ def branch_parallel(
     optimizer: str = "adam",
     time_limit_s: float | None = None,
 ) -> BranchParallel | None:
-    """The branch-parallel plan of ``pcg`` on ``machine`` (module docstring), or None when
-    the DP narrows no branch (the plan would be data parallelism). ``time_limit_s`` bounds step 1
-    (the widest degrees first; after half the limit no further degree is costed, and views
-    narrower than every costed degree are not used) and the coordinate descent of step 4
-    (checked before every evaluation); the DP itself is not bounded. Raises
+    """The branch-parallel plan of ``pcg`` on ``machine`` (module docstring), or None when the DP
+    narrows no branch (the plan would be data parallelism). ``time_limit_s`` bounds step 1 (the
+    widest degrees first; after half the limit no further degree is costed, and views narrower than
+    every costed degree are not used) and the coordinate descent of step 4 (checked before every
+    evaluation); the DP itself is not bounded. Raises
     :class:`~pcgopt.extract.strategies.baselines.BaselineError` when ``pcg`` has no batch to split
-    or is
-    already parallel."""
+    or is already parallel."""
     _check_sequential(pcg)
     batch = batch_size(pcg)
     # The degrees views can get: the largest divisor of the batch up to each view's size.

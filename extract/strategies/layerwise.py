@@ -17,31 +17,27 @@ runs it on ``p = p0 * p1 * p2`` devices (section 4.2, Figure 6) with
 weight-stationary split (no weight copies, as in AutoDDL's Figure 8), and ``(q, q, q)`` the 3D
 algorithm whose communication is ``Theta(n^2 / p^(2/3))``.
 
-:func:`lower` builds the parallel PCG of an assignment of strategies to dense layers: every
-other operator runs on its inputs' layout when its shape rule accepts it, otherwise on inputs
+:func:`lower` builds the parallel PCG of an assignment of strategies to dense layers: every other
+operator runs on its inputs' layout when its shape rule accepts it, otherwise on inputs
 redistributed to the first input's layout (partial sums reduce-scattered into a dimension, splits
 moved by AllToAll, AllGather or taken from copies), otherwise with splits other than the batch
 all-gathered, and as a last resort on whole inputs. Between dense layers the redistribution is
-section 4.2's path: ReduceScatter of the partial sums, AllToAll between split dimensions,
-AllGather into copies. The result is an ordinary PCG, equivalent to the input
-(``pcgopt.equivalent``), costed by :func:`~pcgopt.extract.costmodel.cost.iteration_cost` like every
-other
-plan.
+section 4.2's path: ReduceScatter of the partial sums, AllToAll between split dimensions, AllGather
+into copies. The result is an ordinary PCG, equivalent to the input (``pcgopt.equivalent``), costed
+by :func:`~pcgopt.extract.costmodel.cost.iteration_cost` like every other plan.
 
 A layer whose sizes no strategy over all ``p`` devices divides (a batch of 256 and no factor 3
 on 12 GPUs) takes its strategies on the most devices that have one; the others idle while it
 runs, rather than the whole search giving up.
 
 The searches (section 4.4) rank assignments by ``iteration_cost``: feasible (fits device memory)
-before infeasible, feasible ones by predicted time and infeasible ones by memory per device (so
-that a search starting out of memory moves towards fitting). Memory-aware pruning: a strategy
-whose weight shard alone (with gradient and optimizer state) exceeds device memory is never
-tried, and an assignment that does not fit never replaces one that does. An assignment that
-does not fit at full batch is costed with gradient accumulation over the fewest micro-batches
-that fit
+before infeasible, feasible ones by predicted time and infeasible ones by memory per device (so that
+a search starting out of memory moves towards fitting). Memory-aware pruning: a strategy whose
+weight shard alone (with gradient and optimizer state) exceeds device memory is never tried, and an
+assignment that does not fit never replaces one that does. An assignment that does not fit at full
+batch is costed with gradient accumulation over the fewest micro-batches that fit
 (:func:`~pcgopt.extract.costmodel.cost.accumulate_to_fit`, AutoDDL section 5.2), so the micro-batch
-count
-is chosen with the strategies. Repeated evaluations are cached.
+count is chosen with the strategies. Repeated evaluations are cached.
 
 * :func:`coordinate_descent`: from a start, set each layer in turn to its best strategy with the
   others fixed, sweep until no layer changes, then restart from a random assignment; keep the
@@ -226,8 +222,7 @@ def _target(s: Any, dim: int, factor: int) -> tuple[tuple[int, ...], int] | None
 
 class _LayerwiseLowering(_Lowering):
     """:class:`~pcgopt.extract.strategies.baselines._Lowering` with one :class:`MatmulStrategy` per
-    dense
-    layer and redistribution between layouts (module docstring)."""
+    dense layer and redistribution between layouts (module docstring)."""
 
     def __init__(self, pcg: PCG, strategies: Mapping[str, MatmulStrategy], input_degree: int):
         super().__init__(pcg, input_degree)
@@ -236,8 +231,7 @@ class _LayerwiseLowering(_Lowering):
 
     def lowered(self) -> PCG:
         """The lowered PCG; raises :class:`~pcgopt.extract.strategies.baselines.BaselineError`
-        naming the
-        first dense layer whose strategy could not be applied."""
+        naming the first dense layer whose strategy could not be applied."""
         plan = self.run()
         if self.failed:
             name, strategy, error = self.failed[0]
@@ -488,9 +482,8 @@ class _LayerwiseLowering(_Lowering):
 
 def check_strategies(pcg: PCG, machine: Machine, strategies: Mapping[str, MatmulStrategy]) -> None:
     """Raises :class:`~pcgopt.extract.strategies.baselines.BaselineError`, naming the node, unless
-    every
-    key of ``strategies`` is a dense layer of ``pcg`` given a :class:`MatmulStrategy` that fits
-    ``machine``."""
+    every key of ``strategies`` is a dense layer of ``pcg`` given a :class:`MatmulStrategy` that
+    fits ``machine``."""
     layers = set(dense_layers(pcg))
     for name, strategy in strategies.items():
         if name not in layers:

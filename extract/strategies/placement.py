@@ -352,13 +352,12 @@ class PlanPlacement:
 
 
 def parallel_nodes(pcg: PCG) -> list[tuple[str, int, int]]:
-    """(name, degree, width) of every parallel node that takes a degree: ``width`` is the
-    number of devices its groups cover, the most shards among its inputs and outputs; for a
-    trainable weight's Replicate, the width of the layouts the weight is stored in below it
-    (:func:`~pcgopt.extract.costmodel.cost.source_layouts`), where the cost model syncs its
-    gradient in
-    groups of its degree (a weight copied 2 then 3 ways: 3 groups of 2), if they all have
-    one width (:func:`_synced_widths`)."""
+    """(name, degree, width) of every parallel node that takes a degree: ``width`` is the number of
+    devices its groups cover, the most shards among its inputs and outputs; for a trainable weight's
+    Replicate, the width of the layouts the weight is stored in below it
+    (:func:`~pcgopt.extract.costmodel.cost.source_layouts`), where the cost model syncs its gradient
+    in groups of its degree (a weight copied 2 then 3 ways: 3 groups of 2), if they all have one
+    width (:func:`_synced_widths`)."""
     return _parallel_nodes(pcg, _synced_widths(pcg))
 
 
@@ -548,19 +547,18 @@ def place_plan(
     time_limit_s: float | None = None,
 ) -> PlanPlacement:
     """The fastest placement of a plan's parallelism axes on the machine hierarchy. For every
-    regular sub-machine of the plan's width (:func:`sub_hierarchies`; the whole machine when
-    the plan uses every device) and every parallelism matrix of the axes of
-    :func:`plan_axes` on it, the collectives of each degree run in the groups of the axes it
-    spans (:meth:`ParallelismMatrix.groups`); the one with the lowest iteration time under
+    regular sub-machine of the plan's width (:func:`sub_hierarchies`; the whole machine when the
+    plan uses every device) and every parallelism matrix of the axes of :func:`plan_axes` on it, the
+    collectives of each degree run in the groups of the axes it spans
+    (:meth:`ParallelismMatrix.groups`); the one with the lowest iteration time under
     :func:`pcgopt.extract.costmodel.cost.iteration_cost` is kept (feasible ones first). Reductions
-    that
-    span levels are priced with the best synthesized program, so placement and reduction
-    strategy are chosen together. The nodes of a branch narrowed to one group of fewer devices
-    keep the default's consecutive devices (:func:`_axis_nodes`), so that the machine mapping
-    can run the branch beside others. Plans whose axes cannot be named keep the cost model's
-    default placement, with the reason (``default_cost``: its cost, if already known).
-    ``time_limit_s``: checked before every matrix but the first; the matrices not reached are
-    counted in :attr:`PlanPlacement.untried`."""
+    that span levels are priced with the best synthesized program, so placement and reduction
+    strategy are chosen together. The nodes of a branch narrowed to one group of fewer devices keep
+    the default's consecutive devices (:func:`_axis_nodes`), so that the machine mapping can run the
+    branch beside others. Plans whose axes cannot be named keep the cost model's default placement,
+    with the reason (``default_cost``: its cost, if already known). ``time_limit_s``: checked before
+    every matrix but the first; the matrices not reached are counted in
+    :attr:`PlanPlacement.untried`."""
     nodes = _axis_nodes(pcg)
     axes, spans, reason = _axes_of(nodes)
     default = default_cost or iteration_cost(pcg, machine, optimizer=optimizer)

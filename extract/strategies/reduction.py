@@ -52,9 +52,8 @@ machine and checks it.
 
 **Simulation** (section 5). :func:`simulate` prices each step with
 :func:`pcgopt.extract.costmodel.cost.collective_cost` (flat alpha-beta algorithms; the groups of a
-step run
-at once and share the links of the units they occupy, so contention on a node's network link is
-counted) on the step's per-device message, and adds the steps. :func:`best_reduction` ranks
+step run at once and share the links of the units they occupy, so contention on a node's network
+link is counted) on the step's per-device message, and adds the steps. :func:`best_reduction` ranks
 every (placement, program) pair. The cost model uses the best program for an AllReduce or Reduce
 that spans levels of the hierarchy (:func:`best_program`).
 

@@ -1,8 +1,7 @@
 """The collectives a compiled plan runs, beside the ones the cost model charges for it.
 
 The cost model (:func:`pcgopt.extract.costmodel.cost.iteration_cost`) charges every parallel node
-its
-collectives (a Combine a gather forward and a scatter backward, a replicated weight its gradient
+its collectives (a Combine a gather forward and a scatter backward, a replicated weight its gradient
 all-reduce, ...). An SPMD program runs the same plan with every device holding what it needs, so
 some of them take another form there (:func:`spmd_form`):
 

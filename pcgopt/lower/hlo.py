@@ -8,9 +8,8 @@ the backward pass. XLA combines collectives of one kind into a tuple (all gradie
 all-reduces in one, say); each operand is reported as a collective of its own, marked
 ``combined``. No JAX is needed: the input is text.
 
-**Bytes** are what every device sends, summed over all devices and groups, for the algorithms
-the cost model charges (:func:`pcgopt.extract.costmodel.cost.flat_coefficients`), with ``n`` the
-bytes
+**Bytes** are what every device sends, summed over all devices and groups, for the algorithms the
+cost model charges (:func:`pcgopt.extract.costmodel.cost.flat_coefficients`), with ``n`` the bytes
 of a device's buffer and ``p`` devices per group::
 
     all-reduce          2 (p-1) n      per group (ring)

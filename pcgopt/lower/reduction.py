@@ -13,12 +13,11 @@ whose groups vary synthesis levels ``i..j`` is one collective over the mesh axes
     Reduce          lax.psum, kept by the first member only
     Broadcast       lax.psum of the first member's data (the others contribute zeros)
 
-Every device keeps a buffer of all ``k`` chunks (``k`` the size of a reduction group); which
-chunks it holds before each step, and so which rows it sends and where the result goes, comes
-from the state semantics of :mod:`pcgopt.extract.strategies.reduction`, as per-device index tables
-fed to
-the mapped function. A ``Master`` step runs its collective in every parallel group, and only the
-first devices keep the result (the state semantics say the others are untouched).
+Every device keeps a buffer of all ``k`` chunks (``k`` the size of a reduction group); which chunks
+it holds before each step, and so which rows it sends and where the result goes, comes from the
+state semantics of :mod:`pcgopt.extract.strategies.reduction`, as per-device index tables fed to the
+mapped function. A ``Master`` step runs its collective in every parallel group, and only the first
+devices keep the result (the state semantics say the others are untouched).
 
 On a CPU, ``XLA_FLAGS=--xla_force_host_platform_device_count=N`` (set before JAX starts) gives
 ``N`` virtual devices, enough to check a program against a plain AllReduce
