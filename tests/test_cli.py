@@ -111,6 +111,22 @@ def test_optimize_deterministic_writes_the_same_plan_twice(tmp_path, capsys):
     assert plans[0][3] > 0  # the e-graph was searched: the budget was not the limit
 
 
+def test_optimize_prints_nothing_of_a_library_on_standard_output():
+    # In a process of its own: HiGHS prints its licence banner to file descriptor 1 when the
+    # first solver of a process is made, which the exact extraction does here.
+    argv = ["optimize", "mnist_mlp", "--small", "--machine", "summit:1:2", "--budget", "1"]
+    done = subprocess.run(
+        [sys.executable, "-m", "pcgopt", *argv, "--quiet", "--no-check"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("plan for summit"), done.stdout[:300]
+    assert "extraction Extraction(ilp" in done.stdout  # a HiGHS solver was made
+    assert "HiGHS" not in done.stdout
+
+
 def test_optimize_names_a_bad_machine(capsys):
     assert main(["optimize", "mnist_mlp", "--machine", "summit:two"]) == 2
     assert "machine spec 'summit:two'" in capsys.readouterr().err

@@ -37,9 +37,12 @@ Two extractors over this model:
 from __future__ import annotations
 
 import heapq
+import os
+import sys
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import networkx as nx
 import numpy as np
@@ -540,6 +543,21 @@ def _needed_classes(egraph: EGraphData) -> list[int]:
     return sorted(seen)
 
 
+def quiet_highs(highspy: Any) -> Any:
+    """A HiGHS solver, without the licence banner the first one in a process prints to standard
+    output whatever its options (``pcgopt optimize`` writes the plan there): the process's
+    standard output is pointed at the null device while it is made."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 1)
+            return highspy.Highs()
+    finally:
+        os.dup2(saved, 1)
+        os.close(saved)
+
+
 def extract_ilp(
     costs: ENodeCosts,
     *,
@@ -585,7 +603,7 @@ def extract_ilp(
             upper[x0 + j] = 0
     for k, c in enumerate(classes):
         cost[s0 + k] = costs.stored_s[c]
-    h = highspy.Highs()
+    h = quiet_highs(highspy)
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit_s))
     if node_limit is not None:
