@@ -160,7 +160,7 @@ def _derivable(egraph: EGraphData, allowed: np.ndarray) -> np.ndarray:
 
 
 #: Costing an exported e-graph (:func:`enode_costs`) and its greedy extractions take about this
-#: long per e-node: 1.6 s for 75,669 e-nodes (BERT-Large's 4 distinct segments on 32 GPUs, 10
+#: long per e-node: 1.6 s for 75,669 e-nodes (BERT-Large's 4 distinct segments on 64 GPUs, 10
 #: extractions; ``python bench/budgets.py`` with progress, 2026-11-27). Saturation leaves this
 #: much time per e-node of the e-graph it hands over (:class:`~pcgopt.egraph.Budget`).
 EXTRACTION_SECONDS_PER_ENODE = 20e-6

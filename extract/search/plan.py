@@ -516,7 +516,7 @@ def mapped_cost(
 #: (:func:`check_seconds`): per plan node, per task of the parallel evaluator (one per shard
 #: and partial sum of a node's output), and per task of a windowed operator (its numpy
 #: windows cost more per call). Fitted to the check of the data-parallel and Megatron plans of
-#: six zoo models on 8 and 32 GPUs (0.02-2.7 s) and rounded up: the constants predict 0.71-2.2x
+#: six zoo models on 16 and 64 GPUs (0.02-2.7 s) and rounded up: the constants predict 0.71-2.2x
 #: of each measured time; plans have 1.4-1.7 nodes per model node.
 CHECK_SECONDS_PER_NODE = 0.5e-3
 CHECK_SECONDS_PER_TASK = 15e-6
@@ -593,7 +593,7 @@ DETERMINISTIC_BUDGET = Budget(iterations=2, enodes=50_000, seconds=math.inf, spe
 
 #: The layer-wise searches' limit in a deterministic search: coordinate descent from the best
 #: uniform start only, for at most this many evaluated assignments, then Metropolis-Hastings
-#: for as many steps (BERT-Large on 32 GPUs evaluates one in about 0.2 s).
+#: for as many steps (BERT-Large on 64 GPUs evaluates one in about 0.2 s).
 DETERMINISTIC_EVALUATIONS = 24
 
 #: The exact extraction's branch-and-bound node limit in a deterministic search, where it has
@@ -643,10 +643,10 @@ def saturate_and_extract(
     building the baselines and the rest of loading the rules before it and exporting the
     e-graph after it, extraction 24%, the branch-parallel plan 8%, placement and mapping 8%).
     Saturation runs into greedy extraction's share as long as its e-graph leaves the time to
-    cost and extract it, and stops before an iteration predicted not to leave that time
-    (the first one included). Time a phase
-    leaves unused goes to the next one; time it overruns comes out of its own successors'
-    (limits are checked between steps, so a step in progress can overrun them).
+    cost and extract it, and stops before an iteration predicted not to leave that time (the
+    first one included). Time a phase leaves unused goes to the next one; time it overruns
+    comes out of its own successors' (limits are checked between steps, so a step in progress
+    can overrun them).
     ``python bench/budgets.py`` measures the adherence. A check predicted to take more than
     the budget still runs (the search keeps :data:`MIN_SEARCH_SHARE`): the call then
     overruns by it;
@@ -673,10 +673,9 @@ def saturate_and_extract(
     budget, the one limit that still depends on the process), the layer-wise searches at
     :data:`DETERMINISTIC_EVALUATIONS` (their random choices are seeded), the exact
     extraction at :data:`DETERMINISTIC_ILP_NODES` branch-and-bound nodes, and the other
-    phases run to their end. Otherwise these phases stop at
-    their share of the time budget, so what they find depends on how fast they run:
-    the layer-wise searches, saturation, extraction, the branch-parallel search and the
-    placement search.
+    phases run to their end. Otherwise these phases stop at their share of the time budget, so
+    what they find depends on how fast they run: the layer-wise searches, saturation,
+    extraction, the branch-parallel search and the placement search.
 
     A candidate that the placement or the machine mapping rejects (:class:`CostError`, a
     bug) is left out with a warning, and the others still compete; if none is left, the
@@ -1033,8 +1032,8 @@ class _Search:
         leaves), or in a deterministic search :data:`DETERMINISTIC_BUDGET`. No speculative
         iterations: they would use up the whole share whenever the next iteration is
         predicted not to fit (the suite's searches took 40% longer with them), though the
-        prediction of the second iteration is rough (BERT-Large's segments on 32 GPUs grew 2x
-        where 6x is predicted; with it the plan is 21% faster)."""
+        prediction of the second iteration is rough (BERT-Large's segments on 64 GPUs grew 2x
+        where 6x is predicted; with it the plan is 20% faster)."""
         if self.deterministic:
             return replace(DETERMINISTIC_BUDGET, memory_bytes=self.memory_budget)
         return Budget(
