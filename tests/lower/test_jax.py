@@ -24,6 +24,7 @@ from pcgopt.lower.jax import (  # noqa: E402
     reference_loss_and_grads,
     shardings,
 )
+from pcgopt.lower.layout import LayoutError  # noqa: E402
 from pcgopt.lower.run import devices_needed, run_plan  # noqa: E402
 
 RTOL = 1e-4
@@ -61,7 +62,13 @@ def _width(pcg) -> int:
 @given(small_pcgs(max_ops=8))
 def test_random_plans_run_as_the_reference_evaluator_and_the_unsharded_model_say(pcg):
     assume(_width(pcg) > 1 and devices_needed(pcg) <= 8)
-    _runs_as_its_reference(pcg)
+    try:
+        _runs_as_its_reference(pcg)
+    except LayoutError:
+        # Some random plans tie two splits of one tensor to the same devices (a transpose that
+        # swaps split dimensions): no SPMD layout holds them, and the lowering says so before
+        # anything runs (tests/lower/test_layout.py checks that error); the others must run.
+        assume(False)
 
 
 @settings(max_examples=15)
