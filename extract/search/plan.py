@@ -718,17 +718,7 @@ def saturate_and_extract(
         v[0] for v in (*layerwise.values(), *extra.values()) if v is not None and v[0] != pcg
     ]
 
-    # The baselines are built before saturation, so that their time comes out of its share
-    # (the phases after it have shares of their own); graph splitting seeds with them.
-    start = time.perf_counter()
-    fixed = _baselines(pcg, machine, optimizer, say) if baselines else {}
-    if baselines:
-        fixed.update(_on_one_node(pcg, machine, optimizer, say))
-    phases["baselines"] = time.perf_counter() - start
-    # Graph splitting seeds with the whole machine's baselines (their layouts at the cuts).
-    baseline_plans = [
-        v[0] for k, v in fixed.items() if k in ("data parallel", "megatron") and v is not None
-    ]
+    fixed, baseline_plans = _baseline_phase(search, baselines)
     extracted, explored = _explore(search, seed_plans, baseline_plans, split, min_segment_ops)
 
     start = time.perf_counter()
@@ -860,6 +850,23 @@ def _baselines(
             say(f"baseline {name} does not apply: {e}")
             fixed[name] = None
     return fixed
+
+
+def _baseline_phase(
+    search: _Search, build: bool
+) -> tuple[dict[str, tuple[PCG, CostBreakdown] | None], list[PCG]]:
+    """The baselines phase (if ``build``): the data-parallel, Megatron and sequential plans and
+    those of one node, built before saturation so that their time comes out of its share (the
+    phases after it have shares of their own); and the plans graph splitting seeds with, the
+    whole machine's data-parallel and Megatron ones (for their layouts at the cuts)."""
+    start = time.perf_counter()
+    fixed: dict[str, tuple[PCG, CostBreakdown] | None] = {}
+    if build:
+        fixed = _baselines(search.pcg, search.machine, search.optimizer, search.say)
+        fixed.update(_on_one_node(search.pcg, search.machine, search.optimizer, search.say))
+    search.phases["baselines"] = time.perf_counter() - start
+    seeds = [v[0] for k, v in fixed.items() if k in ("data parallel", "megatron") and v]
+    return fixed, seeds
 
 
 def _on_one_node(
