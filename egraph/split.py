@@ -139,8 +139,12 @@ def saturate_split(
     )
 
 
+#: A segment's e-graph, the map from its source names to the model's, and its entry input.
+Part = tuple[EGraphData, Mapping[str, str], str | None]
+
+
 def join_segments(
-    parts: Sequence[tuple[EGraphData, Mapping[str, str], str | None]],
+    parts: Sequence[Part],
     *,
     sources: Sequence[tuple[Node, ParallelTensorShape]] = (),
 ) -> EGraphData:
@@ -154,44 +158,68 @@ def join_segments(
 
     Copies of one segment's e-graph share its tables: only e-classes a merge touches are
     visited by the closure, and each e-node once when the result is written."""
-    class_off: list[int] = []
-    node_off: list[int] = []
-    users_of: dict[int, list[list[int]]] = {}  # per distinct e-graph: e-class -> its users
-    total_classes = total_nodes = 0
-    for data, _, _ in parts:
-        class_off.append(total_classes)
-        node_off.append(total_nodes)
-        total_classes += data.num_eclasses
-        total_nodes += data.num_enodes
-        if id(data) not in users_of:
-            users: list[list[int]] = [[] for _ in data.classes]
-            for i, n in enumerate(data.nodes):
-                for c in n.children:
-                    users[c].append(i)
-            users_of[id(data)] = users
-    parent = list(range(total_classes))
-    pending: list[tuple[int, int]] = []
-    first_source: dict[str, int] = {}
-    skip: set[int] = set()  # global ids of the entry inputs' e-nodes
-    for k, (data, back, entry) in enumerate(parts):
-        if k and entry is None:
-            raise ValueError(f"segment {k} has no entry input to join to segment {k - 1}")
-        off = class_off[k]
-        for c, members in enumerate(data.classes):
-            for i in members:
-                name = data.nodes[i].name
-                if name is None:
-                    continue
-                if name == entry:
-                    before = parts[k - 1][0]
-                    pending.append((class_off[k - 1] + before.roots[0], off + c))
-                    skip.add(node_off[k] + i)
-                    continue
-                real = back.get(name, name)
-                if first_source.setdefault(real, off + c) != off + c:
-                    pending.append((first_source[real], off + c))
+    join = _Join(parts)
+    join.close(join.initial_merges())
+    return join.result(sources)
 
-    def find(c: int) -> int:
+
+class _Join:
+    """The state of :func:`join_segments`: every part's e-classes and e-nodes numbered
+    globally (part ``k``'s from ``class_off[k]``/``node_off[k]``), a union-find over the
+    e-classes, and the users of each merged e-class."""
+
+    def __init__(self, parts: Sequence[Part]) -> None:
+        self.parts = parts
+        self.class_off: list[int] = []
+        self.node_off: list[int] = []
+        # Per distinct e-graph: e-class -> the e-nodes that use it.
+        self.users_of: dict[int, list[list[int]]] = {}
+        total_classes = total_nodes = 0
+        for data, _, _ in parts:
+            self.class_off.append(total_classes)
+            self.node_off.append(total_nodes)
+            total_classes += data.num_eclasses
+            total_nodes += data.num_enodes
+            if id(data) not in self.users_of:
+                users: list[list[int]] = [[] for _ in data.classes]
+                for i, n in enumerate(data.nodes):
+                    for c in n.children:
+                        users[c].append(i)
+                self.users_of[id(data)] = users
+        self.total_classes = total_classes
+        self.parent = list(range(total_classes))
+        self.first_source: dict[str, int] = {}
+        self.skip: set[int] = set()  # global ids of the entry inputs' e-nodes
+        # Users (global e-node ids) of the e-classes merged so far, by their root.
+        self.merged_users: dict[int, list[int]] = {}
+        self.touched: set[int] = set()
+
+    def initial_merges(self) -> list[tuple[int, int]]:
+        """Each entry input's e-class with the previous part's first root, and each source
+        with the first of its (model) name."""
+        pending: list[tuple[int, int]] = []
+        parts, class_off, node_off = self.parts, self.class_off, self.node_off
+        for k, (data, back, entry) in enumerate(parts):
+            if k and entry is None:
+                raise ValueError(f"segment {k} has no entry input to join to segment {k - 1}")
+            off = class_off[k]
+            for c, members in enumerate(data.classes):
+                for i in members:
+                    name = data.nodes[i].name
+                    if name is None:
+                        continue
+                    if name == entry:
+                        before = parts[k - 1][0]
+                        pending.append((class_off[k - 1] + before.roots[0], off + c))
+                        self.skip.add(node_off[k] + i)
+                        continue
+                    real = back.get(name, name)
+                    if self.first_source.setdefault(real, off + c) != off + c:
+                        pending.append((self.first_source[real], off + c))
+        return pending
+
+    def find(self, c: int) -> int:
+        parent = self.parent
         root = c
         while parent[root] != root:
             root = parent[root]
@@ -199,105 +227,106 @@ def join_segments(
             parent[c], c = root, parent[c]
         return root
 
-    def locate(c: int) -> tuple[int, int]:
-        k = bisect_right(class_off, c) - 1
-        return k, c - class_off[k]
+    def _shape_of(self, c: int) -> ParallelTensorShape | None:
+        k = bisect_right(self.class_off, c) - 1
+        return self.parts[k][0].shapes[c - self.class_off[k]]
 
-    def shape_of(c: int) -> ParallelTensorShape | None:
-        k, local = locate(c)
-        return parts[k][0].shapes[local]
-
-    # Users (global e-node ids) of the e-classes merged so far, by their root.
-    merged_users: dict[int, list[int]] = {}
-
-    def users(root: int) -> list[int]:
-        found = merged_users.get(root)
+    def _users(self, root: int) -> list[int]:
+        found = self.merged_users.get(root)
         if found is None:
-            k, local = locate(root)
-            found = [node_off[k] + i for i in users_of[id(parts[k][0])][local]]
+            k = bisect_right(self.class_off, root) - 1
+            local = root - self.class_off[k]
+            found = [self.node_off[k] + i for i in self.users_of[id(self.parts[k][0])][local]]
         return found
 
-    def key(g: int) -> tuple:
-        k = bisect_right(node_off, g) - 1
-        data = parts[k][0]
-        n = data.nodes[g - node_off[k]]
-        off = class_off[k]
-        name = None if n.name is None else parts[k][1].get(n.name, n.name)
-        return (n.op, n.params, tuple(find(off + c) for c in n.children), name)
+    def _key_and_owner(self, g: int) -> tuple[tuple, int]:
+        """E-node ``g``'s hash-cons key (children by their root, sources by model name) and
+        its e-class."""
+        k = bisect_right(self.node_off, g) - 1
+        data, back = self.parts[k][0], self.parts[k][1]
+        n = data.nodes[g - self.node_off[k]]
+        off = self.class_off[k]
+        name = None if n.name is None else back.get(n.name, n.name)
+        return (n.op, n.params, tuple(self.find(off + c) for c in n.children), name), off + n.eclass
 
-    def owner(g: int) -> int:
-        k = bisect_right(node_off, g) - 1
-        return class_off[k] + parts[k][0].nodes[g - node_off[k]].eclass
-
-    touched: set[int] = set()
-    while pending:
-        a, b = pending.pop()
-        ra, rb = find(a), find(b)
-        if ra == rb:
-            continue
-        sa, sb = shape_of(ra), shape_of(rb)
-        if sa != sb:
-            raise ShapeConflictError(
-                f"joining the segments merges e-classes of different shapes ({sa!r} and "
-                f"{sb!r}): a segment's entry is not its predecessor's exit"
-            )
-        both = users(ra) + users(rb)
-        parent[rb] = ra
-        touched.update((ra, rb))
-        merged_users.pop(rb, None)
-        merged_users[ra] = both
-        # Congruence: two e-nodes that now have the same key put their e-classes together.
-        # Only users of the merged classes can have changed key.
-        seen: dict[tuple, int] = {}
-        for g in both:
-            if g in skip:
+    def close(self, pending: list[tuple[int, int]]) -> None:
+        """Merge the ``pending`` pairs and, by congruence, every pair that became equal."""
+        find = self.find
+        while pending:
+            a, b = pending.pop()
+            ra, rb = find(a), find(b)
+            if ra == rb:
                 continue
-            other = seen.setdefault(key(g), g)
-            if other != g and find(owner(other)) != find(owner(g)):
-                pending.append((owner(other), owner(g)))
-
-    # The result: dense ids for the surviving e-classes; e-nodes that merging made equal
-    # (users of touched e-classes, sources of one name) kept once.
-    dense = [-1] * total_classes
-    classes: list[list[int]] = []
-    out_shapes: list[ParallelTensorShape | None] = []
-    for k, (data, _, _) in enumerate(parts):
-        off = class_off[k]
-        for c in range(data.num_eclasses):
-            r = find(off + c)
-            if dense[r] < 0:
-                dense[r] = len(classes)
-                classes.append([])
-                out_shapes.append(data.shapes[c] if r == off + c else shape_of(r))
-            dense[off + c] = dense[r]
-    touched_dense = {dense[c] for c in touched}
-    nodes: list[ENode] = []
-    kept: set[tuple] = set()
-    for k, (data, back, _) in enumerate(parts):
-        off, first = class_off[k], node_off[k]
-        view = dense[off : off + data.num_eclasses]
-        for i, n in enumerate(data.nodes):
-            if first + i in skip:
-                continue
-            kids = tuple([view[c] for c in n.children])
-            cls = view[n.eclass]
-            name = n.name
-            if name is not None:
-                name = back.get(name, name)
-            if name is not None or cls in touched_dense or any(c in touched_dense for c in kids):
-                marker = (n.op, n.params, kids, name)
-                if marker in kept:
+            sa, sb = self._shape_of(ra), self._shape_of(rb)
+            if sa != sb:
+                raise ShapeConflictError(
+                    f"joining the segments merges e-classes of different shapes ({sa!r} and "
+                    f"{sb!r}): a segment's entry is not its predecessor's exit"
+                )
+            both = self._users(ra) + self._users(rb)
+            self.parent[rb] = ra
+            self.touched.update((ra, rb))
+            self.merged_users.pop(rb, None)
+            self.merged_users[ra] = both
+            # Congruence: two e-nodes that now have the same key put their e-classes
+            # together. Only users of the merged classes can have changed key.
+            seen: dict[tuple, int] = {}
+            for g in both:
+                if g in self.skip:
                     continue
-                kept.add(marker)
-            classes[cls].append(len(nodes))
-            nodes.append(ENode(n.op, n.params, kids, cls, name))
-    for node, shape in sources:
-        if node.name in first_source:
-            continue
-        first_source[node.name] = -1
-        classes.append([len(nodes)])
-        out_shapes.append(shape)
-        nodes.append(ENode(node.op, node.params, (), len(classes) - 1, node.name))
-    last = parts[-1][0]
-    roots = tuple(dense[class_off[-1] + r] for r in last.roots)
-    return EGraphData(nodes, classes, out_shapes, roots)
+                key, cls = self._key_and_owner(g)
+                other = seen.setdefault(key, cls)
+                if other != cls and find(other) != find(cls):
+                    pending.append((other, cls))
+
+    def result(self, sources: Sequence[tuple[Node, ParallelTensorShape]]) -> EGraphData:
+        """The joined e-graph: dense ids for the surviving e-classes; e-nodes that merging
+        made equal (users of touched e-classes, sources of one name) kept once; the model's
+        ``sources`` no part reads added."""
+        parts, class_off, find = self.parts, self.class_off, self.find
+        dense = [-1] * self.total_classes
+        classes: list[list[int]] = []
+        out_shapes: list[ParallelTensorShape | None] = []
+        for k, (data, _, _) in enumerate(parts):
+            off = class_off[k]
+            for c in range(data.num_eclasses):
+                r = find(off + c)
+                if dense[r] < 0:
+                    dense[r] = len(classes)
+                    classes.append([])
+                    out_shapes.append(data.shapes[c] if r == off + c else self._shape_of(r))
+                dense[off + c] = dense[r]
+        touched_dense = {dense[c] for c in self.touched}
+        nodes: list[ENode] = []
+        kept: set[tuple] = set()
+        for k, (data, back, _) in enumerate(parts):
+            off, first = class_off[k], self.node_off[k]
+            view = dense[off : off + data.num_eclasses]
+            for i, n in enumerate(data.nodes):
+                if first + i in self.skip:
+                    continue
+                kids = tuple([view[c] for c in n.children])
+                cls = view[n.eclass]
+                name = n.name
+                if name is not None:
+                    name = back.get(name, name)
+                if (
+                    name is not None
+                    or cls in touched_dense
+                    or any(c in touched_dense for c in kids)
+                ):
+                    marker = (n.op, n.params, kids, name)
+                    if marker in kept:
+                        continue
+                    kept.add(marker)
+                classes[cls].append(len(nodes))
+                nodes.append(ENode(n.op, n.params, kids, cls, name))
+        for node, shape in sources:
+            if node.name in self.first_source:
+                continue
+            self.first_source[node.name] = -1
+            classes.append([len(nodes)])
+            out_shapes.append(shape)
+            nodes.append(ENode(node.op, node.params, (), len(classes) - 1, node.name))
+        roots = tuple(dense[class_off[-1] + r] for r in parts[-1][0].roots)
+        return EGraphData(nodes, classes, out_shapes, roots)

@@ -1126,55 +1126,82 @@ def iteration_cost(
         raise CostError(f"pcg must be a pcgopt.PCG, got {type(pcg).__name__}")
     if not isinstance(machine, Machine):
         raise CostError(f"machine must be a pcgopt.Machine, got {type(machine).__name__}")
-    opt = _optimizer(optimizer)
-    placement = _Placement(pcg, machine, devices)
-    device = machine.device
-    acc = {n.name: _Acc() for n in pcg.nodes}
-    m = _check_micro_batches(pcg, micro_batches)
-    on_data: dict[str, bool] = {}
-    for n in pcg.nodes:
-        on_data[n.name] = n.op == "input" or any(on_data[r.node] for r in n.inputs)
+    it = _Iteration(
+        pcg,
+        machine,
+        _optimizer(optimizer),
+        _Placement(pcg, machine, devices),
+        reduction_cost,
+        _check_micro_batches(pcg, micro_batches),
+    )
+    devices_used = it.add_node_times()
+    memory = it.add_memory_and_updates()
+    return it.breakdown(memory, devices_used)
 
-    # Which tensors need a gradient, and which nodes only load or store a source in a layout.
-    needs_grad: dict[str, bool] = {}
-    for n in pcg.nodes:
-        if n.op == "weight":
-            needs_grad[n.name] = bool(n.params["trainable"])
-        else:
-            needs_grad[n.name] = any(needs_grad[r.node] for r in n.inputs)
-    source_of, stored_below = source_layouts(pcg)
-    consumers = pcg.consumers()
 
-    sparse: dict[str, int | None] = {}
+class _Iteration:
+    """One :func:`iteration_cost` call's facts about the PCG, and the per-node costs being
+    added up: times and collectives first, then memory and updates, then the breakdown."""
 
-    def touched_bytes(weight: str, layout: ParallelTensorShape) -> int:
+    def __init__(
+        self,
+        pcg: PCG,
+        machine: Machine,
+        opt: Optimizer,
+        placement: _Placement,
+        reduction_cost: ReductionCost | None,
+        micro_batches: int,
+    ) -> None:
+        self.pcg, self.machine, self.opt, self.placement = pcg, machine, opt, placement
+        self.reduction_cost = reduction_cost
+        self.m = micro_batches
+        self.acc = {n.name: _Acc() for n in pcg.nodes}
+        # Which nodes carry the data (and so a micro-batch's share), which tensors need a
+        # gradient, and which nodes only load or store a source in a layout.
+        self.on_data: dict[str, bool] = {}
+        self.needs_grad: dict[str, bool] = {}
+        for n in pcg.nodes:
+            self.on_data[n.name] = n.op == "input" or any(self.on_data[r.node] for r in n.inputs)
+            if n.op == "weight":
+                self.needs_grad[n.name] = bool(n.params["trainable"])
+            else:
+                self.needs_grad[n.name] = any(self.needs_grad[r.node] for r in n.inputs)
+        self.source_of, self.stored_below = source_layouts(pcg)
+        self.consumers = pcg.consumers()
+        self._gradient_rows: dict[str, int | None] = {}
+
+    def touched_bytes(self, weight: str, layout: ParallelTensorShape) -> int:
         """Bytes of one shard of ``weight`` (stored as ``layout``) an iteration's gradient can
         make non-zero: every row, unless every reader of the weight's stored layouts only
         looks rows up (an embedding table), then at most one row per index read."""
-        if weight not in sparse:
+        pcg = self.pcg
+        if weight not in self._gradient_rows:
             rows: int | None = 0
-            for stored in stored_below[weight]:
-                for c, slot in consumers.get(TensorRef(stored), ()):
-                    if c in source_of:
+            for stored in self.stored_below[weight]:
+                for c, slot in self.consumers.get(TensorRef(stored), ()):
+                    if c in self.source_of:
                         continue
                     reader = pcg.node(c)
                     sizes = tuple(s.sizes for s in pcg.input_shapes(c))
                     found = reader.spec.gradient_rows(reader.params, sizes, slot)
                     rows = None if found is None or rows is None else rows + found
-            sparse[weight] = rows
-        rows = sparse[weight]
+            self._gradient_rows[weight] = rows
+        rows = self._gradient_rows[weight]
         if rows is None or layout.rank == 0:
             return layout.shard_nbytes
         shard_rows = max(1, layout.sizes[0] // layout.degrees[0])
         return min(layout.shard_nbytes, rows * (layout.shard_nbytes // shard_rows))
 
-    def collective(kind: str, groups, nbytes: float, name: str | None = None) -> CollectiveCost:
+    def collective(
+        self, kind: str, groups, nbytes: float, name: str | None = None
+    ) -> CollectiveCost:
         """One collective, or (``name`` given, with gradient accumulation) the ``m`` that node
         runs, one per micro-batch."""
+        m, machine, timer = self.m, self.machine, self.reduction_cost
         if m == 1 or name is None:
-            return collective_cost(kind, groups, nbytes, machine, reduction_cost=reduction_cost)
-        share = nbytes / m if on_data[name] else nbytes
-        one = collective_cost(kind, groups, share, machine, reduction_cost=reduction_cost)
+            return collective_cost(kind, groups, nbytes, machine, reduction_cost=timer)
+        share = nbytes / m if self.on_data[name] else nbytes
+        one = collective_cost(kind, groups, share, machine, reduction_cost=timer)
         return replace(
             one,
             seconds=m * one.seconds,
@@ -1185,7 +1212,8 @@ def iteration_cost(
             ),
         )
 
-    def fits(n: Node, count: int, what: str, unit: str = "") -> None:
+    def _fits(self, n: Node, count: int, what: str, unit: str = "") -> None:
+        machine = self.machine
         if count > machine.num_devices:
             raise CostError(
                 f"node {n.name!r} ({n.op}) {what}, but machine {machine.name!r} has "
@@ -1193,122 +1221,143 @@ def iteration_cost(
                 node=n.name,
             )
 
-    devices_used = 1
-    for n in pcg.nodes:
-        a = acc[n.name]
-        spec = n.spec
+    def add_node_times(self) -> int:
+        """Each node's compute times and collectives; returns the devices the plan spans."""
+        devices_used = 1
+        for n in self.pcg.nodes:
+            if n.spec.kind is OpKind.COMPUTE:
+                devices_used = max(devices_used, self._add_compute(n))
+            elif n.spec.kind is OpKind.PARALLEL and n.op in _DUALS:
+                devices_used = max(devices_used, self._add_collectives(n))
+            elif n.spec.kind is OpKind.PARALLEL:
+                # Moves no data, but its tensors must fit the machine.
+                shapes = (*self.pcg.input_shapes(n.name), *self.pcg.output_shapes(n.name))
+                width = max(s.num_shards for s in shapes)
+                self._fits(n, width, f"spans {width} devices")
+                devices_used = max(devices_used, width)
+        return devices_used
+
+    def _add_compute(self, n: Node) -> int:
+        a, device = self.acc[n.name], self.machine.device
+        ins, outs = self.pcg.input_shapes(n.name), self.pcg.output_shapes(n.name)
+        tasks = outs[0].num_shards
+        self._fits(n, tasks, f"runs {tasks} tasks", " devices")
+        grads = tuple(self.needs_grad[r.node] for r in n.inputs)
+        a.flops, a.forward_s, a.backward_s = compute_times(n, ins, outs, grads, device)
+        a.grad_inputs = sum(grads)
+        if self.m > 1 and self.on_data[n.name]:
+            launches = (self.m - 1) * device.launch_overhead_s
+            a.forward_s += launches
+            a.backward_s += launches * sum(grads)
+        return tasks
+
+    def _add_collectives(self, n: Node) -> int:
+        """A parallel node that moves data: its collectives in the forward and backward pass,
+        or, for a replicated trainable weight, the gradient sync of each stored layout."""
+        a, pcg, placement = self.acc[n.name], self.pcg, self.placement
         ins, outs = pcg.input_shapes(n.name), pcg.output_shapes(n.name)
-        if spec.kind is OpKind.COMPUTE:
-            tasks = outs[0].num_shards
-            fits(n, tasks, f"runs {tasks} tasks", " devices")
-            devices_used = max(devices_used, tasks)
-            grads = tuple(needs_grad[r.node] for r in n.inputs)
-            a.flops, a.forward_s, a.backward_s = compute_times(n, ins, outs, grads, device)
-            a.grad_inputs = sum(grads)
-            if m > 1 and on_data[n.name]:
-                launches = (m - 1) * device.launch_overhead_s
-                a.forward_s += launches
-                a.backward_s += launches * sum(grads)
-        elif spec.kind is OpKind.PARALLEL and n.op in _DUALS:
-            degree = n.params["degree"]
-            width = max(ins[0].num_shards, outs[0].num_shards)
-            devices_used = max(devices_used, width)
-            nbytes = max(ins[0].shard_nbytes, outs[0].shard_nbytes)
-            if n.name not in source_of:
-                groups = placement.groups(n, degree, width)
-                for kind, purpose in parallel_collectives(n.op, needs_grad[n.inputs[0].node]):
-                    a.add(collective(kind, groups, nbytes, n.name), purpose)
-            elif n.op == "replicate" and needs_grad[n.name]:
-                # A replicated trainable weight: every copy must receive the summed gradient.
-                for layout in stored_below[n.name]:
-                    shape = pcg.shape(layout)
-                    groups = placement.groups(n, degree, shape.num_shards)
-                    nbytes = touched_bytes(source_of[n.name], shape)
-                    a.add(collective("all_reduce", groups, nbytes), "weight sync")
-            else:
-                placement.groups(n, degree, width)  # still on the machine
-        elif spec.kind is OpKind.PARALLEL:  # moves no data, but its tensors must fit the machine
-            width = max(s.num_shards for s in (*ins, *outs))
-            fits(n, width, f"spans {width} devices")
-            devices_used = max(devices_used, width)
+        degree = n.params["degree"]
+        width = max(ins[0].num_shards, outs[0].num_shards)
+        nbytes = max(ins[0].shard_nbytes, outs[0].shard_nbytes)
+        if n.name not in self.source_of:
+            groups = placement.groups(n, degree, width)
+            for kind, purpose in parallel_collectives(n.op, self.needs_grad[n.inputs[0].node]):
+                a.add(self.collective(kind, groups, nbytes, n.name), purpose)
+        elif n.op == "replicate" and self.needs_grad[n.name]:
+            # A replicated trainable weight: every copy must receive the summed gradient.
+            for layout in self.stored_below[n.name]:
+                shape = pcg.shape(layout)
+                groups = placement.groups(n, degree, shape.num_shards)
+                touched = self.touched_bytes(self.source_of[n.name], shape)
+                a.add(self.collective("all_reduce", groups, touched), "weight sync")
+        else:
+            placement.groups(n, degree, width)  # still on the machine
+        return width
 
-    # Memory and the optimizer update. Weights are kept in their stored layouts, once each.
-    weights = gradients = states = activations = 0
-    stored_weight: set[str] = set()
-    for n in pcg.nodes:
-        if n.op != "weight":
-            continue
-        trainable = bool(n.params["trainable"])
-        for layout in dict.fromkeys(stored_below[n.name]):
-            stored_weight.add(layout)
-            size = pcg.shape(layout).shard_nbytes
-            weights += size
-            acc[n.name].memory_bytes += size
-            if trainable:
-                gradients += size
-                states += opt.states * size
-                acc[n.name].memory_bytes += (1 + opt.states) * size
-                touched = touched_bytes(n.name, pcg.shape(layout))
-                acc[n.name].update_s += update_s(touched, opt, device)
-    kept: dict[TensorRef, None] = {}
-    for n in pcg.nodes:
-        if acc[n.name].grad_inputs:
-            for r in n.inputs:
-                if r.node not in stored_weight:
-                    kept[r] = None
-    for r in kept:
-        size = pcg.shape(r).shard_nbytes
-        if on_data[r.node]:
-            size = -(-size // m)  # one micro-batch's share
-        activations += size
-        acc[r.node].memory_bytes += size
+    def add_memory_and_updates(self) -> MemoryBreakdown:
+        """Memory per device and the optimizer update. Weights are kept in their stored
+        layouts, once each; activations are the tensors a backward pass reads."""
+        pcg, opt, device, acc = self.pcg, self.opt, self.machine.device, self.acc
+        weights = gradients = states = activations = 0
+        stored_weight: set[str] = set()
+        for n in pcg.nodes:
+            if n.op != "weight":
+                continue
+            trainable = bool(n.params["trainable"])
+            for layout in dict.fromkeys(self.stored_below[n.name]):
+                stored_weight.add(layout)
+                size = pcg.shape(layout).shard_nbytes
+                weights += size
+                acc[n.name].memory_bytes += size
+                if trainable:
+                    gradients += size
+                    states += opt.states * size
+                    acc[n.name].memory_bytes += (1 + opt.states) * size
+                    touched = self.touched_bytes(n.name, pcg.shape(layout))
+                    acc[n.name].update_s += update_s(touched, opt, device)
+        kept: dict[TensorRef, None] = {}
+        for n in pcg.nodes:
+            if acc[n.name].grad_inputs:
+                for r in n.inputs:
+                    if r.node not in stored_weight:
+                        kept[r] = None
+        for r in kept:
+            size = pcg.shape(r).shard_nbytes
+            if self.on_data[r.node]:
+                size = -(-size // self.m)  # one micro-batch's share
+            activations += size
+            acc[r.node].memory_bytes += size
+        return MemoryBreakdown(weights, gradients, states, activations)
 
-    per_node = {}
-    level_names = [level.name for level in machine.levels]
-    bytes_per_level = dict.fromkeys(level_names, 0.0)
-    seconds_per_level = dict.fromkeys(level_names, 0.0)
-    for n in pcg.nodes:
-        a = acc[n.name]
-        for c in a.collectives:
-            for name in level_names:
-                bytes_per_level[name] += c.bytes_per_level[name]
-                seconds_per_level[name] += c.seconds_per_level[name]
-        per_node[n.name] = NodeCost(
-            name=n.name,
-            op=n.op,
-            forward_s=a.forward_s,
-            backward_s=a.backward_s,
-            comm_forward_s=a.comm_forward_s,
-            comm_backward_s=a.comm_backward_s,
-            update_s=a.update_s,
-            comm_bytes=sum(c.bytes for c in a.collectives),
-            memory_bytes=a.memory_bytes,
-            flops=a.flops,
-            collectives=tuple(a.collectives),
+    def breakdown(self, memory: MemoryBreakdown, devices_used: int) -> CostBreakdown:
+        """The nodes' costs, added up (module docstring)."""
+        machine, device = self.machine, self.machine.device
+        per_node = {}
+        level_names = [level.name for level in machine.levels]
+        bytes_per_level = dict.fromkeys(level_names, 0.0)
+        seconds_per_level = dict.fromkeys(level_names, 0.0)
+        for n in self.pcg.nodes:
+            a = self.acc[n.name]
+            for c in a.collectives:
+                for name in level_names:
+                    bytes_per_level[name] += c.bytes_per_level[name]
+                    seconds_per_level[name] += c.seconds_per_level[name]
+            per_node[n.name] = NodeCost(
+                name=n.name,
+                op=n.op,
+                forward_s=a.forward_s,
+                backward_s=a.backward_s,
+                comm_forward_s=a.comm_forward_s,
+                comm_backward_s=a.comm_backward_s,
+                update_s=a.update_s,
+                comm_bytes=sum(c.bytes for c in a.collectives),
+                memory_bytes=a.memory_bytes,
+                flops=a.flops,
+                collectives=tuple(a.collectives),
+            )
+        nodes = per_node.values()
+        forward_s = sum(c.forward_s for c in nodes)
+        backward_s = sum(c.backward_s for c in nodes)
+        comm_s = sum(c.comm_s for c in nodes)
+        total_update_s = sum(c.update_s for c in nodes)
+        return CostBreakdown(
+            machine=f"{machine.name} ({machine.num_devices} x {device.name})",
+            optimizer=self.opt.name,
+            total_s=forward_s + backward_s + comm_s + total_update_s,
+            compute_s=forward_s + backward_s,
+            forward_s=forward_s,
+            backward_s=backward_s,
+            comm_s=comm_s,
+            update_s=total_update_s,
+            comm_bytes=sum(c.comm_bytes for c in nodes),
+            comm_bytes_per_level=MappingProxyType(bytes_per_level),
+            comm_s_per_level=MappingProxyType(seconds_per_level),
+            memory=memory,
+            memory_capacity=device.memory_bytes,
+            devices_used=devices_used,
+            per_node=MappingProxyType(per_node),
+            micro_batches=self.m,
         )
-    nodes = per_node.values()
-    forward_s = sum(c.forward_s for c in nodes)
-    backward_s = sum(c.backward_s for c in nodes)
-    comm_s = sum(c.comm_s for c in nodes)
-    total_update_s = sum(c.update_s for c in nodes)
-    return CostBreakdown(
-        machine=f"{machine.name} ({machine.num_devices} x {device.name})",
-        optimizer=opt.name,
-        total_s=forward_s + backward_s + comm_s + total_update_s,
-        compute_s=forward_s + backward_s,
-        forward_s=forward_s,
-        backward_s=backward_s,
-        comm_s=comm_s,
-        update_s=total_update_s,
-        comm_bytes=sum(c.comm_bytes for c in nodes),
-        comm_bytes_per_level=MappingProxyType(bytes_per_level),
-        comm_s_per_level=MappingProxyType(seconds_per_level),
-        memory=MemoryBreakdown(weights, gradients, states, activations),
-        memory_capacity=device.memory_bytes,
-        devices_used=devices_used,
-        per_node=MappingProxyType(per_node),
-        micro_batches=m,
-    )
 
 
 def _check_micro_batches(pcg: PCG, micro_batches: int) -> int:
