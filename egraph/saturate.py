@@ -118,14 +118,23 @@ class Budget:
             )
 
 
-#: How the second iteration is predicted: egglog's first has a fixed cost (about half a second
-#: with the shipped rules, whatever the size) and grows the loaded PCGs 58-77x, so neither its
-#: time nor its growth says much about the second. Measured on the development machine with
-#: the shipped rules (BERT-Large's segments on 48 and 64 GPUs, DLRM's on 48): the
-#: second iteration grew the e-graph 2.6-6.9x and took 31-42 us per e-node it left. Later
-#: iterations are predicted from the last one.
-SECOND_ITERATION_GROWTH = 6.0
-ITERATION_SECONDS_PER_ENODE = 40e-6
+#: How the second iteration is predicted: egglog's first has a fixed cost (about a second with
+#: the shipped rules, whatever the size), so its time says little about the second. Its
+#: e-nodes do: the second at most doubles them and adds up to about 40 per e-node loaded (the
+#: rules' first matches on the PCG and its seeds' layouts). Measured with the shipped rules,
+#: data-parallel and Megatron seeds, ``Budget(iterations=3)`` (2026-11-27, egglog 14), e-nodes
+#: after the first and second iteration, and the second's seconds per e-node it left:
+#: BERT-Large (4 distinct segments together) on dgx-a100:4 76,578 -> 151,896 (28 us), on
+#: summit:2 31,036 -> 55,560 (24 us); Inception-v3 (segments) on summit:4 2,939 -> 45,399
+#: (9 us); ResNeXt-50 on summit:2 1,727 -> 32,627 (9 us); Transformer on dgx-a100:1
+#: 36,655 -> 83,555 (20 us); MLP 3,168 -> 15,741 (27 us), DLRM 2,844 -> 13,136 (22 us),
+#: CANDLE-Uno 8,467 -> 29,320 (22 us), XDL 6,390 -> 17,091 (27 us) on summit:2. Predicted
+#: with the constants below: 233,000 e-nodes for BERT-Large on 64 GPUs (1.5x the measured),
+#: within 0.8-2.5x of the others. Later iterations are predicted from the last one.
+SECOND_ITERATION_GROWTH = 2.0
+SECOND_ITERATION_ENODES_PER_LOADED = 40
+SECOND_ITERATION_MIN_ADDED = 10_000
+ITERATION_SECONDS_PER_ENODE = 30e-6
 
 #: How the first iteration is predicted, so that it is not started when even its e-graph would
 #: not leave the time to export and extract it (the PCGs and their seeds are then extracted as
@@ -705,16 +714,17 @@ def _run(
         # it as the last one times the e-graph's last growth, at least doubled (on MNIST, 2
         # GPUs: 4.4x more e-nodes, the next iteration took 4x longer); the second from the
         # constants above.
-        first = len(history) == 1
-        if first:
-            growth = SECOND_ITERATION_GROWTH
-            iteration_s = ITERATION_SECONDS_PER_ENODE * nodes * growth
+        if len(history) == 1:
+            predicted_nodes = SECOND_ITERATION_GROWTH * nodes + max(
+                SECOND_ITERATION_ENODES_PER_LOADED * initial, SECOND_ITERATION_MIN_ADDED
+            )
+            iteration_s = ITERATION_SECONDS_PER_ENODE * predicted_nodes
             before_nodes, before_rss = initial, initial_rss
         else:
             growth = max(2.0, nodes / max(history[-2].enodes, 1))
             iteration_s = last_s * growth
+            predicted_nodes = nodes * growth
             before_nodes, before_rss = history[-2].enodes, history[-2].rss_bytes
-        predicted_nodes = nodes * growth
         # The export after the last iteration is in the budget too.
         if over_time(elapsed, now, iteration_s, predicted_nodes):
             reason = StopReason.TIME

@@ -525,6 +525,7 @@ def test_an_isolated_run_is_killed_at_its_time_limit_and_keeps_what_finished():
 
 def _pessimistic(monkeypatch) -> None:
     monkeypatch.setattr(saturate_module, "SECOND_ITERATION_GROWTH", 1e4)
+    monkeypatch.setattr(saturate_module, "ITERATION_SECONDS_PER_ENODE", 1.0)
 
 
 def _in_child(monkeypatch, action) -> None:
