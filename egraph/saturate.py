@@ -156,6 +156,14 @@ FIRST_ITERATION_GROWTH = 40.0
 EXPORT_SECONDS_PER_ENODE = 30e-6
 EXPORT_BYTES_PER_ENODE = 600
 
+#: The most memory an e-node is predicted to add. The first iteration's growth of the resident
+#: set is mostly egglog's fixed cost (its first matches build the rules' indexes), so over a small
+#: e-graph it reads as far more per e-node: Inception-v3's segments on 192 GPUs grew 215 MiB over
+#: 3,400 e-nodes (66 KB each), and their second iteration was predicted at 4.9 GB. Large
+#: e-graphs hold about 16 KB per e-node (CANDLE-Uno: 855,430 e-nodes in 13.1 GB; BERT-Large's
+#: segments on 64 GPUs: 150,431 in 3.3 GB with the rules and the process).
+MAX_BYTES_PER_ENODE = 24 * 1024
+
 #: A speculative child's export also goes to its parent, pickled: 7.5 us per e-node to pickle
 #: and 9.2 to unpickle BERT-Large's e-graph on 64 GPUs (702,229 e-nodes, 29 MiB).
 TRANSFER_SECONDS_PER_ENODE = 17e-6
@@ -736,6 +744,7 @@ def _run(
         per_enode = max(0, rss - initial_rss) / max(1, nodes - initial)
         if nodes - before_nodes >= nodes // 10:
             per_enode = max(per_enode, max(0, rss - before_rss) / max(1, nodes - before_nodes))
+        per_enode = min(per_enode, MAX_BYTES_PER_ENODE)
         predicted_rss = (
             footprint
             + per_enode * (predicted_nodes - nodes)
