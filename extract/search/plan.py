@@ -1038,9 +1038,9 @@ class _Search:
         """Saturation's budget: ``seconds`` (with the time to cost and extract what it
         leaves), or in a deterministic search :data:`DETERMINISTIC_BUDGET`. No speculative
         iterations: they would use up the whole share whenever the next iteration is
-        predicted not to fit (the suite's searches took 40% longer with them), though the
-        prediction of the second iteration is rough (BERT-Large's segments on 64 GPUs grew 2x
-        where 6x is predicted; with it the plan is 20% faster)."""
+        predicted not to fit (the suite's searches took 40% longer with them). The
+        predictions are fitted to measurements instead (``pcgopt.egraph.saturate``'s
+        ``SECOND_ITERATION_GROWTH`` and the constants beside it)."""
         if self.deterministic:
             return replace(DETERMINISTIC_BUDGET, memory_bytes=self.memory_budget)
         return Budget(
