@@ -121,16 +121,12 @@ class Budget:
 #: How the second iteration is predicted: egglog's first has a fixed cost (about a second with
 #: the shipped rules, whatever the size), so its time says little about the second. Its
 #: e-nodes do: the second at most doubles them and adds up to about 40 per e-node loaded (the
-#: rules' first matches on the PCG and its seeds' layouts). Measured with the shipped rules,
-#: data-parallel and Megatron seeds, ``Budget(iterations=3)`` (2026-11-27, egglog 14), e-nodes
-#: after the first and second iteration, and the second's seconds per e-node it left:
-#: BERT-Large (4 distinct segments together) on dgx-a100:4 76,578 -> 151,896 (28 us), on
-#: summit:2 31,036 -> 55,560 (24 us); Inception-v3 (segments) on summit:4 2,939 -> 45,399
-#: (9 us); ResNeXt-50 on summit:2 1,727 -> 32,627 (9 us); Transformer on dgx-a100:1
-#: 36,655 -> 83,555 (20 us); MLP 3,168 -> 15,741 (27 us), DLRM 2,844 -> 13,136 (22 us),
-#: CANDLE-Uno 8,467 -> 29,320 (22 us), XDL 6,390 -> 17,091 (27 us) on summit:2. Predicted
-#: with the constants below: 233,000 e-nodes for BERT-Large on 64 GPUs (1.5x the measured),
-#: within 0.8-2.5x of the others. Later iterations are predicted from the last one.
+#: rules' first matches on the PCG and its seeds' layouts), and takes 9-31 us per e-node it
+#: leaves. Measured by ``python bench/iteration_growth.py`` (bench/RESULTS.md, "Saturation's
+#: first iterations"; nine models with their seeds, e.g. BERT-Large's 4 distinct segments on
+#: dgx-a100:4: 666 e-nodes loaded, 76,578 after the first iteration, 151,896 after the second
+#: in 4.7 s): the constants below predict 1.04-1.60x the measured e-nodes. Later iterations are
+#: predicted from the last one.
 SECOND_ITERATION_GROWTH = 2.0
 SECOND_ITERATION_ENODES_PER_LOADED = 40
 SECOND_ITERATION_MIN_ADDED = 10_000
@@ -196,6 +192,9 @@ class Saturation:
     history: tuple[IterationStats, ...] = field(repr=False)
     num_rewrites: int = 0
     untranslated: tuple[tuple[str, str, str], ...] = field(default=(), repr=False)
+    #: E-nodes before the first iteration: the PCGs and their seeds as loaded (all problems'
+    #: together, for :func:`saturate_together` and :func:`~pcgopt.egraph.saturate_split`).
+    loaded_enodes: int = 0
 
     def contains(self, other: PCG) -> bool:
         """Whether ``other`` (node for node) is represented, with its outputs equal to the
@@ -664,7 +663,7 @@ def _run(
     start = run_start if started is None else started
     if state is None:
         state = _RunState(
-            initial_enodes=_enodes(eg, lang) if max_iterations is None else 0,
+            initial_enodes=_enodes(eg, lang),
             initial_rss=_rss(),
             last_end=run_start,
         )
@@ -890,6 +889,7 @@ def saturate_together(
         # The figures of the process whose e-graph was exported, and of its ancestors' memory.
         parts = pickle.loads(outcome.parts) if isinstance(outcome.parts, bytes) else outcome.parts
         reason, history, rewrites = outcome.reason, outcome.history, outcome.rewrites
+        loaded = outcome.loaded_enodes
         seconds = outcome.saturated_at - t0
         export_seconds = time.perf_counter() - outcome.saturated_at
         peak = outcome.peak_rss
@@ -910,6 +910,7 @@ def saturate_together(
             history=tuple(history),
             num_rewrites=rewrites,
             untranslated=base.untranslated,
+            loaded_enodes=loaded,
         )
         for part in parts
     ]
@@ -937,6 +938,7 @@ class _Outcome:
     saturated_at: float
     peak_rss: int
     parts: list[EGraphData] | bytes
+    loaded_enodes: int = 0
 
 
 def _export_outcome(
@@ -955,7 +957,9 @@ def _export_outcome(
             first += len(pcg.outputs)
             parts.append(data.reachable(mine, source_prefix=_source_prefix(j, problems)))
     peak = max(state.peak_footprint, _footprint())  # the export's memory included
-    return _Outcome(reason, state.history, state.rewrites, saturated_at, peak, parts)
+    return _Outcome(
+        reason, state.history, state.rewrites, saturated_at, peak, parts, state.initial_enodes
+    )
 
 
 def _progress_reporter(bar: Progress):

@@ -465,6 +465,19 @@ def test_the_iteration_budget_is_reported():
     assert (sat.stop_reason, sat.iterations) == (StopReason.ITERATIONS, 1)
 
 
+def test_the_egraph_as_loaded_is_reported():
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(iterations=1))
+    assert 0 < sat.loaded_enodes < sat.history[0].enodes
+
+
+def test_the_second_iteration_is_predicted_from_the_egraph_size(monkeypatch):
+    # At a second per e-node it leaves, the second iteration (at least the first's e-nodes
+    # doubled plus SECOND_ITERATION_MIN_ADDED) cannot end within 60 s: one iteration, on time.
+    monkeypatch.setattr(saturate_module, "ITERATION_SECONDS_PER_ENODE", 1.0)
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(seconds=60.0, enodes=10**7))
+    assert (sat.stop_reason, sat.iterations) == (StopReason.TIME, 1)
+
+
 def test_the_time_budget_stops_a_run_that_would_blow_up():
     sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(seconds=0.3, enodes=10**7))
     assert sat.stop_reason is StopReason.TIME
