@@ -37,6 +37,13 @@ def run_child(code: str, *args: object) -> dict | str:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def command_line() -> str:
+    """How this bench script was run, for its section's "Command:" line (``--no-write`` left
+    out: it changes only whether the section is written)."""
+    args = [a for a in sys.argv[1:] if a != "--no-write"]
+    return " ".join(["python", f"bench/{Path(sys.argv[0]).name}", *args])
+
+
 def publish(heading: str, lines: list[str], *, write: bool) -> None:
     """Prints the section ``heading`` followed by ``lines`` and, if ``write``, puts it in
     bench/RESULTS.md (:func:`write_section`)."""

@@ -13,10 +13,9 @@ so those phases should not grow with the layers; the table's phases show which d
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
-from _results import check_kind, publish, run_child
+from _results import check_kind, command_line, publish, run_child
 
 HEADING = "## Search time over depth"
 
@@ -80,9 +79,7 @@ def main() -> None:
             )
             print(rows[-1], flush=True)
     total = time.perf_counter() - start
-    command = "python bench/depth.py" + (
-        "" if sys.argv[1:] == [] else " " + " ".join(sys.argv[1:]).replace(" --no-write", "")
-    )
+    command = command_line()
     publish(
         HEADING,
         [

@@ -18,7 +18,7 @@ import argparse
 import sys
 import time
 
-from _results import publish, run_child
+from _results import command_line, publish, run_child
 
 HEADING = "## Export and extraction at a million e-nodes"
 
@@ -82,9 +82,7 @@ def main() -> None:
     total = time.perf_counter() - start
     if isinstance(r, str):
         sys.exit(f"the run failed: {r}")
-    command = "python bench/export_scale.py" + (
-        "" if sys.argv[1:] == [] else " " + " ".join(sys.argv[1:]).replace(" --no-write", "")
-    )
+    command = command_line()
     rows = [
         "| model | devices | PCG nodes | iterations | e-classes | e-nodes | saturate | export | "
         "costs | greedy extraction | to PCG | peak RSS | plan / input (cost model) |",

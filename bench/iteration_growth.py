@@ -17,7 +17,7 @@ import time
 import warnings
 from itertools import pairwise
 
-from _results import publish
+from _results import command_line, publish
 
 from pcgopt.egraph import Budget, saturate, warm_up
 from pcgopt.egraph.saturate import (
@@ -97,9 +97,7 @@ def main() -> None:
         )
         print(rows[-1], flush=True)
     total = time.perf_counter() - start
-    command = "python bench/iteration_growth.py" + (
-        "" if sys.argv[1:] == [] else " " + " ".join(sys.argv[1:]).replace(" --no-write", "")
-    )
+    command = command_line()
     publish(
         HEADING,
         [

@@ -12,10 +12,9 @@ best feasible baseline, which candidate won, the search time and its peak memory
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
-from _results import check_kind, publish, run_child
+from _results import check_kind, command_line, publish, run_child
 
 UNITY_MODELS = ("mlp", "bert_large", "dlrm", "xdl", "candle_uno", "resnext50", "inception_v3")
 HEADING = "## Joint optimization (saturate_and_extract)"
@@ -154,9 +153,7 @@ def main() -> None:
             print("   phases:", {k: round(v, 1) for k, v in r["phases"].items()}, flush=True)
             print("   check:", r["check"], flush=True)
     total = time.perf_counter() - start
-    command = "python bench/run.py" + (
-        "" if sys.argv[1:] == [] else " " + " ".join(sys.argv[1:]).replace(" --no-write", "")
-    )
+    command = command_line()
     publish(
         HEADING,
         [

@@ -12,10 +12,9 @@ memory, and what it found.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
-from _results import check_kind, publish, run_child
+from _results import check_kind, command_line, publish, run_child
 
 HEADING = "## Search time at scale"
 
@@ -85,9 +84,7 @@ def main() -> None:
         print("   candidates:", r["candidates"], "\n   mapping:", r["mapping"], flush=True)
         print("   check:", r["check"], flush=True)
     total = time.perf_counter() - start
-    command = "python bench/search_time.py" + (
-        "" if sys.argv[1:] == [] else " " + " ".join(sys.argv[1:]).replace(" --no-write", "")
-    )
+    command = command_line()
     publish(
         HEADING,
         [

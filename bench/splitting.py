@@ -15,10 +15,9 @@ run is a process of its own, so its peak memory is its own.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
-from _results import publish, run_child
+from _results import command_line, publish, run_child
 
 HEADING = "## Graph splitting"
 
@@ -101,9 +100,7 @@ def main() -> None:
             )
             print(rows[-1], flush=True)
     total = time.perf_counter() - start
-    command = "python bench/splitting.py" + (
-        "" if sys.argv[1:] == [] else " " + " ".join(sys.argv[1:]).replace(" --no-write", "")
-    )
+    command = command_line()
     publish(
         HEADING,
         [
