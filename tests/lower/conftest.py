@@ -21,10 +21,6 @@ _worker: dict[str, object] = {}
 def pytest_collection_modifyitems(session, config, items):
     if _worker or not any(ZOO_TESTS in item.nodeid for item in items):
         return
-    # Their results are waited for last, when the worker has had the whole suite's time: in
-    # the suite's order they waited about a minute for it, mid-run.
-    zoo = [item for item in items if ZOO_TESTS in item.nodeid]
-    items[:] = [item for item in items if ZOO_TESTS not in item.nodeid] + zoo
     folder = Path(tempfile.mkdtemp(prefix="pcgopt-zoo-"))
     out, log = folder / "results.json", folder / "worker.log"
     script = Path(__file__).with_name("test_zoo_plans.py")
