@@ -473,8 +473,10 @@ def test_the_egraph_as_loaded_is_reported():
 def test_the_second_iteration_is_predicted_from_the_egraph_size(monkeypatch):
     # At a second per e-node it leaves, the second iteration (at least the first's e-nodes
     # doubled plus SECOND_ITERATION_MIN_ADDED) cannot end within 60 s: one iteration, on time.
+    # (No speculative child: it would try the iteration predicted not to fit.)
     monkeypatch.setattr(saturate_module, "ITERATION_SECONDS_PER_ENODE", 1.0)
-    sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(seconds=60.0, enodes=10**7))
+    budget = Budget(seconds=60.0, enodes=10**7, speculate=False)
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=budget)
     assert (sat.stop_reason, sat.iterations) == (StopReason.TIME, 1)
 
 
