@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
@@ -37,11 +38,14 @@ def run_child(code: str, *args: object) -> dict | str:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def command_line() -> str:
-    """How this bench script was run, for its section's "Command:" line (``--no-write`` left
-    out: it changes only whether the section is written)."""
+def command_sentence(started: float) -> str:
+    """A section's "Command:" line: how this bench script was run (``--no-write`` left out: it
+    changes only whether the section is written) and the minutes since ``started``
+    (``time.perf_counter()``)."""
     args = [a for a in sys.argv[1:] if a != "--no-write"]
-    return " ".join(["python", f"bench/{Path(sys.argv[0]).name}", *args])
+    command = " ".join(["python", f"bench/{Path(sys.argv[0]).name}", *args])
+    minutes = (time.perf_counter() - started) / 60
+    return f"Command: `{command}` ({minutes:.0f} min on the development machine, 2 cores)."
 
 
 def publish(heading: str, lines: list[str], *, write: bool) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _results import command_line, publish, run_child
+from _results import command_sentence, publish, run_child
 
 UNITY_MODELS = ("mlp", "bert_large", "dlrm", "xdl", "candle_uno", "resnext50", "inception_v3")
 HEADING = "## The e-graph alone against the full search"
@@ -78,11 +78,10 @@ def main() -> None:
                 f"{ratio:.2f}x | {split} | {full['seconds']:.1f} s, {alone['seconds']:.1f} s |"
             )
             print(rows[-1], flush=True)
-    minutes = (time.perf_counter() - start) / 60
     publish(
         HEADING,
         [
-            f"Command: `{command_line()}` ({minutes:.0f} min on the development machine, 2 cores).",
+            command_sentence(start),
             "",
             "Issue 42's ablation: on the Unity table's rows (bench/run.py's setting), the plan "
             "of the e-graph alone (`saturate_and_extract(..., baselines=False)`: no layer-wise "

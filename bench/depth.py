@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _results import check_kind, command_line, publish, run_child
+from _results import check_kind, command_sentence, publish, run_child
 
 HEADING = "## Search time over depth"
 
@@ -78,12 +78,10 @@ def main() -> None:
                 f"{r['total_s'] * 1e3:.2f} ms | {check_kind(r['check'])} |"
             )
             print(rows[-1], flush=True)
-    total = time.perf_counter() - start
-    command = command_line()
     publish(
         HEADING,
         [
-            f"Command: `{command}` ({total / 60:.0f} min on the development machine, 2 cores).",
+            command_sentence(start),
             "",
             "BERT-Large (hidden 1024, 16 heads, sequence 512) with the given number of layers on "
             "64 A100s (`Machine.preset('dgx-a100', nodes=8, devices_per_node=8)`), batch 256 "

@@ -18,7 +18,7 @@ import argparse
 import sys
 import time
 
-from _results import command_line, publish, run_child
+from _results import command_sentence, publish, run_child
 
 HEADING = "## Export and extraction at a million e-nodes"
 
@@ -79,10 +79,8 @@ def main() -> None:
     args = parser.parse_args()
     start = time.perf_counter()
     r = run_child(CHILD, args.model, args.size, args.nodes, args.iterations, args.match_limit)
-    total = time.perf_counter() - start
     if isinstance(r, str):
         sys.exit(f"the run failed: {r}")
-    command = command_line()
     rows = [
         "| model | devices | PCG nodes | iterations | e-classes | e-nodes | saturate | export | "
         "costs | greedy extraction | to PCG | peak RSS | plan / input (cost model) |",
@@ -96,7 +94,7 @@ def main() -> None:
     publish(
         HEADING,
         [
-            f"Command: `{command}` ({total / 60:.0f} min on the development machine, 2 cores).",
+            command_sentence(start),
             "",
             "Saturation for a fixed number of iterations (time, e-node and memory budgets out of "
             f"the way; back-off match limit {args.match_limit:,}), then each whole-e-graph step "

@@ -17,7 +17,7 @@ import time
 import warnings
 from itertools import pairwise
 
-from _results import command_line, publish
+from _results import command_sentence, publish
 
 from pcgopt.egraph import Budget, saturate, warm_up
 from pcgopt.egraph.saturate import (
@@ -96,12 +96,10 @@ def main() -> None:
             f"{predicted:,.0f} | {ratio:.2f} |"
         )
         print(rows[-1], flush=True)
-    total = time.perf_counter() - start
-    command = command_line()
     publish(
         HEADING,
         [
-            f"Command: `{command}` ({total / 60:.0f} min on the development machine, 2 cores).",
+            command_sentence(start),
             "",
             "Full-size models (batch as built), the shipped rules, the data-parallel and "
             "Megatron seeds, `Budget(iterations=3)` with no other limit. 'loaded': e-nodes "

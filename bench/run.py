@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _results import check_kind, command_line, publish, run_child
+from _results import check_kind, command_sentence, publish, run_child
 
 UNITY_MODELS = ("mlp", "bert_large", "dlrm", "xdl", "candle_uno", "resnext50", "inception_v3")
 HEADING = "## Joint optimization (saturate_and_extract)"
@@ -152,12 +152,10 @@ def main() -> None:
             print(rows[-1], flush=True)
             print("   phases:", {k: round(v, 1) for k, v in r["phases"].items()}, flush=True)
             print("   check:", r["check"], flush=True)
-    total = time.perf_counter() - start
-    command = command_line()
     publish(
         HEADING,
         [
-            f"Command: `{command}` ({total / 60:.0f} min on the development machine, 2 cores).",
+            command_sentence(start),
             "",
             "Unity's seven models, full size, Summit nodes (6 V100 each), weak scaling as in the "
             "Baselines table. Predicted time per training iteration under "

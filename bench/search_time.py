@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _results import check_kind, command_line, publish, run_child
+from _results import check_kind, command_sentence, publish, run_child
 
 HEADING = "## Search time at scale"
 
@@ -83,12 +83,10 @@ def main() -> None:
         print(rows[-1], flush=True)
         print("   candidates:", r["candidates"], "\n   mapping:", r["mapping"], flush=True)
         print("   check:", r["check"], flush=True)
-    total = time.perf_counter() - start
-    command = command_line()
     publish(
         HEADING,
         [
-            f"Command: `{command}` ({total / 60:.0f} min on the development machine, 2 cores).",
+            command_sentence(start),
             "",
             "Issue 7's search-time targets: BERT-Large on 64 devices under 60 s, Inception-v3 on "
             "192 devices under 300 s, peak memory under 4 GB. Full-size models, batch weak-scaled "

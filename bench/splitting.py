@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _results import command_line, publish, run_child
+from _results import command_sentence, publish, run_child
 
 HEADING = "## Graph splitting"
 
@@ -99,12 +99,10 @@ def main() -> None:
                 f"{r['dp_ms']:.2f} ms | {r['megatron_ms']:.2f} ms |"
             )
             print(rows[-1], flush=True)
-    total = time.perf_counter() - start
-    command = command_line()
     publish(
         HEADING,
         [
-            f"Command: `{command}` ({total / 60:.0f} min on the development machine, 2 cores).",
+            command_sentence(start),
             "",
             f"BERT-Large cut to the given number of layers, batch 256, on 64 A100s (eight "
             f"DGX-A100 nodes); seeds: the data-parallel and Megatron plans. {args.iterations} "
