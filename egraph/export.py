@@ -245,6 +245,52 @@ class EGraphData:
                 where[TensorRef(node.name, 0)] = cls
         return where, None
 
+    def logical_values(self, pcg: PCG) -> list[TensorRef | None]:
+        """For every e-class, the tensor of ``pcg`` (the PCG the e-graph was saturated from) it
+        holds as a logical value, or None if it holds none (a value only a rewrite made, such
+        as half of a split weight, or a tuple class). Parallel operators move a value without
+        changing it, and a compute e-node with ``pcg``'s operator and parameters over the
+        values of that node's inputs holds that node's output (as
+        :func:`pcgopt.names.model_names` reads a plan): so the e-class of a linear layer's
+        batch-split shard holds that layer's output."""
+        pcg = within_arity(pcg, MAX_VARIADIC)  # as it was loaded
+        index: dict[tuple, str] = {}
+        for n in pcg.nodes:
+            if n.spec.kind is OpKind.COMPUTE:
+                index.setdefault((n.op, n.params, n.inputs), n.name)
+        value: list[TensorRef | None] = [None] * self.num_eclasses
+        readers: list[list[int]] = [[] for _ in range(self.num_eclasses)]
+        stack: list[int] = []
+        for i, n in enumerate(self.nodes):
+            for c in n.children:
+                readers[c].append(i)
+            if n.name is not None and n.name in pcg and value[n.eclass] is None:
+                value[n.eclass] = TensorRef(n.name, 0)
+                stack.append(n.eclass)
+        # A worklist over the e-nodes that read a class as it gets its value.
+        while stack:
+            for i in readers[stack.pop()]:
+                n = self.nodes[i]
+                if value[n.eclass] is not None:
+                    continue
+                args = [value[c] for c in n.children]
+                if any(a is None for a in args):
+                    continue
+                found: TensorRef | None = None
+                if n.op == OUT:
+                    parent = args[0]
+                    assert parent is not None
+                    found = TensorRef(parent.node, n.params["index"])
+                elif get_op(n.op).kind is OpKind.PARALLEL:
+                    found = args[0] if len(args) == 1 else None
+                else:
+                    name = index.get((n.op, n.params, tuple(args)))
+                    found = None if name is None else TensorRef(name, 0)
+                if found is not None:
+                    value[n.eclass] = found
+                    stack.append(n.eclass)
+        return value
+
     def contains(self, pcg: PCG) -> bool:
         """Whether ``pcg`` (the same operators, parameters and sources, node for node) is
         represented in the e-graph with its outputs in the input PCG's output e-classes, that is,

@@ -41,7 +41,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import networkx as nx
@@ -60,7 +60,7 @@ from pcgopt.extract.costmodel.cost import (
     parallel_collectives,
     update_s,
 )
-from pcgopt.graph import Node, TensorRef
+from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.machine import Machine
 from pcgopt.ops import OpKind, get_op
 from pcgopt.shapes import ParallelTensorShape
@@ -70,6 +70,8 @@ __all__ = [
     "ENodeCosts",
     "Extraction",
     "ExtractionError",
+    "class_devices",
+    "concurrent_costs",
     "dag_cost",
     "enode_costs",
     "extract_greedy",
@@ -328,6 +330,77 @@ def _local_cost(
     nbytes = max(ins[0].shard_nbytes, outs[0].shard_nbytes)
     seconds = sum(collective_cost(kind, groups, nbytes, machine).seconds for kind, _ in collectives)
     return seconds, False
+
+
+# --- Branches that run at once -------------------------------------------------------------
+
+
+def class_devices(
+    egraph: EGraphData, pcg: PCG, views: Mapping[str, int], num_devices: int
+) -> np.ndarray:
+    """For every e-class, the devices its value gets in a mapping where branches run at once:
+    ``views`` gives them for ``pcg``'s compute nodes (the mapping DP's, e.g.
+    :func:`~pcgopt.extract.strategies.branches.elastic_views`). An e-class holding a node's
+    output (:meth:`~pcgopt.egraph.EGraphData.logical_values`) gets that node's view; one holding
+    a source, the view its readers share (if they do); one holding no tensor of ``pcg`` (a
+    value a rewrite made), the widest view of an e-node's children that all have one. The rest
+    get ``num_devices``."""
+    devices = np.zeros(egraph.num_eclasses, dtype=np.int64)
+    readers: dict[str, set[int]] = {}
+    for n in pcg.nodes:
+        for r in n.inputs:
+            readers.setdefault(r.node, set()).add(views.get(n.name, 0))
+    for c, value in enumerate(egraph.logical_values(pcg)):
+        if value is None:
+            continue
+        view = views.get(value.node)
+        if view is None:
+            shared = readers.get(value.node, {0})
+            view = next(iter(shared)) if len(shared) == 1 else 0
+        devices[c] = view
+    # Values rewrites made: from their children, by a worklist over the e-nodes reading a
+    # class as it gets its view.
+    readers_of: list[list[int]] = [[] for _ in range(egraph.num_eclasses)]
+    for i, n in enumerate(egraph.nodes):
+        for k in n.children:
+            readers_of[k].append(i)
+    stack = [int(c) for c in np.flatnonzero(devices)]
+    while stack:
+        for i in readers_of[stack.pop()]:
+            n = egraph.nodes[i]
+            if devices[n.eclass] == 0 and all(devices[k] for k in n.children):
+                devices[n.eclass] = max(devices[k] for k in n.children)
+                stack.append(n.eclass)
+    devices[devices == 0] = num_devices
+    return devices
+
+
+def concurrent_costs(costs: ENodeCosts, devices: np.ndarray) -> ENodeCosts:
+    """``costs`` with branches that run at once priced by their share of the machine: an
+    e-node of e-class ``c`` that spans at most ``devices[c]`` devices (:func:`class_devices`)
+    pays ``devices[c] / num_devices`` of its time, and so does a stored weight layout's update
+    and gradient sync. Summed over branches that run at once on a division of the machine,
+    these shares are the division's time when the branches take equally long (the
+    device-seconds they occupy, over the devices): so extraction prefers e-nodes narrow enough
+    to run beside the other branches, and the machine mapping
+    (:func:`~pcgopt.extract.search.mapping.map_machine`) then runs them at once. An e-node wider
+    than its class's view pays its whole time: it cannot run beside anything. Memory is per
+    device, so unchanged. An estimate for ranking: the plan extracted with it is mapped and
+    costed exactly like any other."""
+    egraph = costs.egraph
+    total = costs.machine.num_devices
+    width = np.array([1 if s is None else s.num_shards for s in egraph.shapes], dtype=np.int64)
+    share = devices / total
+    node_s = costs.node_s.copy()
+    for i, n in enumerate(egraph.nodes):
+        c = n.eclass
+        if share[c] < 1:
+            spans = max([width[c], *(width[k] for k in n.children)])
+            if spans <= devices[c]:
+                node_s[i] *= share[c]
+    fits = (share < 1) & (width <= devices)
+    stored_s = np.where(fits, costs.stored_s * share, costs.stored_s)
+    return replace(costs, node_s=node_s, stored_s=stored_s)
 
 
 # --- The cost of a choice ---------------------------------------------------------------------

@@ -13,12 +13,17 @@ Phases, each timed in :attr:`Plan.stats`:
    extracted on its own, within the same shares, and the segments are stitched;
 3. **extract**: the cheapest PCG the e-graph holds under the cost model, shared subgraphs counted
    once and the device memory respected (:mod:`pcgopt.extract.search.extraction`: exact ILP for
-   small e-graphs, greedy plus local search otherwise);
+   small e-graphs, greedy plus local search otherwise). Where the mapping DP on elastic units
+   (:func:`~pcgopt.extract.strategies.branches.elastic_views`) runs branches at once, a second
+   extraction prices each e-node narrow enough for its branch's devices by its share of the
+   machine (:func:`~pcgopt.extract.search.extraction.concurrent_costs`): the candidate
+   "e-graph, branches at once", whose branches the mapping then runs side by side (not yet
+   under graph splitting, whose segments are extracted in sequence);
 4. **baselines**: data parallelism, Megatron-style tensor parallelism and sequential optimization
    (:mod:`pcgopt.extract.strategies.baselines`), costed by the same model, and the branch-parallel
    plan (:func:`~pcgopt.extract.strategies.branches.branch_parallel`: data parallelism whose degree
-   narrows where the mapping DP runs branches at once, a plan that only pays off once mapped, so
-   extraction would not propose it). The plan returned is the fastest that fits in memory among the
+   narrows where the mapping DP runs branches at once, then a descent over its dense layers'
+   strategies under the mapping). The plan returned is the fastest that fits in memory among the
    extraction, the baselines, the layer-wise plans and the seeds, so it is never worse than any of
    them; :attr:`SearchStats.chosen` says which one won;
 5. **placement and mapping**: every candidate's parallelism axes are placed on the machine
@@ -61,7 +66,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pcgopt.egraph import Budget, saturate, warm_up_in_background
+from pcgopt.egraph import Budget, EGraphData, saturate, warm_up_in_background
 from pcgopt.egraph.translate import legal_degrees
 from pcgopt.errors import NotEquivalentError, PCGError
 from pcgopt.evaluate import assert_equivalent
@@ -73,8 +78,11 @@ from pcgopt.extract.costmodel.cost import (
 )
 from pcgopt.extract.search.extraction import (
     EXTRACTION_SECONDS_PER_ENODE,
+    ENodeCosts,
     Extraction,
     ExtractionError,
+    class_devices,
+    concurrent_costs,
     enode_costs,
     extract_greedy,
     extract_ilp,
@@ -82,7 +90,7 @@ from pcgopt.extract.search.extraction import (
 from pcgopt.extract.search.mapping import MachineMapping, MappingCache, map_machine
 from pcgopt.extract.search.splitting import MIN_SEGMENT_OPS, split_search, split_segments
 from pcgopt.extract.strategies.baselines import BaselineError, data_parallel, megatron, sequential
-from pcgopt.extract.strategies.branches import branch_parallel
+from pcgopt.extract.strategies.branches import ElasticViews, branch_parallel, elastic_views
 from pcgopt.extract.strategies.layerwise import coordinate_descent, metropolis_hastings
 from pcgopt.extract.strategies.placement import (
     PlanPlacement,
@@ -721,16 +729,15 @@ def saturate_and_extract(
     fixed, baseline_plans = _baseline_phase(search, baselines)
     extracted, explored = _explore(search, seed_plans, baseline_plans, split, min_segment_ops)
 
-    start = time.perf_counter()
     candidates: dict[str, tuple[PCG, CostBreakdown] | None] = {
-        "e-graph": None
-        if extracted is None
-        else (extracted, iteration_cost(extracted, machine, optimizer=optimizer)),
-        "input": (pcg, input_cost),
+        name: None if plan is None else (plan, iteration_cost(plan, machine, optimizer=optimizer))
+        for name, plan in extracted.items()
     }
+    candidates["input"] = (pcg, input_cost)
     candidates.update(fixed)
     if baselines:
-        candidates["branch parallel"] = _branch_parallel(pcg, machine, optimizer, clock, say)
+        start = time.perf_counter()
+        candidates["branch parallel"] = _branch_parallel(search)
         phases["branch parallel"] = time.perf_counter() - start
     candidates.update(layerwise)
     candidates.update(extra)
@@ -895,14 +902,21 @@ def _on_one_node(
     return found
 
 
-def _branch_parallel(
-    pcg: PCG, machine: Machine, optimizer: str, clock: _Clock, say: Callable[[str], None]
-) -> tuple[PCG, CostBreakdown] | None:
-    """Data parallelism narrowed where branches run at once: only cheaper once mapped, so
-    extraction (which costs plans in sequence) would not propose it."""
+def _branch_parallel(search: _Search) -> tuple[PCG, CostBreakdown] | None:
+    """Data parallelism narrowed where branches run at once, with tensor parallelism inside
+    branches found by coordinate descent under the mapping."""
+    pcg, machine, optimizer, say = search.pcg, search.machine, search.optimizer, search.say
     try:
+        views = search.branch_views("branch parallel")
+        if views is None or not views.narrowed:
+            say("branch parallel: no branch narrows")
+            return None
         branches = branch_parallel(
-            pcg, machine, optimizer=optimizer, time_limit_s=clock.limit("branch parallel")
+            pcg,
+            machine,
+            optimizer=optimizer,
+            time_limit_s=search.clock.limit("branch parallel"),
+            views=views,
         )
     except (BaselineError, CostError) as e:
         say(f"branch parallel does not apply: {e}")
@@ -1029,10 +1043,36 @@ class _Search:
     presets: Sequence[str] | None
     deterministic: bool
     phases: dict[str, float] = field(default_factory=dict)
+    # branch_views' answer (or why there is none), once computed.
+    _views: list[tuple[ElasticViews | None, PCGError | None]] = field(default_factory=list)
 
     @property
     def rewrite_options(self) -> dict[str, Any]:
         return {"degrees": self.degrees, "presets": self.presets}
+
+    def branch_views(self, phase: str) -> ElasticViews | None:
+        """The devices each compute node gets when branches run at once (the mapping DP on
+        elastic units, :func:`~pcgopt.extract.strategies.branches.elastic_views`), computed by
+        the first phase that asks, within its time limit; None if no degree could be costed.
+        Raises :class:`BaselineError` where it does not apply (no batch to split, a parallel
+        input)."""
+        if not self._views:
+            start = time.perf_counter()
+            try:
+                found = elastic_views(
+                    self.pcg,
+                    self.machine,
+                    optimizer=self.optimizer,
+                    time_limit_s=self.clock.limit(phase),
+                )
+                self._views.append((found, None))
+            except (BaselineError, CostError) as e:
+                self._views.append((None, e))
+            self.phases["branch views"] = time.perf_counter() - start
+        found, error = self._views[0]
+        if error is not None:
+            raise error
+        return found
 
     def saturation_budget(self, seconds: float) -> Budget:
         """Saturation's budget: ``seconds`` (with the time to cost and extract what it
@@ -1057,9 +1097,10 @@ def _explore(
     baseline_plans: Sequence[PCG],
     split: bool | None,
     min_segment_ops: int,
-) -> tuple[PCG | None, _Explored]:
-    """The e-graph's plan: graph splitting where the model has cuts into two segments of
-    ``min_segment_ops`` operators (unless ``split`` is False), else the whole PCG."""
+) -> tuple[dict[str, PCG | None], _Explored]:
+    """The e-graph's plans by name (None: extraction failed): graph splitting where the model
+    has cuts into two segments of ``min_segment_ops`` operators (unless ``split`` is False),
+    else the whole PCG."""
     segments = split_segments(search.pcg, min_segment_ops) if split is not False else ()
     if split and len(segments) < 2:
         search.say(f"graph splitting: no cut leaves two segments of {min_segment_ops} operators")
@@ -1068,9 +1109,13 @@ def _explore(
     return _whole_phase(search, seed_plans)
 
 
-def _whole_phase(search: _Search, seed_plans: Sequence[PCG]) -> tuple[PCG | None, _Explored]:
-    """Saturation of the whole PCG, then extraction: the plan extracted (None if extraction
-    failed) and what to report."""
+def _whole_phase(
+    search: _Search, seed_plans: Sequence[PCG]
+) -> tuple[dict[str, PCG | None], _Explored]:
+    """Saturation of the whole PCG, then extraction twice: costed in sequence ("e-graph"), and,
+    where branches can run at once, with them priced by their share of the machine ("e-graph,
+    branches at once", :func:`~pcgopt.extract.search.extraction.concurrent_costs`); the plans
+    extracted (None if extraction failed) and what to report."""
     pcg, machine, clock, phases, say = (
         search.pcg,
         search.machine,
@@ -1100,34 +1145,53 @@ def _whole_phase(search: _Search, seed_plans: Sequence[PCG]) -> tuple[PCG | None
     costs = enode_costs(sat.egraph, machine, optimizer=search.optimizer)
     if costs.uncosted:
         say(f"{costs.uncosted} e-nodes read tensors without shape facts; they are left out")
-    extracted: PCG | None = None
+    extracted: dict[str, PCG | None] = {}
+    texts = []
+    variants = [("e-graph", costs)]
     try:
-        extraction: Extraction = extract_greedy(costs, time_limit_s=clock.limit("extract greedy"))
-        if sat.num_enodes <= ILP_MAX_ENODES:
-            try:
-                extraction = extract_ilp(
-                    costs,
-                    time_limit_s=clock.limit("extract exact"),
-                    warm_start=extraction,
-                    node_limit=DETERMINISTIC_ILP_NODES if search.deterministic else None,
-                )
-            except ExtractionError as e:
-                say(f"exact extraction skipped: {e}")
-        extracted = sat.egraph.to_pcg(extraction.choice)
-        extraction_text = repr(extraction)
-    except ExtractionError as e:
-        # The baselines and the input remain candidates: the call still returns a plan.
-        extraction_text = f"failed: {e}"
+        views = search.branch_views("extract greedy")
+    except (BaselineError, CostError) as e:
+        say(f"no branches at once: {e}")
+        views = None
+    if views is not None and views.narrowed:
+        devices = class_devices(sat.egraph, pcg, views.views, machine.num_devices)
+        variants.append(("e-graph, branches at once", concurrent_costs(costs, devices)))
+    for name, variant in variants:
+        extracted[name], text = _extract(search, sat.egraph, variant)
+        texts.append(text if name == "e-graph" else f"{name}: {text}")
+        say(f"extracted: {texts[-1]}")
     phases["extract"] = time.perf_counter() - start
-    say(f"extracted: {extraction_text}")
     return extracted, _Explored(
         sat.num_enodes,
         sat.num_eclasses,
         sat.iterations,
         str(sat.stop_reason.value),
-        extraction_text,
+        "; ".join(texts),
         sat.peak_rss_bytes,
     )
+
+
+def _extract(search: _Search, egraph: EGraphData, costs: ENodeCosts) -> tuple[PCG | None, str]:
+    """The plan ``costs`` rank first in ``egraph``: greedy, then exact for small e-graphs,
+    within the extraction phases' time; None and why if no extraction exists."""
+    try:
+        extraction: Extraction = extract_greedy(
+            costs, time_limit_s=search.clock.limit("extract greedy")
+        )
+        if egraph.num_enodes <= ILP_MAX_ENODES:
+            try:
+                extraction = extract_ilp(
+                    costs,
+                    time_limit_s=search.clock.limit("extract exact"),
+                    warm_start=extraction,
+                    node_limit=DETERMINISTIC_ILP_NODES if search.deterministic else None,
+                )
+            except ExtractionError as e:
+                search.say(f"exact extraction skipped: {e}")
+        return egraph.to_pcg(extraction.choice), repr(extraction)
+    except ExtractionError as e:
+        # The baselines and the input remain candidates: the call still returns a plan.
+        return None, f"failed: {e}"
 
 
 def _split_phase(
@@ -1170,7 +1234,7 @@ def _split_phase(
     search.phases["extract"] = time.perf_counter() - start - found.saturate_seconds
     search.say(repr(found))
     text = repr(found) if found.pcg is not None else f"failed: {found.failures}"
-    return found.pcg, _Explored(
+    return {"e-graph": found.pcg}, _Explored(
         found.num_enodes,
         found.num_eclasses,
         found.iterations,

@@ -89,7 +89,7 @@ from pcgopt.graph import PCG, Node
 from pcgopt.machine import Machine
 from pcgopt.ops import OpKind
 
-__all__ = ["BranchParallel", "branch_parallel", "lower_degrees"]
+__all__ = ["BranchParallel", "ElasticViews", "branch_parallel", "elastic_views", "lower_degrees"]
 
 
 @dataclass(frozen=True)
@@ -226,20 +226,35 @@ def _origins(plan: PCG, unit_of: Mapping[str, int]) -> list[tuple[str, int]]:
     return out
 
 
-def branch_parallel(
+@dataclass(frozen=True)
+class ElasticViews:
+    """The mapping DP's answer on elastic units (module docstring, steps 1 and 2): the batch
+    ``degrees`` and the ``views`` (devices) of the sequential graph's compute nodes; the DP's
+    ``estimate_s`` against ``uniform_s`` (every node at the ``widest`` degree, in sequence);
+    how many compute nodes are ``narrowed`` below the widest degree."""
+
+    degrees: Mapping[str, int] = field(repr=False)
+    views: Mapping[str, int] = field(repr=False)
+    estimate_s: float
+    uniform_s: float
+    widest: int
+    narrowed: int
+
+
+def elastic_views(
     pcg: PCG,
     machine: Machine,
     *,
     optimizer: str = "adam",
     time_limit_s: float | None = None,
-) -> BranchParallel | None:
-    """The branch-parallel plan of ``pcg`` on ``machine`` (module docstring), or None when the DP
-    narrows no branch (the plan would be data parallelism). ``time_limit_s`` bounds step 1 (the
-    widest degrees first; after half the limit no further degree is costed, and views narrower than
-    every costed degree are not used) and the coordinate descent of step 4 (checked before every
-    evaluation); the DP itself is not bounded. Raises
-    :class:`~pcgopt.extract.strategies.baselines.BaselineError` when ``pcg`` has no batch to split
-    or is already parallel."""
+) -> ElasticViews | None:
+    """How many devices each compute node of the sequential ``pcg`` gets when branches that
+    run at once share ``machine`` (module docstring, steps 1 and 2), or None when no degree of
+    the batch could be costed. ``time_limit_s`` bounds the costing of degrees (the widest
+    first; after half the limit no further degree is costed, and views narrower than every
+    costed degree are not used); the DP itself is not bounded. Raises
+    :class:`~pcgopt.extract.strategies.baselines.BaselineError` when ``pcg`` has no batch to
+    split or is already parallel."""
     _check_sequential(pcg)
     batch = batch_size(pcg)
     # The degrees views can get: the largest divisor of the batch up to each view's size.
@@ -255,7 +270,7 @@ def branch_parallel(
     table = np.full((len(units), len(legal)), math.inf)
     # Costing a degree is a lowering and a costing of the whole plan (about half a second for
     # BERT-Large on 48 GPUs): within a time limit, the widest degrees first, in at most half
-    # of it (the widest always), so that the descent keeps the rest.
+    # of it (the widest always), so that the caller keeps the rest.
     for k in sorted(range(len(legal)), key=lambda k: -legal[k]):
         degree = legal[k]
         late = time_limit_s is not None and time.perf_counter() - started > time_limit_s / 2
@@ -299,23 +314,49 @@ def branch_parallel(
         for name in u.nodes:
             if pcg.node(name).spec.kind is OpKind.COMPUTE:
                 degrees[name], views[name] = degree, placed[u.index][3]
-    narrowed = sum(1 for d in degrees.values() if d < widest)
-    if not narrowed:
+    return ElasticViews(
+        degrees=MappingProxyType(degrees),
+        views=MappingProxyType(views),
+        estimate_s=estimate,
+        uniform_s=float(table[:, by_width[machine.num_devices]].sum()),
+        widest=widest,
+        narrowed=sum(1 for d in degrees.values() if d < widest),
+    )
+
+
+def branch_parallel(
+    pcg: PCG,
+    machine: Machine,
+    *,
+    optimizer: str = "adam",
+    time_limit_s: float | None = None,
+    views: ElasticViews | None = None,
+) -> BranchParallel | None:
+    """The branch-parallel plan of ``pcg`` on ``machine`` (module docstring), or None when the DP
+    narrows no branch (the plan would be data parallelism). ``time_limit_s`` bounds step 1 (as
+    :func:`elastic_views` says) and the coordinate descent of step 4 (checked before every
+    evaluation); the DP itself is not bounded. ``views``: steps 1 and 2 done already
+    (:func:`elastic_views` of the same arguments). Raises
+    :class:`~pcgopt.extract.strategies.baselines.BaselineError` when ``pcg`` has no batch to split
+    or is already parallel."""
+    started = time.perf_counter()
+    _check_sequential(pcg)
+    found = views or elastic_views(pcg, machine, optimizer=optimizer, time_limit_s=time_limit_s)
+    if found is None or not found.narrowed:
         return None
-    uniform = float(table[:, by_width[machine.num_devices]].sum())
     left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
     strategies, plan, mapped_s, evaluations = _descend(
-        pcg, machine, degrees, views, optimizer=optimizer, time_limit_s=left
+        pcg, machine, found.degrees, found.views, optimizer=optimizer, time_limit_s=left
     )
     return BranchParallel(
         pcg=plan,
-        degrees=MappingProxyType(degrees),
+        degrees=found.degrees,
         strategies=MappingProxyType(strategies),
-        estimate_s=estimate,
-        uniform_s=uniform,
+        estimate_s=found.estimate_s,
+        uniform_s=found.uniform_s,
         mapped_s=mapped_s,
-        widest=widest,
-        narrowed=narrowed,
+        widest=found.widest,
+        narrowed=found.narrowed,
         evaluations=evaluations,
     )
 

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pcgopt import Machine, PCGBuilder, equivalent
+from pcgopt.egraph import saturate
 from pcgopt.extract import (
     BaselineError,
     branch_parallel,
@@ -20,10 +21,12 @@ from pcgopt.extract import (
     megatron,
     saturate_and_extract,
 )
+from pcgopt.extract.search.extraction import class_devices, concurrent_costs, enode_costs
 from pcgopt.extract.search.plan import mapped_cost
 from pcgopt.extract.strategies.layerwise import MatmulStrategy, dense_layers, strategies_for
 from pcgopt.extract.strategies.placement import batch_split_only
 from pcgopt.models import ZOO, build
+from pcgopt.names import model_names
 from pcgopt.ops import OpKind
 from pcgopt.testing.strategies import flat_machine, towers
 
@@ -180,6 +183,52 @@ def test_saturate_and_extract_proposes_the_branch_parallel_plan():
     assert times["branch parallel"] < times["data parallel"]
     assert plan.cost.total_s <= times["branch parallel"]
     assert plan.check.startswith("equivalent")
+
+
+def test_the_egraph_alone_runs_branches_at_once():
+    """Extraction with branches priced by their share of the machine (the mapping DP's views)
+    finds, in the e-graph alone (no baselines, no side generators), towers narrow enough to run
+    side by side: faster than the extraction costed in sequence, the input and the
+    branch-parallel generator's plan."""
+    pcg = fork(4, width=1024)
+    machine = Machine.preset("dgx-a100", devices_per_node=4)
+    plan = saturate_and_extract(pcg, machine, baselines=False, deterministic=True)
+    times = plan.stats.candidates
+    assert plan.stats.chosen == "e-graph, branches at once"
+    assert times["e-graph, branches at once"] < min(times["e-graph"], times["input"])
+    assert plan.machine_mapping.divided_splits > 0
+    assert plan.cost.total_s <= branch_parallel(pcg, machine).mapped_s
+    assert plan.check.startswith("equivalent")
+
+
+def test_each_class_gets_its_nodes_view_and_fitting_enodes_pay_their_share():
+    model = fork(2, rows=8, width=16)
+    narrow = {
+        n.name: 2 for n in model.nodes if n.name[1:2] in "01" and n.spec.kind is OpKind.COMPUTE
+    }
+    views = {**{n.name: 4 for n in model.nodes if n.spec.kind is OpKind.COMPUTE}, **narrow}
+    seed = lower_degrees(model, FOUR, {**narrow, "join": 4, "loss": 4})
+    wide = data_parallel(model, FOUR)
+    egraph = saturate(model, FOUR, rules=[], seeds=[seed, wide]).egraph
+    costs = enode_costs(egraph, FOUR)
+    devices = class_devices(egraph, model, views, FOUR.num_devices)
+    names = model_names(model, seed)
+    for node in seed.nodes:
+        if node.spec.kind is OpKind.COMPUTE:
+            assert devices[egraph.classes_of(seed)[node.output()]] == views[names[node.name]]
+    at_once = concurrent_costs(costs, devices)
+    halved = 0
+    for i, n in enumerate(egraph.nodes):
+        spans = max(egraph.shapes[c].num_shards for c in (n.eclass, *n.children))
+        if devices[n.eclass] == 2 and spans <= 2 and costs.node_s[i] > 0:
+            assert at_once.node_s[i] == pytest.approx(costs.node_s[i] / 2)
+            halved += 1
+        else:  # on the whole machine, or too wide to run beside the other tower
+            assert at_once.node_s[i] == costs.node_s[i]
+    assert halved >= len(narrow)
+    # Where every node has the whole machine, nothing changes.
+    whole = class_devices(egraph, model, dict.fromkeys(views, 4), 4)
+    assert (concurrent_costs(costs, whole).node_s == costs.node_s).all()
 
 
 def test_only_batch_split_plans_may_keep_the_packed_placement():

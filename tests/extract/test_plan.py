@@ -54,6 +54,7 @@ def test_the_plan_reports_search_statistics_and_mapping(mnist_plan):
         "saturate",
         "extract",
         "baselines",
+        "branch views",
         "branch parallel",
         "layer-wise search",
         "placement and mapping",
