@@ -73,6 +73,19 @@ class StopReason(enum.Enum):
         return self.name
 
 
+#: The back-off match limit per degree rewrites may choose (:attr:`Budget.match_limit`). The
+#: parallel rules take their degree from the machine's legal ones, so their matches grow with
+#: the number of degrees: at one fixed limit, a 12-GPU Summit machine (5 degrees) banned the
+#: rules that parallelize Unity's MLP for every iteration its budget allowed, and the e-graph
+#: held its 16 dense layers only unsplit but the last (the plan of the e-graph alone: 482 ms,
+#: 180 ms at 1,667 and 2,000; 6 GPUs, 3 degrees: the same at 1,000).
+MATCH_LIMIT_PER_DEGREE = 350
+
+#: The least back-off match limit, whatever the number of degrees (1,000 is the limit the
+#: feasibility measurements used, ../shared/notes/egglog-z3-feasibility.md).
+MIN_MATCH_LIMIT = 1_000
+
+
 class ShapeConflictError(PCGError):
     """Saturation tried to merge two tensors with different facts (shape, degrees, replicas):
     a rule or an operator's shape derivation is wrong. Never a user error."""
@@ -93,21 +106,34 @@ class Budget:
     caller will spend per e-node of the exported e-graph before its own deadline (costing and
     extracting it, :data:`~pcgopt.extract.search.extraction.EXTRACTION_SECONDS_PER_ENODE`), so that
     ``seconds`` covers that work too: an iteration is started only if its e-graph leaves the
-    time for it."""
+    time for it. ``match_limit``: the back-off scheduler's limit on a rule's matches in one
+    iteration (over it, the rule is banned for ``ban_length`` iterations and its limit
+    doubles); None (the default): :data:`MATCH_LIMIT_PER_DEGREE` per degree the rewrites may
+    choose, at least :data:`MIN_MATCH_LIMIT` (:meth:`match_limit_for`)."""
 
     iterations: int = 30
     enodes: int = 200_000
     seconds: float = 30.0
     memory_bytes: int = 4 * 2**30
-    match_limit: int = 1_000
+    match_limit: int | None = None
     ban_length: int = 5
     isolate: bool = False
     speculate: bool = True
     after_seconds_per_enode: float = 0.0
 
+    def match_limit_for(self, num_degrees: int) -> int:
+        """The back-off match limit of a saturation whose rewrites may choose
+        ``num_degrees`` degrees: ``match_limit`` if given, else the default rule (class
+        docstring)."""
+        if self.match_limit is not None:
+            return self.match_limit
+        return max(MIN_MATCH_LIMIT, MATCH_LIMIT_PER_DEGREE * num_degrees)
+
     def __post_init__(self) -> None:
         for name in ("iterations", "enodes", "memory_bytes", "match_limit", "ban_length"):
             v = getattr(self, name)
+            if name == "match_limit" and v is None:
+                continue
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"Budget.{name} must be a positive int, got {v!r}")
         if not self.seconds > 0:
@@ -597,7 +623,7 @@ def _start(
     setup = [
         *(f"(legal {d})" for d in degrees),
         f"(device_budget {machine.num_devices})",
-        f"(let-scheduler $bo (back-off :match-limit {budget.match_limit} "
+        f"(let-scheduler $bo (back-off :match-limit {budget.match_limit_for(len(degrees))} "
         f":ban-length {budget.ban_length}))",
     ]
     eg.parse_and_run_program("\n".join(setup))

@@ -108,7 +108,8 @@ def saturate_split(
     copies = len(problems) / len(distinct)
     budget = replace(
         budget,
-        match_limit=budget.match_limit * len(distinct),
+        match_limit=budget.match_limit_for(len(legal_degrees(machine.num_devices, degrees)))
+        * len(distinct),
         enodes=budget.enodes * len(distinct),
     )
     sats = saturate_together(

@@ -47,6 +47,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from pcgopt.egraph import Budget, saturate_together
+from pcgopt.egraph.translate import legal_degrees
 from pcgopt.errors import PCGError
 from pcgopt.extract.costmodel.cost import Optimizer
 from pcgopt.extract.search.extraction import (
@@ -322,7 +323,8 @@ def split_search(
     )
     budget = replace(
         budget,
-        match_limit=budget.match_limit * len(distinct),
+        match_limit=budget.match_limit_for(len(legal_degrees(machine.num_devices, degrees)))
+        * len(distinct),
         enodes=budget.enodes * len(distinct),
     )
     start = time.perf_counter()

@@ -31,11 +31,13 @@ from pcgopt.egraph import (
     warm_up_in_background,
 )
 from pcgopt.egraph.language import language
+from pcgopt.egraph.saturate import MATCH_LIMIT_PER_DEGREE, MIN_MATCH_LIMIT
 from pcgopt.egraph.translate import translate_rule
 from pcgopt.errors import PCGError
 from pcgopt.extract import iteration_cost
 from pcgopt.extract.strategies.baselines import data_parallel, megatron, unity_figure_2b
 from pcgopt.models import bert_large, mnist_mlp
+from pcgopt.models.mlps import mlp
 from pcgopt.ops import Params
 from pcgopt.rewrite import Rule
 from pcgopt.segments import cut_layouts, segment_problems, split_segments
@@ -974,3 +976,23 @@ def test_a_concat_of_more_inputs_than_a_constructor_takes_is_loaded_as_a_tree():
     extracted = sat.egraph.to_pcg(sat.egraph.choice_for(model))
     assert max(len(n.inputs) for n in extracted.nodes if n.op == "concat") <= 8
     assert_equivalent(model, extracted)
+
+
+def test_the_match_limit_grows_with_the_degrees_so_every_layer_gets_split():
+    # The parallel rules take their degree from the machine's legal ones, so their matches
+    # grow with the number of degrees; at a fixed limit of 1,000, two Summit nodes (12 GPUs,
+    # 5 degrees) banned them so often that 3 iterations split only 2 of this MLP's 16 layers.
+    assert Budget().match_limit_for(5) == 5 * MATCH_LIMIT_PER_DEGREE
+    assert Budget().match_limit_for(1) == MIN_MATCH_LIMIT
+    assert Budget(match_limit=77).match_limit_for(5) == 77
+    model = mlp(batch=48, in_features=32, hidden=64)  # two branches of 8 dense layers
+    sat = saturate(model, Machine.preset("summit", nodes=2), budget=Budget(iterations=3))
+    values = sat.egraph.logical_values(model)
+    split = {
+        values[n.eclass].node
+        for n in sat.egraph.nodes
+        if n.op == "linear"
+        and values[n.eclass] is not None
+        and sat.egraph.shapes[n.eclass].num_shards > 1
+    }
+    assert split >= {n.name for n in model.nodes if n.op == "linear"}
