@@ -24,6 +24,7 @@ The result says why saturation stopped (:class:`StopReason`) and carries the exp
 from __future__ import annotations
 
 import enum
+import math
 import multiprocessing
 import os
 import pickle
@@ -73,17 +74,17 @@ class StopReason(enum.Enum):
         return self.name
 
 
-#: The back-off match limit per degree rewrites may choose (:attr:`Budget.match_limit`). The
-#: parallel rules take their degree from the machine's legal ones, so their matches grow with
-#: the number of degrees: at one fixed limit, a 12-GPU Summit machine (5 degrees) banned the
+#: The back-off match limit of a machine of :data:`MATCH_LIMIT_DEGREES` degrees
+#: (:attr:`Budget.match_limit`); with ``n`` degrees it is this times ``sqrt(n / 3)``, never
+#: less. The parallel rules take their degree from the machine's legal ones, so their matches
+#: grow with the number of degrees: at 1,000, two Summit nodes (12 GPUs, 5 degrees) banned the
 #: rules that parallelize Unity's MLP for every iteration its budget allowed, and the e-graph
-#: held its 16 dense layers only unsplit but the last (the plan of the e-graph alone: 482 ms,
-#: 180 ms at 1,667 and 2,000; 6 GPUs, 3 degrees: the same at 1,000).
-MATCH_LIMIT_PER_DEGREE = 350
-
-#: The least back-off match limit, whatever the number of degrees (1,000 is the limit the
-#: feasibility measurements used, ../shared/notes/egglog-z3-feasibility.md).
-MIN_MATCH_LIMIT = 1_000
+#: held its 16 dense layers unsplit but the last (the plan of the e-graph alone: 482 ms; 180 ms
+#: at 1,150 to 4,000). Growing it in proportion to the degrees (2,100 on 64 GPUs) took
+#: BERT-Large's search on 64 GPUs to 4.3 GB and cost Inception-v3's deterministic search its
+#: second iteration; the square root grows it less (1,414 on 64 GPUs).
+MATCH_LIMIT = 1_000
+MATCH_LIMIT_DEGREES = 3
 
 
 class ShapeConflictError(PCGError):
@@ -108,8 +109,8 @@ class Budget:
     ``seconds`` covers that work too: an iteration is started only if its e-graph leaves the
     time for it. ``match_limit``: the back-off scheduler's limit on a rule's matches in one
     iteration (over it, the rule is banned for ``ban_length`` iterations and its limit
-    doubles); None (the default): :data:`MATCH_LIMIT_PER_DEGREE` per degree the rewrites may
-    choose, at least :data:`MIN_MATCH_LIMIT` (:meth:`match_limit_for`)."""
+    doubles); None (the default): :data:`MATCH_LIMIT`, grown with the number of degrees the
+    rewrites may choose (:meth:`match_limit_for`)."""
 
     iterations: int = 30
     enodes: int = 200_000
@@ -127,7 +128,7 @@ class Budget:
         docstring)."""
         if self.match_limit is not None:
             return self.match_limit
-        return max(MIN_MATCH_LIMIT, MATCH_LIMIT_PER_DEGREE * num_degrees)
+        return round(MATCH_LIMIT * max(1.0, math.sqrt(num_degrees / MATCH_LIMIT_DEGREES)))
 
     def __post_init__(self) -> None:
         for name in ("iterations", "enodes", "memory_bytes", "match_limit", "ban_length"):

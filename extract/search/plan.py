@@ -736,9 +736,7 @@ def saturate_and_extract(
     candidates["input"] = (pcg, input_cost)
     candidates.update(fixed)
     if baselines:
-        start = time.perf_counter()
         candidates["branch parallel"] = _branch_parallel(search)
-        phases["branch parallel"] = time.perf_counter() - start
     candidates.update(layerwise)
     candidates.update(extra)
     _in_model_names(pcg, candidates)
@@ -904,13 +902,20 @@ def _on_one_node(
 
 def _branch_parallel(search: _Search) -> tuple[PCG, CostBreakdown] | None:
     """Data parallelism narrowed where branches run at once, with tensor parallelism inside
-    branches found by coordinate descent under the mapping."""
+    branches found by coordinate descent under the mapping (the phase "branch parallel", after
+    "branch views" if no phase before it needed them)."""
     pcg, machine, optimizer, say = search.pcg, search.machine, search.optimizer, search.say
+    search.phases["branch parallel"] = 0.0
     try:
         views = search.branch_views("branch parallel")
-        if views is None or not views.narrowed:
-            say("branch parallel: no branch narrows")
-            return None
+    except (BaselineError, CostError) as e:
+        say(f"branch parallel does not apply: {e}")
+        return None
+    if views is None or not views.narrowed:
+        say("branch parallel: no branch narrows")
+        return None
+    start = time.perf_counter()
+    try:
         branches = branch_parallel(
             pcg,
             machine,
@@ -921,6 +926,8 @@ def _branch_parallel(search: _Search) -> tuple[PCG, CostBreakdown] | None:
     except (BaselineError, CostError) as e:
         say(f"branch parallel does not apply: {e}")
         return None
+    finally:
+        search.phases["branch parallel"] = time.perf_counter() - start
     say(repr(branches) if branches else "branch parallel: no branch narrows")
     if branches is None:
         return None
