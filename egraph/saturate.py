@@ -74,16 +74,19 @@ class StopReason(enum.Enum):
         return self.name
 
 
-#: The back-off match limit of a machine of :data:`MATCH_LIMIT_DEGREES` degrees
-#: (:attr:`Budget.match_limit`); with ``n`` degrees it is this times ``sqrt(n / 3)``, never
-#: less. The parallel rules take their degree from the machine's legal ones, so their matches
-#: grow with the number of degrees: at 1,000, two Summit nodes (12 GPUs, 5 degrees) banned the
-#: rules that parallelize Unity's MLP for every iteration its budget allowed, and the e-graph
-#: held its 16 dense layers unsplit but the last (the plan of the e-graph alone: 482 ms; 180 ms
-#: at 1,150 to 4,000). Growing it in proportion to the degrees (2,100 on 64 GPUs) took
-#: BERT-Large's search on 64 GPUs to 4.3 GB and cost Inception-v3's deterministic search its
-#: second iteration; the square root grows it less (1,414 on 64 GPUs).
-MATCH_LIMIT = 1_000
+#: The back-off match limit of the rules with degrees (the parallel and cleanup rulesets) grows
+#: with the number of degrees rewrites may choose (:meth:`Budget.match_limits`):
+#: ``match_limit`` times ``sqrt(n / 3)`` for ``n`` degrees, never less. These rules take their
+#: degree from the machine's legal ones, so their matches grow with the degrees: at 1,000, two
+#: Summit nodes (12 GPUs, 5 degrees) banned ``x => combine(partition(x, dim=1, degree=k))``
+#: (1,148 matches in the first iteration) and the rules that parallelize Unity's MLP for every
+#: iteration its budget allowed, and the e-graph held its 16 dense layers unsplit but the last
+#: (the plan of the e-graph alone: 482 ms; 180 ms with a limit of 1,150 to 4,000). The
+#: algebraic rules keep ``match_limit``: raised for them
+#: too (1,732 on 48 GPUs), their split-of-concat patterns took 6 s each to match in the fourth
+#: iteration of the same MLP on 8 nodes (34 s, against 1.7 s at 1,000). Growing the parallel
+#: limit in proportion to the degrees instead of their square root took BERT-Large's search on
+#: 64 GPUs to 4.3 GB (with the algebraic rules' limit raised alike).
 MATCH_LIMIT_DEGREES = 3
 
 
@@ -107,33 +110,43 @@ class Budget:
     caller will spend per e-node of the exported e-graph before its own deadline (costing and
     extracting it, :data:`~pcgopt.extract.search.extraction.EXTRACTION_SECONDS_PER_ENODE`), so that
     ``seconds`` covers that work too: an iteration is started only if its e-graph leaves the
-    time for it. ``match_limit``: the back-off scheduler's limit on a rule's matches in one
-    iteration (over it, the rule is banned for ``ban_length`` iterations and its limit
-    doubles); None (the default): :data:`MATCH_LIMIT`, grown with the number of degrees the
-    rewrites may choose (:meth:`match_limit_for`)."""
+    time for it. ``match_limit``: the back-off scheduler's limit on an algebraic or cleanup
+    rule's matches in one iteration (over it, the rule is banned for ``ban_length``
+    iterations and its limit doubles); ``parallel_match_limit``: a parallel or cleanup rule's
+    (the rules with degrees), None (the default) for ``match_limit`` grown with the number of
+    degrees the rewrites may choose (:data:`MATCH_LIMIT_DEGREES`, :meth:`match_limits`)."""
 
     iterations: int = 30
     enodes: int = 200_000
     seconds: float = 30.0
     memory_bytes: int = 4 * 2**30
-    match_limit: int | None = None
+    match_limit: int = 1_000
     ban_length: int = 5
     isolate: bool = False
     speculate: bool = True
     after_seconds_per_enode: float = 0.0
+    parallel_match_limit: int | None = None
 
-    def match_limit_for(self, num_degrees: int) -> int:
-        """The back-off match limit of a saturation whose rewrites may choose
-        ``num_degrees`` degrees: ``match_limit`` if given, else the default rule (class
-        docstring)."""
-        if self.match_limit is not None:
-            return self.match_limit
-        return round(MATCH_LIMIT * max(1.0, math.sqrt(num_degrees / MATCH_LIMIT_DEGREES)))
+    def match_limits(self, num_degrees: int) -> tuple[int, int]:
+        """The back-off match limits (algebraic rules, parallel and cleanup rules) of a
+        saturation whose rewrites may choose ``num_degrees`` degrees (class docstring)."""
+        parallel = self.parallel_match_limit
+        if parallel is None:
+            growth = max(1.0, math.sqrt(num_degrees / MATCH_LIMIT_DEGREES))
+            parallel = round(self.match_limit * growth)
+        return self.match_limit, parallel
 
     def __post_init__(self) -> None:
-        for name in ("iterations", "enodes", "memory_bytes", "match_limit", "ban_length"):
+        for name in (
+            "iterations",
+            "enodes",
+            "memory_bytes",
+            "match_limit",
+            "ban_length",
+            "parallel_match_limit",
+        ):
             v = getattr(self, name)
-            if name == "match_limit" and v is None:
+            if name == "parallel_match_limit" and v is None:
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"Budget.{name} must be a positive int, got {v!r}")
@@ -552,7 +565,13 @@ def _enodes(eg: egg.EGraph, lang: Language) -> int:
     return sum(n for name, n in out.sizes if name == "out" or lang.by_name(name) is not None)
 
 
-_SCHEDULE = "(run-schedule " + " ".join(f"(run-with $bo {r})" for r in RULESETS) + ")"
+# The rulesets of rules with degrees (parallel, cleanup) have a back-off scheduler of their own
+# ($bp), with its own match limit (Budget.match_limits).
+_SCHEDULE = (
+    "(run-schedule "
+    + " ".join(f"(run-with {'$bo' if r == 'algebraic' else '$bp'} {r})" for r in RULESETS)
+    + ")"
+)
 
 
 def _iteration(eg: egg.EGraph) -> tuple[bool, int]:
@@ -624,8 +643,11 @@ def _start(
     setup = [
         *(f"(legal {d})" for d in degrees),
         f"(device_budget {machine.num_devices})",
-        f"(let-scheduler $bo (back-off :match-limit {budget.match_limit_for(len(degrees))} "
-        f":ban-length {budget.ban_length}))",
+        *(
+            f"(let-scheduler {name} (back-off :match-limit {limit} "
+            f":ban-length {budget.ban_length}))"
+            for name, limit in zip(("$bo", "$bp"), budget.match_limits(len(degrees)), strict=True)
+        ),
     ]
     eg.parse_and_run_program("\n".join(setup))
     for what, program, is_seed in programs:

@@ -108,7 +108,10 @@ def saturate_split(
     copies = len(problems) / len(distinct)
     budget = replace(
         budget,
-        match_limit=budget.match_limit_for(len(legal_degrees(machine.num_devices, degrees)))
+        match_limit=budget.match_limit * len(distinct),
+        parallel_match_limit=budget.match_limits(len(legal_degrees(machine.num_devices, degrees)))[
+            1
+        ]
         * len(distinct),
         enodes=budget.enodes * len(distinct),
     )

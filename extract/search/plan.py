@@ -1148,6 +1148,13 @@ def _whole_phase(
     phases["saturate"] = time.perf_counter() - start
     say(sat.summary())
 
+    # The branches' views, timed as a phase of their own (the branch-parallel plan reuses
+    # them).
+    try:
+        views = search.branch_views("extract greedy")
+    except (BaselineError, CostError) as e:
+        say(f"no branches at once: {e}")
+        views = None
     start = time.perf_counter()
     costs = enode_costs(sat.egraph, machine, optimizer=search.optimizer)
     if costs.uncosted:
@@ -1155,11 +1162,6 @@ def _whole_phase(
     extracted: dict[str, PCG | None] = {}
     texts = []
     variants = [("e-graph", costs)]
-    try:
-        views = search.branch_views("extract greedy")
-    except (BaselineError, CostError) as e:
-        say(f"no branches at once: {e}")
-        views = None
     if views is not None and views.narrowed:
         devices = class_devices(sat.egraph, pcg, views.views, machine.num_devices)
         variants.append(("e-graph, branches at once", concurrent_costs(costs, devices)))

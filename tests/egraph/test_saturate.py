@@ -31,7 +31,6 @@ from pcgopt.egraph import (
     warm_up_in_background,
 )
 from pcgopt.egraph.language import language
-from pcgopt.egraph.saturate import MATCH_LIMIT
 from pcgopt.egraph.translate import translate_rule
 from pcgopt.errors import PCGError
 from pcgopt.extract import iteration_cost
@@ -982,9 +981,10 @@ def test_the_match_limit_grows_with_the_degrees_so_every_layer_gets_split():
     # The parallel rules take their degree from the machine's legal ones, so their matches
     # grow with the number of degrees; at a fixed limit of 1,000, two Summit nodes (12 GPUs,
     # 5 degrees) banned them so often that 3 iterations split only 2 of this MLP's 16 layers.
-    assert Budget().match_limit_for(3) == Budget().match_limit_for(1) == MATCH_LIMIT
-    assert Budget().match_limit_for(5) == round(MATCH_LIMIT * (5 / 3) ** 0.5)
-    assert Budget(match_limit=77).match_limit_for(5) == 77
+    # The algebraic rules' limit stays (their matches do not grow with the degrees).
+    assert Budget().match_limits(3) == Budget().match_limits(1) == (1000, 1000)
+    assert Budget().match_limits(5) == (1000, round(1000 * (5 / 3) ** 0.5))
+    assert Budget(match_limit=77, parallel_match_limit=88).match_limits(5) == (77, 88)
     model = mlp(batch=48, in_features=32, hidden=64)  # two branches of 8 dense layers
     sat = saturate(model, Machine.preset("summit", nodes=2), budget=Budget(iterations=3))
     values = sat.egraph.logical_values(model)
