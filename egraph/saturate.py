@@ -77,16 +77,19 @@ class StopReason(enum.Enum):
 #: The back-off match limit of the rules with degrees (the parallel and cleanup rulesets) grows
 #: with the number of degrees rewrites may choose (:meth:`Budget.match_limits`):
 #: ``match_limit`` times ``sqrt(n / 3)`` for ``n`` degrees, never less. These rules take their
-#: degree from the machine's legal ones, so their matches grow with the degrees: at 1,000, two
-#: Summit nodes (12 GPUs, 5 degrees) banned ``x => combine(partition(x, dim=1, degree=k))``
-#: (1,148 matches in the first iteration) and the rules that parallelize Unity's MLP for every
-#: iteration its budget allowed, and the e-graph held its 16 dense layers unsplit but the last
-#: (the plan of the e-graph alone: 482 ms; 180 ms with a limit of 1,150 to 4,000). The
-#: algebraic rules keep ``match_limit``: raised for them
-#: too (1,732 on 48 GPUs), their split-of-concat patterns took 6 s each to match in the fourth
-#: iteration of the same MLP on 8 nodes (34 s, against 1.7 s at 1,000). Growing the parallel
-#: limit in proportion to the degrees instead of their square root took BERT-Large's search on
-#: 64 GPUs to 4.3 GB (with the algebraic rules' limit raised alike).
+#: degree from the machine's legal ones, so their matches grow with the degrees: the cleanup
+#: rule ``x => combine(partition(x, dim=1, degree=k))`` matched Unity's MLP 1,148 times in the
+#: first iteration on 12 Summit GPUs (5 degrees) and 2,276 times on 48 (9 degrees). At a fixed
+#: 1,000 it and the rules that parallelize the MLP were banned for every iteration a budget
+#: allowed, and the e-graph held the 16 dense layers unsplit but the last (the plan of the
+#: e-graph alone on 12 GPUs: 482 ms; 180 ms at 1,150 to 4,000). A limit in proportion to the
+#: degrees (3,000 on 48 GPUs) splits every layer there too (the plan: 2,261 ms -> 280 ms), but
+#: it cost BERT-Large on 64 GPUs 4.3 GB (3.3 at 1,000) and BERT-Large's and Inception-v3's
+#: deterministic searches their second iteration (whose e-graph then passed the e-node limit:
+#: 40.4 -> 50.9 ms for BERT-Large): the square root is the compromise that changes neither
+#: of those (``python bench/budgets.py``, ``python bench/search_time.py``). The algebraic rules
+#: keep ``match_limit``: raised for them too, their split-of-concat patterns took 6 s each to
+#: match in the MLP's fourth iteration on 48 GPUs (34 s, against 1.7 s at 1,000).
 MATCH_LIMIT_DEGREES = 3
 
 
