@@ -93,24 +93,54 @@ __all__ = ["BranchParallel", "ElasticViews", "branch_parallel", "elastic_views",
 
 
 @dataclass(frozen=True)
-class BranchParallel:
-    """A branch-parallel plan: its ``pcg``; the batch ``degrees`` of its compute nodes and the
-    ``strategies`` of its dense layers; the DP's ``estimate_s`` (redistributions left out)
-    against ``uniform_s``, the same estimate with every node at the widest degree in sequence;
-    ``mapped_s``, the plan's time under the exact cost model and machine mapping (default
-    placement for batch splits, P^2's for tensor-parallel layers); how many compute nodes are
-    ``narrowed`` below the widest degree, and how many
-    assignments the descent costed (``evaluations``)."""
+class ElasticViews:
+    """The mapping DP's answer on elastic units (module docstring, steps 1 and 2): the batch
+    ``degrees`` and the ``views`` (devices) of the sequential graph's compute nodes; the DP's
+    ``estimate_s`` against ``uniform_s`` (every node at the ``widest`` degree, in sequence);
+    how many compute nodes are ``narrowed`` below the widest degree."""
 
-    pcg: PCG = field(repr=False)
     degrees: Mapping[str, int] = field(repr=False)
-    strategies: Mapping[str, MatmulStrategy] = field(repr=False)
+    views: Mapping[str, int] = field(repr=False)
     estimate_s: float
     uniform_s: float
-    mapped_s: float
     widest: int
     narrowed: int
+
+
+@dataclass(frozen=True)
+class BranchParallel:
+    """A branch-parallel plan: its ``pcg``; the mapping DP's ``views`` it was lowered from
+    (the batch ``degrees`` of its compute nodes, the DP's ``estimate_s`` against ``uniform_s``,
+    how many compute nodes are ``narrowed`` below the ``widest`` degree: properties here too);
+    the ``strategies`` of its dense layers; ``mapped_s``, the plan's time under the exact cost
+    model and machine mapping (default placement for batch splits, P^2's for tensor-parallel
+    layers); and how many assignments the descent costed (``evaluations``)."""
+
+    pcg: PCG = field(repr=False)
+    views: ElasticViews = field(repr=False)
+    strategies: Mapping[str, MatmulStrategy] = field(repr=False)
+    mapped_s: float
     evaluations: int
+
+    @property
+    def degrees(self) -> Mapping[str, int]:
+        return self.views.degrees
+
+    @property
+    def estimate_s(self) -> float:
+        return self.views.estimate_s
+
+    @property
+    def uniform_s(self) -> float:
+        return self.views.uniform_s
+
+    @property
+    def widest(self) -> int:
+        return self.views.widest
+
+    @property
+    def narrowed(self) -> int:
+        return self.views.narrowed
 
     def __repr__(self) -> str:
         split = sum(1 for s in self.strategies.values() if s.columns * s.contraction > 1)
@@ -226,21 +256,6 @@ def _origins(plan: PCG, unit_of: Mapping[str, int]) -> list[tuple[str, int]]:
     return out
 
 
-@dataclass(frozen=True)
-class ElasticViews:
-    """The mapping DP's answer on elastic units (module docstring, steps 1 and 2): the batch
-    ``degrees`` and the ``views`` (devices) of the sequential graph's compute nodes; the DP's
-    ``estimate_s`` against ``uniform_s`` (every node at the ``widest`` degree, in sequence);
-    how many compute nodes are ``narrowed`` below the widest degree."""
-
-    degrees: Mapping[str, int] = field(repr=False)
-    views: Mapping[str, int] = field(repr=False)
-    estimate_s: float
-    uniform_s: float
-    widest: int
-    narrowed: int
-
-
 def elastic_views(
     pcg: PCG,
     machine: Machine,
@@ -350,13 +365,9 @@ def branch_parallel(
     )
     return BranchParallel(
         pcg=plan,
-        degrees=found.degrees,
+        views=found,
         strategies=MappingProxyType(strategies),
-        estimate_s=found.estimate_s,
-        uniform_s=found.uniform_s,
         mapped_s=mapped_s,
-        widest=found.widest,
-        narrowed=found.narrowed,
         evaluations=evaluations,
     )
 
