@@ -113,11 +113,11 @@ class Budget:
     caller will spend per e-node of the exported e-graph before its own deadline (costing and
     extracting it, :data:`~pcgopt.extract.search.extraction.EXTRACTION_SECONDS_PER_ENODE`), so that
     ``seconds`` covers that work too: an iteration is started only if its e-graph leaves the
-    time for it. ``match_limit``: the back-off scheduler's limit on an algebraic or cleanup
-    rule's matches in one iteration (over it, the rule is banned for ``ban_length``
-    iterations and its limit doubles); ``parallel_match_limit``: a parallel or cleanup rule's
-    (the rules with degrees), None (the default) for ``match_limit`` grown with the number of
-    degrees the rewrites may choose (:data:`MATCH_LIMIT_DEGREES`, :meth:`match_limits`)."""
+    time for it. ``match_limit``: the back-off scheduler's limit on an algebraic rule's
+    matches in one iteration (over it, the rule is banned for ``ban_length`` iterations and
+    its limit doubles); ``parallel_match_limit``: a parallel or cleanup rule's (the rules with
+    degrees), None (the default) for ``match_limit`` grown with the number of degrees the
+    rewrites may choose (:data:`MATCH_LIMIT_DEGREES`, :meth:`match_limits`)."""
 
     iterations: int = 30
     enodes: int = 200_000
@@ -138,6 +138,18 @@ class Budget:
             growth = max(1.0, math.sqrt(num_degrees / MATCH_LIMIT_DEGREES))
             parallel = round(self.match_limit * growth)
         return self.match_limit, parallel
+
+    def for_problems(self, count: int, num_degrees: int) -> Budget:
+        """This budget for ``count`` PCGs saturated together in one run, which counts matches
+        and e-nodes over all of them: the match limits (for ``num_degrees`` degrees) and the
+        e-node budget multiplied by ``count``."""
+        algebraic, parallel = self.match_limits(num_degrees)
+        return replace(
+            self,
+            match_limit=algebraic * count,
+            parallel_match_limit=parallel * count,
+            enodes=self.enodes * count,
+        )
 
     def __post_init__(self) -> None:
         for name in (

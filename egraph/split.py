@@ -106,15 +106,7 @@ def saturate_split(
     problems = segment_problems(pcg, segments, seeds, layouts)
     distinct = list(dict.fromkeys(p.key for p in problems))
     copies = len(problems) / len(distinct)
-    budget = replace(
-        budget,
-        match_limit=budget.match_limit * len(distinct),
-        parallel_match_limit=budget.match_limits(len(legal_degrees(machine.num_devices, degrees)))[
-            1
-        ]
-        * len(distinct),
-        enodes=budget.enodes * len(distinct),
-    )
+    budget = budget.for_problems(len(distinct), len(legal_degrees(machine.num_devices, degrees)))
     sats = saturate_together(
         [key[0] for key in distinct],
         machine,

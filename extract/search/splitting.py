@@ -321,15 +321,7 @@ def split_search(
         speculate=False,  # as in the whole-graph phase (plan.py: _Search.saturation_budget)
         after_seconds_per_enode=EXTRACTION_SECONDS_PER_ENODE,
     )
-    budget = replace(
-        budget,
-        match_limit=budget.match_limit * len(distinct),
-        parallel_match_limit=budget.match_limits(len(legal_degrees(machine.num_devices, degrees)))[
-            1
-        ]
-        * len(distinct),
-        enodes=budget.enodes * len(distinct),
-    )
+    budget = budget.for_problems(len(distinct), len(legal_degrees(machine.num_devices, degrees)))
     start = time.perf_counter()
     sats = saturate_together(
         [p.pcg for p in distinct.values()],

@@ -985,6 +985,9 @@ def test_the_match_limit_grows_with_the_degrees_so_every_layer_gets_split():
     assert Budget().match_limits(3) == Budget().match_limits(1) == (1000, 1000)
     assert Budget().match_limits(5) == (1000, round(1000 * (5 / 3) ** 0.5))
     assert Budget(match_limit=77, parallel_match_limit=88).match_limits(5) == (77, 88)
+    # Segments saturated together in one run share its counts: each gets the whole limits.
+    together = Budget(enodes=10).for_problems(4, 6)
+    assert (together.match_limits(6), together.enodes) == ((4000, 4 * 1414), 40)
     model = mlp(batch=48, in_features=32, hidden=64)  # two branches of 8 dense layers
     sat = saturate(model, Machine.preset("summit", nodes=2), budget=Budget(iterations=3))
     values = sat.egraph.logical_values(model)
