@@ -180,6 +180,11 @@ def _difference(
     """None if equivalent on ``trials`` random inputs, else a sentence saying where they differ."""
     if compare not in _COMPARE_MODES:
         raise ValueError(f"compare must be one of {_COMPARE_MODES}, got {compare!r}")
+    # Zero trials would compare nothing and call any two graphs equivalent.
+    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
+        raise PCGError(
+            f"trials must be a positive int (how many random inputs to compare on), got {trials!r}"
+        )
     sa, sb = _source_signature(a), _source_signature(b)
     if sa != sb:
         only_a = sorted(set(sa) - set(sb))

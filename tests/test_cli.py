@@ -66,6 +66,8 @@ def test_equivalent(tmp_path, capsys):
     assert main(["equivalent", str(a), str(a)]) == 0
     assert main(["equivalent", str(a), str(b)]) == 1
     assert "not equivalent" in capsys.readouterr().out
+    assert main(["equivalent", str(a), str(b), "--trials", "0"]) == 2  # compared nothing
+    assert "trials must be a positive int" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args", [["-m", "pcgopt", "models"]])

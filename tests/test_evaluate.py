@@ -9,6 +9,7 @@ from pcgopt import (
     Node,
     NotEquivalentError,
     PCGBuilder,
+    PCGError,
     assert_equivalent,
     equivalent,
     evaluate,
@@ -63,6 +64,16 @@ def test_a_different_computation_is_not_equivalent():
         NotEquivalentError, match=r"output 0 .* differs on random inputs with seed 0"
     ):
         assert_equivalent(original(), wrong)
+
+
+@pytest.mark.parametrize("trials", [0, -1, 2.5, True])
+def test_comparing_on_no_random_input_is_refused(trials):
+    # Zero trials compared nothing and called two different graphs equivalent.
+    b = PCGBuilder()
+    x, w1, w2 = sources(b)
+    wrong = b.build(b.matmul(b.tanh(b.matmul(x, w1)), w2))
+    with pytest.raises(PCGError, match="trials must be a positive int"):
+        equivalent(original(), wrong, trials=trials)
 
 
 def _log_of(transform):
