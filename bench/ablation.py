@@ -18,19 +18,19 @@ import argparse
 import time
 
 from _results import command_sentence, publish, run_child
+from baselines import UNITY_MODELS
 
-UNITY_MODELS = ("mlp", "bert_large", "dlrm", "xdl", "candle_uno", "resnext50", "inception_v3")
 HEADING = "## The e-graph alone against the full search"
 
 CHILD = """
-import inspect, json, sys, time, warnings
+import json, sys, time, warnings
+from baselines import per_gpu_batch
 from pcgopt import Machine, models
 from pcgopt.egraph import warm_up
 from pcgopt.extract import saturate_and_extract
 name, nodes, budget, full = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 machine = Machine.preset("summit", nodes=nodes)
-per_gpu = inspect.signature(models.ZOO[name].builder).parameters["batch"].default
-pcg = models.build(name, batch=per_gpu * machine.num_devices)
+pcg = models.build(name, batch=per_gpu_batch(name) * machine.num_devices)
 warnings.simplefilter("ignore")
 warm_up(pcgs=[pcg])
 optimizer = models.ZOO[name].optimizer

@@ -72,6 +72,7 @@ class EGraphData:
     shapes: list[ParallelTensorShape | None]
     roots: tuple[int, ...]
     _index: dict[tuple, int] | None = field(default=None, repr=False)
+    _readers: list[list[int]] | None = field(default=None, repr=False)
 
     @property
     def num_enodes(self) -> int:
@@ -84,6 +85,18 @@ class EGraphData:
     def node_classes(self) -> np.ndarray:
         """The e-class of every e-node, as an array."""
         return np.fromiter((n.eclass for n in self.nodes), dtype=np.int64, count=len(self.nodes))
+
+    def readers(self) -> list[list[int]]:
+        """For every e-class, the e-nodes that read it, in e-node order, each once however many
+        of its children it is. Computed once: extraction's fixpoints and
+        :meth:`logical_values` walk the e-graph upward with it."""
+        if self._readers is None:
+            readers: list[list[int]] = [[] for _ in range(self.num_eclasses)]
+            for i, n in enumerate(self.nodes):
+                for c in dict.fromkeys(n.children):
+                    readers[c].append(i)
+            self._readers = readers
+        return self._readers
 
     def reachable(self, roots: Sequence[int], *, source_prefix: str = "") -> EGraphData:
         """The e-graph that outputs ``roots``: the e-classes they need, and every source whose
@@ -259,11 +272,9 @@ class EGraphData:
             if n.spec.kind is OpKind.COMPUTE:
                 index.setdefault((n.op, n.params, n.inputs), n.name)
         value: list[TensorRef | None] = [None] * self.num_eclasses
-        readers: list[list[int]] = [[] for _ in range(self.num_eclasses)]
+        readers = self.readers()
         stack: list[int] = []
-        for i, n in enumerate(self.nodes):
-            for c in n.children:
-                readers[c].append(i)
+        for n in self.nodes:
             if n.name is not None and n.name in pcg and value[n.eclass] is None:
                 value[n.eclass] = TensorRef(n.name, 0)
                 stack.append(n.eclass)

@@ -82,9 +82,10 @@ class StopReason(enum.Enum):
 #: first iteration on 12 Summit GPUs (5 degrees) and 2,276 times on 48 (9 degrees). At a fixed
 #: 1,000 it and the rules that parallelize the MLP were banned for every iteration a budget
 #: allowed, and the e-graph held the 16 dense layers unsplit but the last (the plan of the
-#: e-graph alone on 12 GPUs: 482 ms; 180 ms at 1,150 to 4,000). A limit in proportion to the
-#: degrees (3,000 on 48 GPUs) splits every layer there too (the plan: 1,901 ms -> 280 ms), but
-#: it cost BERT-Large on 64 GPUs 4.3 GB (3.3 at 1,000) and BERT-Large's and Inception-v3's
+#: e-graph alone on 12 GPUs: 482 ms; 180 ms at 1,150 to 2,000, 173 ms at 4,000). A limit in
+#: proportion to the degrees (3,000 on 48 GPUs) splits every layer there too (the plan:
+#: 1,901 ms -> 280 ms), but it cost BERT-Large on 64 GPUs 4.3 GB (3.3 GB with the square
+#: root) and BERT-Large's and Inception-v3's
 #: deterministic searches their second iteration (whose e-graph then passed the e-node limit:
 #: 40.4 -> 50.9 ms for BERT-Large): the square root is the compromise that changes neither
 #: of those (``python bench/budgets.py``, ``python bench/search_time.py``). The algebraic rules

@@ -117,15 +117,13 @@ def _fixpoint_any(
     marked = np.zeros(egraph.num_eclasses, dtype=bool)
     cls = egraph.node_classes()
     marked[cls[seed_nodes]] = True
-    parents: list[list[int]] = [[] for _ in range(egraph.num_eclasses)]
-    for i, n in enumerate(egraph.nodes):
-        if propagate is None or propagate[i]:
-            for c in n.children:
-                parents[c].append(i)
+    readers = egraph.readers()
     stack = list(np.flatnonzero(marked))
     while stack:
         c = stack.pop()
-        for i in parents[c]:
+        for i in readers[c]:
+            if propagate is not None and not propagate[i]:
+                continue
             owner = cls[i]
             if not marked[owner]:
                 marked[owner] = True
@@ -139,21 +137,20 @@ def _derivable(egraph: EGraphData, allowed: np.ndarray) -> np.ndarray:
     cls = egraph.node_classes()
     marked = np.zeros(egraph.num_eclasses, dtype=bool)
     waiting = np.zeros(egraph.num_enodes, dtype=np.int64)
-    parents: list[list[int]] = [[] for _ in range(egraph.num_eclasses)]
+    readers = egraph.readers()
     stack: list[int] = []
     for i, n in enumerate(egraph.nodes):
         if not allowed[i]:
             continue
-        distinct = set(n.children)
-        waiting[i] = len(distinct)
-        for c in distinct:
-            parents[c].append(i)
-        if not distinct and not marked[cls[i]]:
+        waiting[i] = len(set(n.children))
+        if not waiting[i] and not marked[cls[i]]:
             marked[cls[i]] = True
             stack.append(int(cls[i]))
     while stack:
         c = stack.pop()
-        for i in parents[c]:
+        for i in readers[c]:
+            if not allowed[i]:
+                continue
             waiting[i] -= 1
             if waiting[i] == 0 and not marked[cls[i]]:
                 marked[cls[i]] = True
@@ -345,34 +342,27 @@ def class_devices(
     a source, the view its readers share (if they do); one holding no tensor of ``pcg`` (a
     value a rewrite made), the widest view of an e-node's children that all have one. The rest
     get ``num_devices``."""
-    devices = np.zeros(egraph.num_eclasses, dtype=np.int64)
-    readers: dict[str, set[int]] = {}
+    # A source's view: the one its readers share, if they do (0: none).
+    shared: dict[str, set[int]] = {}
     for n in pcg.nodes:
         for r in n.inputs:
-            readers.setdefault(r.node, set()).add(views.get(n.name, 0))
-    for c, value in enumerate(egraph.logical_values(pcg)):
-        if value is None:
-            continue
-        view = views.get(value.node)
-        if view is None:
-            shared = readers.get(value.node, {0})
-            view = next(iter(shared)) if len(shared) == 1 else 0
-        devices[c] = view
+            shared.setdefault(r.node, set()).add(views.get(n.name, 0))
+    source_view = {k: next(iter(v)) if len(v) == 1 else 0 for k, v in shared.items()}
+    devices = [
+        0 if value is None else views.get(value.node, source_view.get(value.node, 0))
+        for value in egraph.logical_values(pcg)
+    ]
     # Values rewrites made: from their children, by a worklist over the e-nodes reading a
     # class as it gets its view.
-    readers_of: list[list[int]] = [[] for _ in range(egraph.num_eclasses)]
-    for i, n in enumerate(egraph.nodes):
-        for k in n.children:
-            readers_of[k].append(i)
-    stack = [int(c) for c in np.flatnonzero(devices)]
+    readers, nodes = egraph.readers(), egraph.nodes
+    stack = [c for c, d in enumerate(devices) if d]
     while stack:
-        for i in readers_of[stack.pop()]:
-            n = egraph.nodes[i]
+        for i in readers[stack.pop()]:
+            n = nodes[i]
             if devices[n.eclass] == 0 and all(devices[k] for k in n.children):
                 devices[n.eclass] = max(devices[k] for k in n.children)
                 stack.append(n.eclass)
-    devices[devices == 0] = num_devices
-    return devices
+    return np.array([d or num_devices for d in devices], dtype=np.int64)
 
 
 def concurrent_costs(costs: ENodeCosts, devices: np.ndarray) -> ENodeCosts:
@@ -491,16 +481,13 @@ def _tree_best(costs: ENodeCosts) -> dict[int, int]:
     """Knuth's algorithm: every class's e-node of least tree cost, children finalized first."""
     egraph = costs.egraph
     nodes = egraph.nodes
-    parents: list[list[int]] = [[] for _ in range(egraph.num_eclasses)]
+    parents = egraph.readers()
     waiting = np.zeros(egraph.num_enodes, dtype=np.int64)
     heap: list[tuple[float, int, int]] = []
     extra = costs.stored_s
     for i, n in enumerate(nodes):
-        distinct = set(n.children)
-        waiting[i] = len(distinct)
-        for c in distinct:
-            parents[c].append(i)
-        if not distinct and np.isfinite(costs.node_s[i]):
+        waiting[i] = len(set(n.children))
+        if not waiting[i] and np.isfinite(costs.node_s[i]):
             heapq.heappush(heap, (float(costs.node_s[i]), i, n.eclass))
     best: dict[int, int] = {}
     cost = np.full(egraph.num_eclasses, np.inf)

@@ -356,7 +356,9 @@ def branch_parallel(
     or is already parallel."""
     started = time.perf_counter()
     _check_sequential(pcg)
-    found = views or elastic_views(pcg, machine, optimizer=optimizer, time_limit_s=time_limit_s)
+    found = views
+    if found is None:
+        found = elastic_views(pcg, machine, optimizer=optimizer, time_limit_s=time_limit_s)
     if found is None or not found.narrowed:
         return None
     left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
