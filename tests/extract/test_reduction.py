@@ -80,6 +80,14 @@ def test_the_hoare_rules_of_figure_8():
     assert apply_collective("Broadcast", [root, other]) == [root, root]
     with pytest.raises(InvalidStep, match="knows less"):
         apply_collective("Broadcast", [other, root])
+    # A root holding every chunk but fewer contributions than a member cannot broadcast: the
+    # member would lose what it knows.
+    with pytest.raises(InvalidStep, match="knows less"):
+        apply_collective("Broadcast", [((0b0001, 0b1111),), ((0b0011, 0b1111),)])
+    assert (
+        apply_collective("Broadcast", [((0b0011, 0b1111),), ((0b0001, 0b1111),)])
+        == [((0b0011, 0b1111),)] * 2
+    )
     with pytest.raises(InvalidStep, match="overlapping"):
         apply_collective("AllGather", [a, a])
     with pytest.raises(InvalidStep, match="do not split"):

@@ -183,6 +183,29 @@ def test_flop_counts():
     )
 
 
+def test_every_contraction_counts_one_multiply_add_as_two_flops():
+    """One convention for all contractions: a product of [m, k] by [k, n] is 2mkn FLOPs, a
+    batch of B such products B times that, and a convolution or dense layer that is a matmul
+    counts as that matmul."""
+    m, k, n, batch = 6, 5, 3, 4
+    matmul = counts("matmul", f"f32[{m}, {k}]", f"f32[{k}, {n}]")[0]
+    assert matmul == 2 * m * k * n
+    assert counts("matmul", f"f32[{batch}, {m}, {k}]", f"f32[{k}, {n}]")[0] == batch * matmul
+    assert counts("batch_matmul", f"f32[{batch}, {m}, {k}]", f"f32[{batch}, {k}, {n}]")[0] == (
+        batch * matmul
+    )
+    # two batch dimensions, and per shard: the batch split 2 ways halves a task's work
+    assert counts("batch_matmul", f"f32[2, {batch}, {m}, {k}]", f"f32[2, {batch}, {k}, {n}]")[
+        0
+    ] == (2 * batch * matmul)
+    assert counts("batch_matmul", f"f32[{batch}/2, {m}, {k}]", f"f32[{batch}/2, {k}, {n}]")[0] == (
+        batch * matmul // 2
+    )
+    assert counts("linear", f"f32[{m}, {k}]", f"f32[{k}, {n}]")[0] == matmul
+    # a 1x1 convolution over an m-pixel image is the matmul of its pixels by its channels
+    assert counts("conv2d", f"f32[1, {k}, {m}, 1]", f"f32[{n}, {k}, 1, 1]")[0] == matmul
+
+
 def test_a_gather_reads_the_rows_it_looks_up_not_the_table():
     flops, nbytes = counts("embedding_bag", "i64[8, 3]", "f32[1000, 4]")
     assert flops == 8 * 3 * 4
