@@ -34,7 +34,7 @@ from pcgopt.models import ZOO
 from pcgopt.render import forward_flops
 
 CORPUS = Path(__file__).parents[1] / "tests" / "data" / "onnx"
-BASELINES = ("data parallel", "megatron", "sequential")
+BASELINES = ("data parallel", "megatron", "fused, then data parallel or megatron")
 
 
 def _max_err(got: dict, want: dict) -> float:

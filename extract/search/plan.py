@@ -76,6 +76,7 @@ from pcgopt.extract.costmodel.cost import (
     accumulate_to_fit,
     iteration_cost,
 )
+from pcgopt.extract.search import report
 from pcgopt.extract.search.extraction import (
     EXTRACTION_SECONDS_PER_ENODE,
     ENodeCosts,
@@ -101,11 +102,9 @@ from pcgopt.extract.strategies.placement import (
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine, MachineError
 from pcgopt.names import model_names
-from pcgopt.ops import OpKind
 from pcgopt.render import forward_flops
 from pcgopt.render import to_dot as pcg_to_dot
 from pcgopt.rewrite import Rule
-from pcgopt.sbp import sbp_of
 from pcgopt.scaled import ScaleDownError, scaled_down
 from pcgopt.serialize import pcg_to_dict
 
@@ -232,6 +231,9 @@ class Plan:
     input_cost: CostBreakdown = field(repr=False)
     placement: PlanPlacement | None = field(default=None, repr=False)
     machine_mapping: MachineMapping | None = field(default=None, repr=False)
+    #: The input model's node names (the plan's layers are named after them; empty: the
+    #: plan's own names).
+    model_node_names: frozenset[str] = field(default=frozenset(), repr=False)
 
     @property
     def speedup(self) -> float:
@@ -245,84 +247,12 @@ class Plan:
         )
 
     def explain(self, *, max_rows: int | None = 40) -> str:
-        """Per-node strategy: how each compute node's output is split (parallel shape and its SBP
-        signature, AutoDDL's notation), which collectives run where, and where the time goes
-        (the costliest ``max_rows`` nodes; None: all)."""
-        c, s = self.cost, self.stats
-        lines = [
-            f"plan for {self.machine.name} ({self.machine.num_devices} x "
-            f"{self.machine.device.name}), chosen from {s.chosen}",
-            f"  predicted {c.total_s * 1e3:.4g} ms per training iteration "
-            f"(input as given: {self.input_cost.total_s * 1e3:.4g} ms, {self.speedup:.3g}x); "
-            f"compute {c.compute_s * 1e3:.4g} ms, communication {c.comm_s * 1e3:.4g} ms "
-            f"({c.comm_bytes / 2**20:.4g} MiB), update {c.update_s * 1e3:.4g} ms ({c.optimizer})"
-            + (
-                f"; branches at once save {c.overlap_s * 1e3:.4g} ms (machine mapping)"
-                if c.overlap_s
-                else ""
-            ),
-            f"  memory per device {c.memory_per_device / 2**30:.3g} GiB of "
-            f"{c.memory_capacity / 2**30:.3g} GiB ({'fits' if c.feasible else 'DOES NOT FIT'})"
-            + (
-                f"; gradients accumulated over {c.micro_batches} micro-batches"
-                if c.micro_batches > 1
-                else ""
-            ),
-            "  candidates: "
-            + ", ".join(
-                f"{k} {v * 1e3:.4g} ms" if v is not None else f"{k} n/a"
-                for k, v in s.candidates.items()
-            ),
-            "  search: "
-            + (f"{s.segments} segments (graph splitting), " if s.segments > 1 else "")
-            + f"{s.num_enodes:,} e-nodes, {s.num_eclasses:,} e-classes after "
-            f"{s.iterations} iteration(s) ({s.stop_reason}); extraction {s.extraction}; "
-            + ", ".join(f"{k} {v:.2f} s" for k, v in s.phase_seconds.items()),
-            f"  check: {self.check}",
-        ]
-        if self.placement is not None:
-            p = self.placement
-            where = (
-                f"parallelism matrix {p.matrix.to_list()} on levels {list(p.matrix.hierarchy)} "
-                f"(best of {p.considered}"
-                + (f"; {p.untried} left untried, time limit)" if p.untried else ")")
-                if p.matrix is not None
-                else f"default (consecutive devices): {p.reason}"
-            )
-            lines.append(f"  placement: axes {list(p.axes)}, {where}")
-        if self.machine_mapping is not None:
-            text = self.machine_mapping.explain(max_rows=8).replace("\n", "\n  ")
-            lines.append(f"  machine mapping: {text}")
-        lines.append("")
-        rows = []
-        for node in self.pcg.nodes:
-            nc = c.per_node[node.name]
-            if node.spec.kind is OpKind.SOURCE and not nc.memory_bytes:
-                continue
-            shapes = self.pcg.output_shapes(node.name)
-            layout = " ".join(f"{sh!r} {sbp_of(sh)}" for sh in shapes)
-            what = ""
-            if nc.collectives:
-                what = ", ".join(
-                    f"{k.kind}({k.purpose}, {k.degree} dev x {k.groups})" for k in nc.collectives
-                )
-            rows.append((nc.total_s, node.name, node.op, layout, what))
-        rows.sort(key=lambda r: -r[0])
-        hidden = 0
-        if max_rows is not None and len(rows) > max_rows:
-            hidden, rows = len(rows) - max_rows, rows[:max_rows]
-        # Names as wide as the longest shown (imported models' names are module paths); a name
-        # beyond 64 characters keeps its end, where the layer is most specific.
-        width = max([24, *(min(64, len(r[1])) for r in rows)])
-        lines.append(f"  {'time':>10}  {'node':<{width}} {'op':<14} output layout / collectives")
-        for t, name, op, layout, what in rows:
-            shown = name if len(name) <= width else "..." + name[len(name) - width + 3 :]
-            lines.append(f"  {t * 1e6:>8.4g}µs  {shown:<{width}} {op:<14} {layout}")
-            if what:
-                lines.append(f"  {'':>10}  {'':<{width}} {'':<14} {what}")
-        if hidden:
-            lines.append(f"  ... {hidden} more nodes")
-        return "\n".join(lines)
+        """The plan for a person (:mod:`pcgopt.extract.search.report`): the time and the
+        speedup over the best baseline, one row per layer (strategy in words and in SBP
+        notation, devices, time, memory, collectives; alike layers share a row), the costliest
+        ``max_rows`` nodes (None: all), how the plan was found, and a legend."""
+        names = self.model_node_names or [n.name for n in self.pcg.nodes]
+        return report.explain(self, names, max_rows=max_rows)
 
     def to_dict(self) -> dict[str, Any]:
         c = self.cost
@@ -733,7 +663,7 @@ def saturate_and_extract(
         name: None if plan is None else (plan, iteration_cost(plan, machine, optimizer=optimizer))
         for name, plan in extracted.items()
     }
-    candidates["input"] = (pcg, input_cost)
+    candidates["input as given"] = (pcg, input_cost)
     candidates.update(fixed)
     if baselines:
         candidates["branch parallel"] = _branch_parallel(search)
@@ -761,6 +691,7 @@ def saturate_and_extract(
         input_cost=input_cost,
         placement=placements[chosen],
         machine_mapping=mappings[chosen],
+        model_node_names=frozenset(n.name for n in pcg.nodes),
     )
 
 
@@ -846,7 +777,12 @@ def _baselines(
     """The data-parallel, Megatron and sequential plans with their costs (None: not
     applicable, said why)."""
     fixed: dict[str, tuple[PCG, CostBreakdown] | None] = {}
-    makers = (("data parallel", data_parallel), ("megatron", megatron), ("sequential", sequential))
+    makers = (
+        ("data parallel", data_parallel),
+        ("megatron", megatron),
+        # Unity's "sequential optimization": single-device fusion first, then parallelism.
+        ("fused, then data parallel or megatron", sequential),
+    )
     for name, make in makers:
         try:
             plan = make(pcg, machine)

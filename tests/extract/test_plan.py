@@ -15,6 +15,7 @@ from pcgopt.extract import (
     saturate_and_extract,
 )
 from pcgopt.extract.search import plan as plan_module
+from pcgopt.extract.search.report import BASELINE_CANDIDATES
 from pcgopt.models import build, mnist_mlp
 from pcgopt.serialize import pcg_from_dict
 
@@ -34,7 +35,7 @@ def test_the_plan_is_never_worse_than_a_baseline_and_is_checked(mnist_plan):
         "e-graph",
         "data parallel",
         "megatron",
-        "sequential",
+        "fused, then data parallel or megatron",
         "coordinate descent",
         "metropolis-hastings",
         "branch parallel",
@@ -72,6 +73,14 @@ def test_the_plan_reports_search_statistics_and_mapping(mnist_plan):
 def test_explain_json_and_dot(mnist_plan):
     text = mnist_plan.explain()
     assert "summit" in text and "reduce" in text and "ms per training iteration" in text
+    # The headline compares with the best plan a user would write by hand, then the input.
+    c = mnist_plan.stats.candidates
+    name = min((k for k in BASELINE_CANDIDATES if c.get(k) is not None), key=lambda k: c[k])
+    speedup = text.splitlines()[1]
+    assert speedup.startswith(
+        f"  speedup: {c[name] / mnist_plan.cost.total_s:.3g}x the best baseline ("
+    ), speedup
+    assert f"x the input as given ({c['input as given'] * 1e3:.4g} ms)" in speedup
     data = json.loads(mnist_plan.to_json())
     assert data["machine"]["num_devices"] == 2
     assert data["cost"]["total_s"] == pytest.approx(mnist_plan.cost.total_s)
@@ -194,7 +203,7 @@ def test_a_candidate_that_cannot_be_placed_is_left_out_with_a_warning(monkeypatc
     with pytest.warns(UserWarning, match="could not be placed and mapped, so it was left out"):
         plan = saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=4)
     assert plan.stats.chosen == "data parallel" and plan.pcg == only
-    assert plan.stats.candidates["sequential"] is None
+    assert plan.stats.candidates["fused, then data parallel or megatron"] is None
 
     monkeypatch.setattr(plan_module, "mapped_cost", lambda *a, **k: only_data_parallel(None, 0))
     with (

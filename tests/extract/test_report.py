@@ -1,0 +1,80 @@
+"""Plan.explain for a person (pcgopt.extract.search.report): layers named after the model's
+paths, alike layers sharing a row, the strategy in words and SBP, idle devices said plainly,
+identical node rows grouped, and a legend."""
+
+import re
+
+from pcgopt import Machine
+from pcgopt.extract.search.plan import mapped_plan
+from pcgopt.extract.search.report import layer_of, layer_rows, strategy_words
+from pcgopt.extract.strategies.baselines import data_parallel, megatron
+from pcgopt.models import ZOO
+from pcgopt.shapes import ParallelTensorShape
+
+FOUR = Machine.preset("dgx-a100", devices_per_node=4)
+SIX = Machine.preset("summit")
+
+
+def test_a_layer_is_the_path_prefix_that_tells_the_blocks_apart():
+    zoo = ["embed/lookup", "layer0/attn/q/linear", "layer1/ffn1/linear", "head/logits", "loss"]
+    assert layer_of(zoo) == {
+        "embed/lookup": "embed",
+        "layer0/attn/q/linear": "layer0",
+        "layer1/ffn1/linear": "layer1",
+        "head/logits": "head",
+        "loss": "loss",
+    }
+    # An imported model's paths share a root, and most nodes are in its encoder.
+    onnx = [
+        "/bert/embeddings/Add",
+        *(f"/bert/encoder/layer.{k}/attention/self/{op}" for k in range(3) for op in "QKV"),
+        "/pooler/dense/MatMul",
+    ]
+    layers = layer_of(onnx)
+    assert layers["/bert/encoder/layer.2/attention/self/V"] == "bert/encoder/layer.2"
+    assert layers["/bert/embeddings/Add"] == "bert/embeddings"
+    assert layers["/pooler/dense/MatMul"] == "pooler"
+
+
+def test_strategies_in_words():
+    batch_split = ParallelTensorShape.of((64, 512), degrees=(4, 1))
+    copied_weight = ParallelTensorShape.of((512, 512), copy_degree=4)
+    assert strategy_words(batch_split, copied_weight) == "data parallel x4; weights copied"
+    columns = ParallelTensorShape.of((64, 512), degrees=(1, 2), copy_degree=2)
+    assert strategy_words(columns, ParallelTensorShape.of((512, 512), degrees=(1, 2))) == (
+        "tensor parallel x2 (dim 1), replicated x2; weights split dim 1 x2"
+    )
+    partial = ParallelTensorShape.of((64, 512), sum_degree=2)
+    assert strategy_words(partial, None) == "reduction parallel x2 (partial sums)"
+    assert strategy_words(ParallelTensorShape.of((64, 512)), None) == "one device"
+
+
+def test_alike_layers_share_a_row_and_unlike_ones_do_not():
+    model = ZOO["bert_large"].build(small=True, layers=3, batch=4)
+    rows = layer_rows(mapped_plan(data_parallel(model, FOUR), FOUR), [n.name for n in model.nodes])
+    labels = [r.label for r in rows]
+    assert "layer0 .. layer2 (x3)" in labels, labels
+    (layers,) = [r for r in rows if r.count == 3]
+    assert layers.strategy.startswith("data parallel x4") and layers.devices == 4
+    assert layers.sbp == "(S0:4)"
+    assert dict(layers.collectives)["all_reduce"] > 0  # the weights' gradients
+    # Megatron splits the attention and the feed-forward layers, not the embedding.
+    rows = layer_rows(mapped_plan(megatron(model, FOUR), FOUR), [n.name for n in model.nodes])
+    (layers,) = [r for r in rows if r.count == 3]
+    assert "tensor parallel" in layers.strategy or "reduction parallel" in layers.strategy
+    assert "embed" in [r.label for r in rows]
+
+
+def test_explain_groups_identical_nodes_says_idle_devices_and_has_a_legend():
+    model = ZOO["bert_large"].build(small=True, layers=3, batch=4)
+    # Data parallelism on four of Summit's six GPUs.
+    plan = mapped_plan(data_parallel(model, FOUR), SIX)
+    text = plan.explain(max_rows=None)
+    assert "uses 4 of 6 devices (2 left idle" in text
+    assert re.search(r"layer\{0\.\.2\}/ffn1/w\.r4 \(x3\)", text), text
+    assert "notation: a layout lists the device mesh's axes" in text
+    # Each grouped row stands for three nodes: every node appears once in the table.
+    rows = [line for line in text.splitlines() if re.match(r"\s+[\d.]+ (ms|µs|s)\s", line)]
+    counts = [int(m.group(1)) if (m := re.search(r"\(x(\d+)\)", r)) else 1 for r in rows]
+    shown = sum(c for r, c in zip(rows, counts, strict=True) if "layers" not in r)
+    assert shown >= len([n for n in plan.pcg.nodes if n.op not in ("input",)]) - 5
