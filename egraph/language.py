@@ -228,7 +228,9 @@ def decode_param(ptype: ParamType, raw: Any) -> Any:
     if sort == "i64":
         return None if raw == NONE_INT else raw
     if sort == "IV":
-        return None if raw == () else tuple(raw)
+        # The empty vector is None for optional lists (axes=None: all of them); a shape is
+        # never None, and empty is a rank-0 tensor's.
+        return None if raw == () and ptype is not ParamType.SHAPE else tuple(raw)
     if ptype is ParamType.DTYPE:
         return DType.of(raw)
     if ptype is ParamType.FLOAT:

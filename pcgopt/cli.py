@@ -16,15 +16,21 @@ MODEL is a zoo name (``pcgopt models`` lists them), a PCG JSON file, or an ONNX 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import inspect
 import json
+import os
+import signal
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from pcgopt.arguments import non_negative_int, positive_int, positive_number
 from pcgopt.errors import NotEquivalentError, PCGError
 from pcgopt.evaluate import assert_equivalent
 from pcgopt.graph import PCG
-from pcgopt.machine import MachineError
+from pcgopt.machine import PRESET_NAMES, MachineError
 from pcgopt.models import ZOO
 from pcgopt.ops import OPERATORS, get_op
 
@@ -42,7 +48,14 @@ def load_model(
 ) -> PCG:
     """A zoo model by name (with ``KEY=VALUE`` size overrides, values in JSON), a PCG file, or
     an ONNX file (``dims``: ``NAME=SIZE`` bindings of its symbolic dimensions)."""
+    if not spec:
+        raise UsageError(
+            f"MODEL is empty; give a zoo model ({', '.join(ZOO)}), a PCG or plan JSON file, or "
+            "an ONNX file"
+        )
     path = Path(spec)
+    if path.is_dir():
+        raise UsageError(f"{spec} is a directory; MODEL is a zoo name or a file")
     if dims and path.suffix.lower() != ".onnx":
         raise UsageError("--dims applies to ONNX models (MODEL.onnx)")
     if path.suffix.lower() == ".onnx":
@@ -66,36 +79,82 @@ def load_model(
                 kwargs[key] = value
             if isinstance(kwargs[key], list):
                 kwargs[key] = tuple(kwargs[key])
-        try:
-            return ZOO[spec].build(small=small, **kwargs)
-        except TypeError as e:
-            raise UsageError(f"{spec}: {e}") from None
+        return ZOO[spec].build(small=small, **kwargs)
     if path.suffix == ".json" or path.exists():
         if overrides or small:
             raise UsageError("--set and --small apply to zoo models, not to PCG files")
-        try:
-            return PCG.from_json(path.read_text())
-        except OSError as e:
-            raise UsageError(f"cannot read {spec}: {e.strerror}") from None
+        return load_plan(spec)[0]
     raise UsageError(f"{spec!r} is neither a zoo model ({', '.join(ZOO)}) nor a PCG JSON file")
 
 
+def _output(path: str | None, flag: str) -> Path | None:
+    """``path`` checked before any work: its folder exists and can be written, and it is not a
+    folder itself (a search of minutes must not end in an unwritable path)."""
+    if path is None:
+        return None
+    out = Path(path)
+    folder = out.parent if str(out.parent) else Path(".")
+    if not path or out.is_dir():
+        raise UsageError(f"{flag} {path!r}: not a file path")
+    if not folder.is_dir():
+        raise UsageError(f"{flag} {path}: the folder {folder} does not exist")
+    try:  # the one test that holds for every user, root included: write a file there
+        fd, probe = tempfile.mkstemp(dir=folder, prefix=f".{out.name}.", suffix=".probe")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise UsageError(f"{flag} {path}: cannot write in {folder}: {e.strerror}") from None
+    if out.exists() and not os.access(out, os.W_OK):
+        raise UsageError(f"{flag} {path}: not writable")
+    return out
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Writes ``text`` to a temporary file beside ``path`` and renames it into place, so that a
+    full disk or an interruption never leaves half a file."""
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(temporary, path)
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        if isinstance(e, OSError):
+            raise UsageError(f"cannot write {path}: {e.strerror}") from None
+        raise
+
+
 def _summary(args: argparse.Namespace) -> int:
+    json_out, dot_out = _output(args.json, "--json"), _output(args.dot, "--dot")
     pcg = load_model(args.model, small=args.small, overrides=args.set, dims=args.dims)
     print(pcg.summary(max_rows=args.rows))
-    if args.json:
-        Path(args.json).write_text(pcg.to_json())
+    if json_out:
+        write_atomically(json_out, pcg.to_json())
         print(f"wrote {args.json}")
-    if args.dot:
-        Path(args.dot).write_text(pcg.to_dot())
+    if dot_out:
+        write_atomically(dot_out, pcg.to_dot())
         print(f"wrote {args.dot}")
     return 0
 
 
 def _models(args: argparse.Namespace) -> int:
+    if args.name:
+        entry = ZOO.get(args.name)
+        if entry is None:
+            raise UsageError(f"unknown model {args.name!r}; the zoo has: {', '.join(ZOO)}")
+        doc = inspect.cleandoc(entry.builder.__doc__ or "")
+        print(f"{entry.name} ({entry.source}; trained with {entry.optimizer})\n\n{doc}\n")
+        print("sizes (--set KEY=VALUE; --small uses the small variant's):")
+        sizes = entry.sizes()
+        width = max(map(len, sizes))
+        for key, (kind, default) in sizes.items():
+            small = f", small {entry.small[key]!r}" if key in entry.small else ""
+            print(f"  {key.ljust(width)}  {kind}, default {default!r}{small}")
+        return 0
     width = max(map(len, ZOO))
     for name, entry in ZOO.items():
-        doc = (entry.builder.__doc__ or "").strip().splitlines()[0]
+        doc = inspect.cleandoc(entry.builder.__doc__ or "").splitlines()[0]
         print(f"{name.ljust(width)}  {entry.source}: {doc}")
     return 0
 
@@ -143,22 +202,24 @@ def _optimize(args: argparse.Namespace) -> int:
     optimizer = args.optimizer or (ZOO[args.model].optimizer if args.model in ZOO else "adam")
     if optimizer not in OPTIMIZERS:
         raise UsageError(f"--optimizer: unknown {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
+    json_out, dot_out = _output(args.json, "--json"), _output(args.dot, "--dot")
+    machine = machine_from_spec(args.machine) if args.machine is not None else default_machine()
     pcg = load_model(args.model, small=args.small, overrides=args.set, dims=args.dims)
-    machine = machine_from_spec(args.machine) if args.machine else default_machine()
     plan = saturate_and_extract(
         pcg,
         machine,
         time_budget_s=args.budget,
+        memory_budget=int(args.memory * 2**30),
         check=not args.no_check,
         progress=not args.quiet,
         optimizer=optimizer,
         deterministic=args.deterministic,
     )
     print(plan.explain(max_rows=args.rows))
-    if args.json:
-        Path(args.json).write_text(plan.to_json())
-    if args.dot:
-        Path(args.dot).write_text(plan.to_dot())
+    if json_out:
+        write_atomically(json_out, plan.to_json())
+    if dot_out:
+        write_atomically(dot_out, plan.to_dot())
     if args.run_plan:
         print()
         _run_and_print(plan, plan.pcg, args, model=pcg)
@@ -170,14 +231,19 @@ def load_plan(spec: str) -> tuple[PCG, dict]:
     ``"cost"``) or a bare PCG file, with the plan's fields (empty for a bare PCG)."""
     path = Path(spec)
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise UsageError(f"cannot read {spec}: {e.strerror}") from None
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UsageError(f"{spec} is not JSON: {e}") from None
-    if isinstance(data, dict) and isinstance(data.get("pcg"), dict):
-        return PCG.from_dict(data["pcg"]), data
-    return PCG.from_dict(data), {}
+    except RecursionError:
+        raise UsageError(f"{spec}: JSON nested too deeply") from None
+    try:
+        if isinstance(data, dict) and isinstance(data.get("pcg"), dict):
+            return PCG.from_dict(data["pcg"]), data
+        return PCG.from_dict(data), {}
+    except PCGError as e:
+        raise UsageError(f"{spec}: {e}") from None
 
 
 def _run_and_print(
@@ -284,25 +350,15 @@ def _reductions(args: argparse.Namespace) -> int:
     return 0
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
 def _run_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--devices",
-        type=_positive,
+        type=positive_int,
         metavar="N",
         help="devices to run on (default: as many as the plan needs); without accelerators, "
         "N virtual CPU devices",
     )
-    p.add_argument("--steps", type=_positive, default=3, help="training steps (default 3)")
+    p.add_argument("--steps", type=positive_int, default=3, help="training steps (default 3)")
 
 
 def _dims_option(p: argparse.ArgumentParser) -> None:
@@ -316,6 +372,7 @@ def _dims_option(p: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="pcgopt", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"pcgopt {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("summary", help="build or load a PCG and print its summary")
@@ -329,7 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a zoo model size, e.g. --set layers=2 (repeatable)",
     )
-    p.add_argument("--rows", type=int, default=40, help="node rows to print (default 40)")
+    p.add_argument(
+        "--rows", type=non_negative_int, default=40, help="node rows to print (default 40)"
+    )
     p.add_argument("--json", metavar="OUT", help="also write the PCG as JSON")
     p.add_argument("--dot", metavar="OUT", help="also write a Graphviz picture description")
     p.set_defaults(run=_summary)
@@ -342,10 +401,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--machine",
         metavar="PRESET[:NODES[:GPUS]]",
-        help="a preset (summit, dgx-a100, v100-ring, dgx-h100) with node count, or a machine "
+        help=f"a preset ({', '.join(PRESET_NAMES)}) with a node count, or a machine "
         "JSON/YAML file (default: $PCGOPT_MACHINE, else one dgx-h100 node)",
     )
-    p.add_argument("--budget", type=float, default=60.0, help="search seconds (default 60)")
+    p.add_argument(
+        "--budget",
+        type=positive_number,
+        default=60.0,
+        help="wall-time limit of the whole search and check, in seconds (default 60)",
+    )
+    p.add_argument(
+        "--memory",
+        type=positive_number,
+        default=4.0,
+        metavar="GIB",
+        help="memory limit of the search's e-graphs, in GiB (default 4); saturation stops "
+        "before it",
+    )
     p.add_argument(
         "--deterministic",
         action="store_true",
@@ -360,7 +432,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--small", action="store_true", help="the zoo model's small test variant")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    p.add_argument("--rows", type=int, default=30, help="node rows to explain (default 30)")
+    p.add_argument(
+        "--rows", type=non_negative_int, default=30, help="node rows to explain (default 30)"
+    )
     p.add_argument("--json", metavar="OUT", help="write the plan as JSON")
     p.add_argument("--dot", metavar="OUT", help="write the plan's PCG as Graphviz")
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check")
@@ -397,7 +471,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME",
         help="sgd, momentum or adam (default: the one the plan was costed with, else adam)",
     )
-    p.add_argument("--rows", type=int, default=12, help="collective rows to list (default 12)")
+    p.add_argument(
+        "--rows", type=non_negative_int, default=12, help="collective rows to list (default 12)"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     _run_options(p)
     p.set_defaults(run=_run)
@@ -411,13 +487,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--axes", required=True, help="parallelism axis sizes, e.g. 4,16")
     p.add_argument("--reduce", required=True, help="the axes to reduce over, e.g. 0 or 0,2")
-    p.add_argument("--bytes", type=float, default=2.0**31, help="bytes per device (default 2 GiB)")
-    p.add_argument("--max-size", type=int, default=5, help="longest program (default 5)")
-    p.add_argument("--top", type=int, default=3, help="programs to show per matrix")
+    p.add_argument(
+        "--bytes", type=positive_number, default=2.0**31, help="bytes per device (default 2 GiB)"
+    )
+    p.add_argument("--max-size", type=positive_int, default=5, help="longest program (default 5)")
+    p.add_argument("--top", type=non_negative_int, default=3, help="programs to show per matrix")
     p.add_argument("--target", choices=("all_reduce", "reduce"), default="all_reduce")
     p.set_defaults(run=_reductions)
 
-    p = sub.add_parser("models", help="list the model zoo")
+    p = sub.add_parser("models", help="list the model zoo, or show one model's sizes")
+    p.add_argument("name", nargs="?", help="a zoo model: its sizes, for --set")
     p.set_defaults(run=_models)
 
     p = sub.add_parser("ops", help="list operators, or describe one")
@@ -435,6 +514,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("pcgopt")
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -442,3 +530,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (UsageError, PCGError, MachineError) as e:
         print(f"pcgopt {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"pcgopt {args.command}: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except BrokenPipeError:
+        # The reader went away (`pcgopt ops | head`): stop quietly, as a filter does.
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE

@@ -353,6 +353,11 @@ class GroupLevel:
         return f"GroupLevel({self.index}, {self.level.name!r}, participants={self.participants})"
 
 
+#: The most devices a machine may have: the largest clusters hold about 10^5 accelerators, and
+#: the searches' loops over devices and their divisors must stay within a time budget.
+MAX_DEVICES = 1 << 20
+
+
 @dataclass(frozen=True, slots=True)
 class Machine:
     """A hierarchy of levels, outermost first, of identical devices. See the module docstring
@@ -398,7 +403,15 @@ class Machine:
         for i in range(len(levels) - 2, -1, -1):
             strides[i] = strides[i + 1] * levels[i + 1].count
         object.__setattr__(self, "_strides", tuple(strides))
-        object.__setattr__(self, "_num_devices", math.prod(level.count for level in levels))
+        num_devices = math.prod(level.count for level in levels)
+        if num_devices > MAX_DEVICES:
+            raise MachineError(
+                f"{num_devices:,} devices ({' x '.join(str(lv.count) for lv in levels)}) is "
+                f"more than pcgopt plans for ({MAX_DEVICES:,}); the searches enumerate devices "
+                "and their divisors",
+                field="levels",
+            )
+        object.__setattr__(self, "_num_devices", num_devices)
         object.__setattr__(self, "_group_levels", {})
         table = None
         if self._num_devices <= 1 << 16:
@@ -611,8 +624,19 @@ class Machine:
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> Machine:
         """Read a machine from a ``.json`` file, or ``.yaml``/``.yml`` if PyYAML is installed."""
-        text = Path(path).read_text(encoding="utf-8")
         suffix = Path(path).suffix.lower()
+        if Path(path).is_dir():
+            raise MachineError(f"{os.fspath(path)} is a directory, not a machine file")
+        if suffix not in (".json", ".yaml", ".yml"):
+            raise MachineError(
+                f"{os.fspath(path)}: unknown file type {suffix or '(none)'!r}; a machine file "
+                "ends in .json, .yaml or .yml"
+            )
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) else "not UTF-8 text"
+            raise MachineError(f"cannot read machine file {os.fspath(path)}: {why}") from None
         if suffix in (".yaml", ".yml"):
             try:
                 import yaml  # type: ignore[import-untyped]
@@ -630,9 +654,10 @@ class Machine:
                 data = json.loads(text)
             except json.JSONDecodeError as e:
                 raise MachineError(f"{os.fspath(path)}: not valid JSON: {e}") from None
-        else:
+        if not isinstance(data, Mapping):
             raise MachineError(
-                f"{os.fspath(path)}: unknown file type {suffix!r}; use .json, .yaml or .yml"
+                f"{os.fspath(path)}: a machine file holds an object with 'levels' and "
+                f"'device', got {type(data).__name__}"
             )
         try:
             return cls.from_dict(data)

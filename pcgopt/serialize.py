@@ -76,7 +76,10 @@ def pcg_from_dict(data: Mapping[str, Any]) -> PCG:
         f"this document has format version {version}; this pcgopt reads versions up to {VERSION}",
     )
     nodes_raw = data.get("nodes")
-    _require(isinstance(nodes_raw, list), "'nodes' must be a list of node objects")
+    _require(
+        isinstance(nodes_raw, list) and len(nodes_raw) > 0,
+        "'nodes' must be a non-empty list of node objects",
+    )
     nodes = []
     for i, raw in enumerate(nodes_raw):
         _require(isinstance(raw, Mapping), f"nodes[{i}] must be an object, got {raw!r}")
@@ -104,6 +107,11 @@ def pcg_from_dict(data: Mapping[str, Any]) -> PCG:
         outputs is None or (isinstance(outputs, list) and all(isinstance(r, str) for r in outputs)),
         "'outputs' must be a list of tensor references",
     )
+    _require(
+        outputs is None or len(outputs) > 0,
+        "'outputs' is empty: a PCG computes at least one output (leave the field out to make "
+        "every unread tensor an output)",
+    )
     return PCG(nodes, outputs)
 
 
@@ -112,4 +120,6 @@ def pcg_from_json(text: str) -> PCG:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         raise SchemaError(f"not valid JSON: {e}") from None
+    except RecursionError:
+        raise SchemaError("not valid JSON: nested too deeply") from None
     return pcg_from_dict(data)

@@ -20,6 +20,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from pcgopt.arguments import positive_int, positive_number
 from pcgopt.rules import RULES_FILE, load
 from pcgopt.rules.candidates import kind
 from pcgopt.rules.enumerate import Config
@@ -121,15 +122,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="matrix",
         help="what to enumerate (pcgopt.rules.families; default matrix, the rules.json set)",
     )
-    g.add_argument("--max-ops", type=int, default=None, help="matrix preset only (default 3)")
     g.add_argument(
-        "--degree", type=int, default=2, help="parallel degree to enumerate with (default 2)"
+        "--max-ops", type=positive_int, default=None, help="matrix preset only (default 3)"
+    )
+    g.add_argument(
+        "--degree",
+        type=positive_int,
+        default=2,
+        help="parallel degree to enumerate with (default 2)",
     )
     g.add_argument("--ops", help="comma-separated operators (default: the full enumeration set)")
-    g.add_argument("--workers", type=int, default=max(1, os.cpu_count() or 1))
+    g.add_argument("--workers", type=positive_int, default=max(1, os.cpu_count() or 1))
     g.add_argument("--out", type=Path, required=True)
     g.add_argument("--work-dir", type=Path, default=Path(".pcgopt-rules-work"))
-    g.add_argument("--timeout", type=float, default=3.0, help="Z3 seconds per rule (default 3)")
+    g.add_argument(
+        "--timeout", type=positive_number, default=3.0, help="Z3 seconds per rule (default 3)"
+    )
     g.set_defaults(run=_generate)
     c = sub.add_parser("coverage", help="how much of a peer rule set the generated set covers")
     c.add_argument("--rules", type=Path, default=RULES_FILE)
@@ -141,6 +149,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (OSError, ValueError) as e:
         print(f"python -m pcgopt.rules {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"python -m pcgopt.rules {args.command}: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -45,14 +45,26 @@ def test_errors_are_one_line_without_a_traceback(tmp_path, capsys):
     )
     assert main(["summary", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("pcgopt summary: error: node 'x' (relu): input 0 reads y")
+    assert err.startswith(f"pcgopt summary: error: {bad}: node 'x' (relu): input 0 reads y")
     assert main(["summary", "mnist_mlp", "--set", "depth=3"]) == 2
-    assert "unexpected keyword argument 'depth'" in capsys.readouterr().err
+    assert "mnist_mlp has no size 'depth'; its sizes: batch, in_features" in (
+        capsys.readouterr().err
+    )
+    assert main(["summary", "bert_large", "--small", "--set", "heads=3"]) == 2
+    assert capsys.readouterr().err == (
+        "pcgopt summary: error: bert_large: hidden size 8 is not divisible by 3 heads\n"
+    )
+    assert main(["summary", "bert_large", "--set", "layers=0"]) == 2
+    assert "bert_large: layers must be a positive integer, got 0" in capsys.readouterr().err
 
 
 def test_models_and_ops(capsys):
     assert main(["models"]) == 0
     assert "resnext50" in capsys.readouterr().out
+    assert main(["models", "bert_large"]) == 0
+    out = capsys.readouterr().out
+    assert "  heads    int, default 16, small 2" in out and "--set KEY=VALUE" in out
+    assert main(["models", "gpt5"]) == 2
     assert main(["ops"]) == 0
     assert "parallel (11): partition, combine" in capsys.readouterr().out
     assert main(["ops", "partition"]) == 0
@@ -190,3 +202,82 @@ def test_run_names_bad_files_and_too_few_devices(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["run", str(bad), "--steps", "0"])
     assert "expected a positive integer" in capsys.readouterr().err
+
+
+def test_output_paths_are_checked_before_the_search_and_written_whole(
+    tmp_path, capsys, monkeypatch
+):
+    from pcgopt.extract.search import plan as plan_module
+
+    def no_search(*args, **kwargs):
+        raise AssertionError("the search ran before the output path was checked")
+
+    monkeypatch.setattr(plan_module, "saturate_and_extract", no_search)
+    for flag in ("--json", "--dot"):
+        argv = ["optimize", "mnist_mlp", "--small", flag, str(tmp_path / "no" / "plan.out")]
+        assert main(argv) == 2
+        assert f"{flag} {tmp_path / 'no' / 'plan.out'}: the folder" in capsys.readouterr().err
+    assert main(["optimize", "mnist_mlp", "--json", "/proc/plan.json"]) == 2
+    assert "cannot write in /proc" in capsys.readouterr().err
+    assert main(["summary", "mnist_mlp", "--json", str(tmp_path)]) == 2
+    assert "not a file path" in capsys.readouterr().err
+    # Written through a temporary file: nothing is left beside the result.
+    assert main(["summary", "mnist_mlp", "--json", str(tmp_path / "m.json")]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.json"]
+
+
+def test_an_interrupted_search_says_so_in_one_line(capsys, monkeypatch):
+    from pcgopt.extract.search import plan as plan_module
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(plan_module, "saturate_and_extract", interrupted)
+    assert main(["optimize", "mnist_mlp", "--small"]) == 130
+    assert capsys.readouterr().err == "pcgopt optimize: interrupted\n"
+
+
+def test_a_closed_pipe_ends_the_output_quietly():
+    # `pcgopt ops matmul | head -1`: the rest of the output has no reader.
+    done = subprocess.run(
+        f"{sys.executable} -m pcgopt ops matmul | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+    )
+    assert done.stdout.startswith("matmul") and done.stderr == ""
+
+
+def test_version_and_the_numbers_the_cli_refuses(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.startswith("pcgopt ")
+    for argv, said in [
+        (["summary", "mnist_mlp", "--rows", "-1"], "--rows: expected an integer >= 0, got -1"),
+        (["optimize", "mnist_mlp", "--memory", "0"], "--memory: expected a positive"),
+        (
+            ["reductions", "--machine", "summit", "--axes", "6", "--reduce", "0", "--top", "-2"],
+            "--top: expected an integer >= 0",
+        ),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            main(argv)
+        assert e.value.code == 2 and said in capsys.readouterr().err
+    assert main(["summary", ""]) == 2
+    assert "MODEL is empty" in capsys.readouterr().err
+    assert main(["optimize", "mnist_mlp", "--machine", ""]) == 2
+    assert "a machine spec must be a non-empty string" in capsys.readouterr().err
+    assert main(["optimize", "mnist_mlp", "--machine", "summit:99999999999"]) == 2
+    assert "more than pcgopt plans for (1,048,576)" in capsys.readouterr().err
+
+
+def test_a_plan_file_reads_as_its_pcg(tmp_path, capsys):
+    model, plan = tmp_path / "model.json", tmp_path / "plan.json"
+    assert main(["summary", "mnist_mlp", "--small", "--json", str(model)]) == 0
+    argv = ["optimize", "mnist_mlp", "--small", "--machine", "summit:1:2", "--budget", "3"]
+    assert main([*argv, "--quiet", "--json", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["summary", str(plan)]) == 0
+    assert "parallel)" in capsys.readouterr().out
+    assert main(["equivalent", str(model), str(plan)]) == 0
+    assert capsys.readouterr().out.startswith("equivalent on 3 random input(s)")

@@ -389,8 +389,12 @@ def test_load_reports_bad_files(tmp_path):
         Machine.load(bad)
     other = tmp_path / "cluster.toml"
     other.write_text("")
-    with pytest.raises(MachineError, match=r"use \.json, \.yaml or \.yml"):
+    with pytest.raises(MachineError, match=r"unknown file type '\.toml'; a machine file ends"):
         Machine.load(other)
+    with pytest.raises(MachineError, match=r"cannot read machine file .*none\.json: No such"):
+        Machine.load(tmp_path / "none.json")
+    with pytest.raises(MachineError, match=r"is a directory, not a machine file"):
+        Machine.load(tmp_path)
     wrong = Machine.preset("summit").to_dict()
     wrong["levels"][1]["link"]["bandwidth_Bps"] = -3
     path = tmp_path / "wrong.json"

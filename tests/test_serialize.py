@@ -39,7 +39,9 @@ def _doc():
     [
         (lambda d: d.update(format="onnx"), "not a PCG document"),
         (lambda d: d.update(version=99), "format version 99"),
-        (lambda d: d.update(nodes={}), "'nodes' must be a list"),
+        (lambda d: d.update(nodes={}), "'nodes' must be a non-empty list"),
+        (lambda d: d.update(nodes=[]), "'nodes' must be a non-empty list"),
+        (lambda d: d.update(outputs=[]), "'outputs' is empty"),
         (lambda d: d["nodes"][0].update(color="red"), r"unknown field\(s\) \['color'\]"),
         (lambda d: d["nodes"][3].update(inputs="x"), "'inputs' must be a list"),
         (lambda d: d["nodes"][3].pop("op"), "'op' must be a string"),

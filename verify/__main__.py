@@ -21,6 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
+from pcgopt.arguments import positive_int, positive_number
 from pcgopt.progress import Progress
 from pcgopt.rewrite import Rule, RuleError, load_rules
 from pcgopt.verify.prove import verify_record
@@ -108,14 +109,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("file", type=Path)
     parser.add_argument("--format", choices=("pcgopt", "flexflow"), default="pcgopt")
     parser.add_argument("--json", type=Path, metavar="OUT", help="write all verdicts as JSON")
-    parser.add_argument("--workers", type=int, default=max(1, os.cpu_count() or 1))
+    parser.add_argument("--workers", type=positive_int, default=max(1, os.cpu_count() or 1))
     parser.add_argument(
-        "--timeout", type=float, default=10.0, help="Z3 seconds per rule (default 10)"
+        "--timeout", type=positive_number, default=10.0, help="Z3 seconds per rule (default 10)"
     )
     parser.add_argument(
-        "--checks", type=int, default=12, help="concrete instances per rule (default 12)"
+        "--checks", type=positive_int, default=12, help="concrete instances per rule (default 12)"
     )
-    parser.add_argument("--limit", type=int, help="only the first N rules")
+    parser.add_argument("--limit", type=positive_int, help="only the first N rules")
     parser.add_argument(
         "--fix",
         action="append",
@@ -126,8 +127,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         rules, untranslatable = load(args.file, args.format)
-    except (OSError, RuleError, json.JSONDecodeError) as e:
-        print(f"python -m pcgopt.verify: error: {e}", file=sys.stderr)
+    except OSError as e:
+        print(
+            f"python -m pcgopt.verify: error: cannot read {args.file}: {e.strerror}",
+            file=sys.stderr,
+        )
+        return 2
+    except (RuleError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        print(f"python -m pcgopt.verify: error: {args.file}: {e}", file=sys.stderr)
         return 2
     if args.limit is not None:
         rules = rules[: args.limit]
@@ -160,7 +167,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             json.dumps({"verdicts": verdicts, "not_translatable": untranslatable}, indent=1) + "\n"
         )
         print(f"wrote {args.json}")
-    return 1 if any(v["axiom_conflict"] for v in verdicts) else 0
+    # Non-zero when a rule did not hold: a refuted rule, or an axiom the evaluator refutes.
+    return 1 if any(v["axiom_conflict"] or v["status"] == "refuted" for v in verdicts) else 0
 
 
 if __name__ == "__main__":

@@ -149,8 +149,8 @@ def machine_from_spec(spec: str) -> Machine:
     """
     if not isinstance(spec, str) or not spec:
         raise MachineError(f"a machine spec must be a non-empty string, got {spec!r}")
-    if Path(spec).suffix.lower() in (".json", ".yaml", ".yml"):
-        return Machine.load(spec)
+    if Path(spec).suffix or os.sep in spec or "/" in spec or Path(spec).exists():
+        return Machine.load(spec)  # a file: it says what is wrong with it, if anything
     name, *rest = spec.split(":")
     if len(rest) > 2:
         raise MachineError(
@@ -620,6 +620,8 @@ def saturate_and_extract(
     :class:`CostError` says why.
     """
     machine = _checked_arguments(pcg, machine, time_budget_s, seeds)
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1:
+        raise PCGError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
     if degrees is not None:
         legal_degrees(machine.num_devices, degrees)  # a clear error now, not after the seeds
     # The shipped rules load (once per process) on the second core while the layer-wise
@@ -708,8 +710,17 @@ def _checked_arguments(
             f"machine must be a pcgopt.Machine (or None for the default), got "
             f"{type(machine).__name__}"
         )
-    if not time_budget_s > 0:
-        raise PCGError(f"time_budget_s must be > 0 seconds, got {time_budget_s!r}")
+    if (
+        isinstance(time_budget_s, bool)
+        or not isinstance(time_budget_s, int | float)
+        or not 0 < time_budget_s < math.inf
+    ):
+        raise PCGError(
+            f"time_budget_s must be a finite number of seconds > 0 (deterministic=True limits "
+            f"the search by work instead), got {time_budget_s!r}"
+        )
+    if pcg.nodes == () or not pcg.outputs:
+        raise PCGError("the PCG has no outputs: there is nothing to optimize")
     for k, seed in enumerate(seeds):
         if not isinstance(seed, PCG):
             raise PCGError(f"seeds[{k}] must be a pcgopt.PCG, got {type(seed).__name__}")

@@ -13,11 +13,14 @@ that build and evaluate in milliseconds.
 
 from __future__ import annotations
 
+import inspect
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+from pcgopt.errors import PCGError
 from pcgopt.graph import PCG
 from pcgopt.models.mlps import candle_uno, mlp, mnist_mlp
 from pcgopt.models.recommendation import dlrm, xdl
@@ -39,9 +42,68 @@ class ModelEntry:
     paper_kwargs: Mapping[str, Any] = field(default_factory=dict)
     optimizer: str = "adam"
 
+    def sizes(self) -> dict[str, tuple[str, Any]]:
+        """The keyword sizes the builder takes (``pcgopt optimize --set KEY=VALUE``): each
+        name with its type, as annotated, and its default."""
+        return {
+            name: (str(p.annotation), p.default)
+            for name, p in inspect.signature(self.builder).parameters.items()
+        }
+
     def build(self, *, small: bool = False, **kwargs: Any) -> PCG:
+        """The model at the paper's sizes (or the small variant's), ``kwargs`` overriding them.
+        Raises :class:`ModelSizeError` naming a size that is unknown or not of its type (sizes
+        are positive integers, rates in [0, 1))."""
+        known = self.sizes()
+        for key, value in kwargs.items():
+            if key not in known:
+                raise ModelSizeError(
+                    f"{self.name} has no size {key!r}; its sizes: {', '.join(known)}"
+                )
+            _check_size(self.name, key, known[key][0], value)
         args = {**(self.small if small else {}), **kwargs}
-        return self.builder(**args)
+        try:
+            return self.builder(**args)
+        except ValueError as e:  # sizes that do not fit together, e.g. heads and hidden
+            if isinstance(e, PCGError):
+                raise
+            raise ModelSizeError(f"{self.name}: {e}") from None
+
+
+class ModelSizeError(PCGError):
+    """A zoo model size that the model does not have, or a value it cannot take."""
+
+
+def _check_size(model: str, key: str, annotation: str, value: Any) -> None:
+    """Checks one size against its annotation: ints positive, floats finite and positive (a
+    rate in [0, 1)), tuples of positive ints, dicts of them, None where allowed."""
+    where = f"{model}: {key}"
+    if value is None:
+        if "None" not in annotation:
+            raise ModelSizeError(f"{where} cannot be None")
+        return
+
+    def positive_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+
+    if annotation.startswith("int"):
+        if not positive_int(value):
+            raise ModelSizeError(f"{where} must be a positive integer, got {value!r}")
+    elif annotation.startswith("float"):
+        rate = key in ("dropout", "rate")
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        ok = number and math.isfinite(value) and (0 <= value < 1 if rate else value > 0)
+        if not ok:
+            valid = "in [0, 1)" if rate else "a positive number"
+            raise ModelSizeError(f"{where} must be {valid}, got {value!r}")
+    elif annotation.startswith("tuple"):
+        if not isinstance(value, tuple | list) or not all(positive_int(v) for v in value):
+            raise ModelSizeError(f"{where} must be a list of positive integers, got {value!r}")
+    elif annotation.startswith("dict"):
+        if not isinstance(value, Mapping) or not all(positive_int(v) for v in value.values()):
+            raise ModelSizeError(f"{where} must map names to positive integers, got {value!r}")
+    elif annotation.startswith("bool") and not isinstance(value, bool):
+        raise ModelSizeError(f"{where} must be true or false, got {value!r}")
 
 
 _ENTRIES = (
@@ -152,6 +214,7 @@ def build(name: str, *, small: bool = False, **kwargs: Any) -> PCG:
 __all__ = [
     "ZOO",
     "ModelEntry",
+    "ModelSizeError",
     "bert_large",
     "build",
     "candle_uno",

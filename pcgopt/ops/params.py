@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +22,7 @@ class ParamType(enum.Enum):
     BOOL = "a bool"
     STR = "a string"  # one of Param.choices
     INTS = "a list of ints"
-    SHAPE = "a list of positive ints"
+    SHAPE = "a list of positive ints (each at most 2^62)"
     PAIR = "a non-negative int or a pair of them"  # an int n is read as (n, n)
     POS_PAIR = "a positive int or a pair of them"
     DTYPE = "a dtype name such as 'f32'"
@@ -97,6 +98,8 @@ def _nonneg_int(v: Any) -> int:
 def _float(v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, int | float):
         raise TypeError
+    if math.isnan(v):  # no operator's parameter means NaN (-inf pads a max, though)
+        raise ValueError
     return float(v)
 
 
@@ -118,10 +121,18 @@ def _ints(v: Any) -> tuple[int, ...]:
     return tuple(_int(x) for x in v)
 
 
+#: The largest dimension a shape may have: sizes are 64-bit integers in the e-graph (egglog's
+#: i64), with room for the products the rules form.
+MAX_DIMENSION = 1 << 62
+
+
 def _shape(v: Any) -> tuple[int, ...]:
     if not isinstance(v, list | tuple):
         raise TypeError
-    return tuple(_pos_int(x) for x in v)
+    out = tuple(_pos_int(x) for x in v)
+    if any(x > MAX_DIMENSION for x in out):
+        raise ValueError
+    return out
 
 
 def _pair(v: Any) -> tuple[int, int]:

@@ -622,3 +622,79 @@ def flat_machine(
     return Machine(
         (Level("gpu", devices, Link(bandwidth, latency)),), device, name=f"flat{devices}"
     )
+
+
+#: Values a malformed document puts where a well-formed one has something else: wrong types,
+#: empty and absurd sizes, NaN and infinities, the empty name, deep nesting.
+ODD_JSON_VALUES = (
+    None,
+    True,
+    0,
+    -1,
+    2**62 + 1,
+    2**63,
+    -(2**63),
+    2.5,
+    float("nan"),
+    float("inf"),
+    "",
+    "x",
+    "x:1",
+    "x:-1",
+    [],
+    [0],
+    [-3, 4],
+    [2**63],
+    {},
+    {"a": 1},
+    [[[[[[[[1]]]]]]]],
+)
+
+
+def _paths(value: object, prefix: tuple = ()) -> list[tuple]:
+    out = [prefix]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += _paths(v, (*prefix, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += _paths(v, (*prefix, i))
+    return out
+
+
+@st.composite
+def json_mutations(draw, document: object, max_edits: int = 3) -> object:
+    """``document`` (JSON data: dicts, lists, scalars) with 1 to ``max_edits`` edits at random
+    places: a value replaced by one of :data:`ODD_JSON_VALUES` or by another part of the
+    document, a key or list item deleted, an item duplicated. For fuzzing readers of files:
+    what comes out must be a clean error or a valid result."""
+    import copy
+
+    doc = copy.deepcopy(document)
+    for _ in range(draw(st.integers(1, max_edits))):
+        paths = _paths(doc)
+        path = draw(st.sampled_from(paths))
+        kind = draw(st.sampled_from(("replace", "delete", "duplicate", "graft")))
+        if not path:
+            if kind == "replace":
+                doc = copy.deepcopy(draw(st.sampled_from(ODD_JSON_VALUES)))
+            continue
+        parent = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        last = path[-1]
+        if kind == "replace":
+            parent[last] = copy.deepcopy(draw(st.sampled_from(ODD_JSON_VALUES)))
+        elif kind == "graft":
+            parent[last] = copy.deepcopy(_get(doc, draw(st.sampled_from(paths))))
+        elif kind == "delete":
+            del parent[last]
+        elif isinstance(parent, list):
+            parent.insert(last, copy.deepcopy(parent[last]))
+    return doc
+
+
+def _get(doc: object, path: tuple) -> object:
+    for key in path:
+        doc = doc[key]  # type: ignore[index]
+    return doc

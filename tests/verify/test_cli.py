@@ -30,9 +30,10 @@ def rule_file(tmp_path):
 
 def test_summary_and_json(tmp_path, capsys):
     out = tmp_path / "verdicts.json"
+    # One rule of the two is refuted: the exit status says so.
     assert (
         main([str(rule_file(tmp_path)), "--workers", "1", "--timeout", "2", "--json", str(out)])
-        == 0
+        == 1
     )
     text = capsys.readouterr().out
     assert "proved                1" in text
@@ -59,7 +60,7 @@ def test_parallel_workers_and_fixed_symbols(tmp_path):
         capture_output=True,
         text=True,
     )
-    assert done.returncode == 0, done.stderr
+    assert done.returncode == 1, done.stderr  # relu_additive is refuted
     assert "proved                1" in done.stdout
     assert "2/2" in done.stderr  # the progress display
 
@@ -69,3 +70,16 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     bad.write_text('{"format": "something else"}')
     assert main([str(bad)]) == 2
     assert "not a pcgopt rule file" in capsys.readouterr().err
+
+
+def test_a_file_of_sound_rules_exits_zero(tmp_path, capsys):
+    path = tmp_path / "sound.json"
+    sound = Rule.parse(
+        "relu_rows",
+        "relu(partition(x, dim=0, degree=k))",
+        "partition(relu(x), dim=0, degree=k)",
+        {"x": "[m, n]"},
+    )
+    path.write_text(dump_rules([sound]))
+    assert main([str(path), "--workers", "1", "--timeout", "2"]) == 0
+    assert "refuted               0" in capsys.readouterr().out
