@@ -33,6 +33,7 @@ from pcgopt.graph import PCG
 from pcgopt.machine import PRESET_NAMES, MachineError
 from pcgopt.models import ZOO
 from pcgopt.ops import OPERATORS, get_op
+from pcgopt.scaled import checkable_pair
 
 
 class UsageError(Exception):
@@ -183,14 +184,19 @@ def _ops(args: argparse.Namespace) -> int:
 
 def _equivalent(args: argparse.Namespace) -> int:
     a, b = load_model(args.a), load_model(args.b)
+    # Too large for the evaluator (BERT-Large takes tens of GB in float64): compare a scaled-
+    # down instance of both, as saturate_and_extract's own check does.
+    pair = checkable_pair(a, b)
+    if pair.skipped is not None:
+        raise UsageError(f"cannot compare the two: {pair.skipped}")
     try:
         assert_equivalent(
-            a, b, trials=args.trials, compare="logical" if args.logical else "parallel"
+            *pair.pcgs, trials=args.trials, compare="logical" if args.logical else "parallel"
         )
     except NotEquivalentError as e:
-        print(f"not equivalent: {e}")
+        print(f"not equivalent{pair.where}: {e}")
         return 1
-    print(f"equivalent on {args.trials} random input(s)")
+    print(f"equivalent on {args.trials} random input(s){pair.where}")
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 
 import networkx as nx
 
@@ -80,36 +81,57 @@ _DOT_STYLE = {
 
 
 def _dot_quote(s: str) -> str:
-    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """A DOT string: backslashes and quotes escaped, line breaks as DOT's ``\\n``."""
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def to_dot(pcg: PCG) -> str:
+def to_dot(pcg: PCG, *, boxes: Mapping[str, str] | None = None) -> str:
     """Graphviz DOT: compute nodes green, parallelization nodes orange (as in the Unity paper);
-    edges labelled with their parallel shapes."""
+    edges labelled with their parallel shapes. ``boxes`` draws groups of nodes as one box each
+    (node name -> the box's label, e.g. ``layer1 .. layer23 (x23, as layer0)``), so that a
+    model of many alike layers stays a picture one can read."""
+    boxes = boxes or {}
     out = [
         "digraph pcg {",
         "  rankdir=TB;",
         '  node [fontname="Helvetica", fontsize=10];',
         '  edge [fontname="Helvetica", fontsize=9];',
     ]
+
+    def where(name: str) -> str:
+        return f"box: {boxes[name]}" if name in boxes else name
+
+    for label in dict.fromkeys(boxes.values()):
+        out.append(
+            f"  {_dot_quote('box: ' + label)} [label={_dot_quote(label)}, shape=box3d, "
+            'style=filled, fillcolor="#dfe7f5"];'
+        )
     for n in pcg.nodes:
+        if n.name in boxes:
+            continue
         params = _non_default_params(n)
-        label = f"{n.name}\\n{n.op}" + (f"\\n{params}" if params else "")
+        label = f"{n.name}\n{n.op}" + (f"\n{params}" if params else "")
         if OPERATORS[n.op].kind is OpKind.SOURCE:
-            label += f"\\n{pcg.shape(n.name)}"
+            label += f"\n{pcg.shape(n.name)}"
         out.append(
             f"  {_dot_quote(n.name)} [label={_dot_quote(label)}, "
             f"{_DOT_STYLE[OPERATORS[n.op].kind]}];"
         )
+    drawn: set[tuple[str, str]] = set()
     for n in pcg.nodes:
         for r in n.inputs:
+            a, b = where(r.node), where(n.name)
+            if a == b or (a, b) in drawn:
+                continue
+            drawn.add((a, b))
             out.append(
-                f"  {_dot_quote(r.node)} -> {_dot_quote(n.name)} "
-                f"[label={_dot_quote(str(pcg.shape(r)))}];"
+                f"  {_dot_quote(a)} -> {_dot_quote(b)} [label={_dot_quote(str(pcg.shape(r)))}];"
             )
     for k, r in enumerate(pcg.outputs):
         out.append(f'  "__out{k}" [label="output {k}", shape=plaintext];')
-        out.append(f'  {_dot_quote(r.node)} -> "__out{k}" [label={_dot_quote(str(pcg.shape(r)))}];')
+        out.append(
+            f'  {_dot_quote(where(r.node))} -> "__out{k}" [label={_dot_quote(str(pcg.shape(r)))}];'
+        )
     out.append("}")
     return "\n".join(out) + "\n"
 

@@ -606,3 +606,77 @@ def scaled_down(*pcgs: PCG, min_size: int = 4, max_rebuilds: int = 16) -> Scaled
     if isinstance(max_rebuilds, bool) or not isinstance(max_rebuilds, int) or max_rebuilds < 0:
         raise ScaleDownError(f"max_rebuilds must be a non-negative int, got {max_rebuilds!r}")
     return _Problem(tuple(pcgs), min_size, max_rebuilds).solve()
+
+
+#: Above this many forward FLOPs the reference evaluator would take minutes; the check then
+#: runs on a scaled-down instance of the model and the plan (:func:`pcgopt.scaled.scaled_down`),
+#: or, if even that is over, is skipped with a warning (``Plan.check`` says so).
+CHECK_FLOPS_LIMIT = 2e9
+
+#: Above this many tensor elements (every node's outputs, inputs and weights included, in the
+#: model and, counting every copy and partial sum, in the plan) the evaluator would take
+#: gigabytes in float64 and several seconds (a scaled-down Inception-v3 on one Summit node,
+#: 1.3e7 in its plan, takes about 2 s); the check is scaled down or skipped the same way.
+CHECK_ELEMENTS_LIMIT = 2e7
+
+
+def _tensor_elements(pcg: PCG) -> int:
+    """Elements of every tensor of ``pcg``, every copy and partial sum counted."""
+    return sum(
+        s.numel * s.copy_degree * s.sum_degree for n in pcg.nodes for s in pcg.output_shapes(n.name)
+    )
+
+
+def over_check_limits(model: PCG, plan: PCG, flops_limit: float = CHECK_FLOPS_LIMIT) -> str | None:
+    """Why the reference evaluator cannot compare ``plan`` with ``model`` in reasonable time
+    and memory, or None."""
+    from pcgopt.render import forward_flops
+
+    flops = forward_flops(model)
+    if flops > flops_limit:
+        return (
+            f"{flops:.3g} forward FLOPs, over the evaluator's limit of {flops_limit:.3g} "
+            "(check_flops_limit)"
+        )
+    elements = max(_tensor_elements(model), _tensor_elements(plan))
+    if elements > CHECK_ELEMENTS_LIMIT:
+        return (
+            f"tensors of {elements:.3g} elements, over the evaluator's limit of "
+            f"{CHECK_ELEMENTS_LIMIT:.3g} (CHECK_ELEMENTS_LIMIT)"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class CheckablePair:
+    """Two PCGs to compare with the reference evaluator: as given, or scaled down together.
+    ``where``: what was done (empty, or " of an instance scaled down from full size (...)");
+    ``skipped``: why no comparison is possible (too big even scaled down), or None."""
+
+    pcgs: tuple[PCG, PCG]
+    where: str = ""
+    skipped: str | None = None
+
+
+def checkable_pair(
+    model: PCG, plan: PCG, *, flops_limit: float = CHECK_FLOPS_LIMIT
+) -> CheckablePair:
+    """``model`` and ``plan``, scaled down together (:func:`scaled_down`) when the evaluator
+    could not compare them at full size (:func:`over_check_limits`)."""
+    over = over_check_limits(model, plan, flops_limit)
+    if over is None:
+        return CheckablePair((model, plan))
+    try:
+        small = scaled_down(model, plan)
+    except ScaleDownError as err:
+        why = f"the check needs {over}, and the model has no smaller instance: {err}"
+        return CheckablePair((model, plan), skipped=why)
+    still = over_check_limits(*small.pcgs, flops_limit)
+    if still is not None:
+        why = f"the check needs {over}, and on the smallest instance still {still}"
+        return CheckablePair((model, plan), skipped=why)
+    shrunk = ", ".join(f"{a} to {b}" for a, b in small.sizes)
+    return CheckablePair(
+        (small.pcgs[0], small.pcgs[1]),
+        where=f" of an instance scaled down from full size ({shrunk})",
+    )

@@ -281,3 +281,21 @@ def test_a_plan_file_reads_as_its_pcg(tmp_path, capsys):
     assert "parallel)" in capsys.readouterr().out
     assert main(["equivalent", str(model), str(plan)]) == 0
     assert capsys.readouterr().out.startswith("equivalent on 3 random input(s)")
+
+
+def test_equivalent_compares_full_size_models_on_a_scaled_down_instance(tmp_path, capsys):
+    from pcgopt import Machine
+    from pcgopt.extract.strategies.baselines import data_parallel
+    from pcgopt.models import build
+
+    model = build("bert_large", layers=2)  # full width: 1.2e10 forward FLOPs
+    plan = data_parallel(model, Machine.preset("dgx-a100"))
+    a, b, wrong = tmp_path / "model.json", tmp_path / "plan.json", tmp_path / "wrong.json"
+    a.write_text(model.to_json())
+    b.write_text(plan.to_json())
+    swap = {"layer0/ffn1/b": "layer1/ffn1/b", "layer1/ffn1/b": "layer0/ffn1/b"}
+    wrong.write_text(plan.renamed({n.name: swap.get(n.name, n.name) for n in plan.nodes}).to_json())
+    assert main(["equivalent", str(a), str(b)]) == 0
+    assert "scaled down from full size (30522 to" in capsys.readouterr().out
+    assert main(["equivalent", str(a), str(wrong)]) == 1
+    assert capsys.readouterr().out.startswith("not equivalent of an instance scaled down")

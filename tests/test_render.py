@@ -35,3 +35,13 @@ def test_dot_has_every_node_and_edge_and_colors_parallel_operators():
     assert '"x" -> "partition_1" [label="f32[4, 2]"]' in dot
     assert '"partition_1" -> "relu_1" [label="f32[4/2, 2]"]' in dot
     assert dot.count("#fbd9b0") == 2  # the two parallelization operators
+
+
+def test_dot_labels_break_lines_as_graphviz_reads_them():
+    b = PCGBuilder()
+    x = b.input((4, 2), name='say "x"')
+    dot = b.build(b.relu(x, name="act")).to_dot()
+    # One backslash before n: DOT's line break (two would show a literal "\n" in the picture).
+    assert '"act" [label="act\\nrelu",' in dot
+    assert '[label="say \\"x\\"\\ninput\\nf32[4, 2]",' in dot
+    assert "\\\\n" not in dot

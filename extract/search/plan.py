@@ -102,10 +102,9 @@ from pcgopt.extract.strategies.placement import (
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine, MachineError
 from pcgopt.names import model_names
-from pcgopt.render import forward_flops
 from pcgopt.render import to_dot as pcg_to_dot
 from pcgopt.rewrite import Rule
-from pcgopt.scaled import ScaleDownError, scaled_down
+from pcgopt.scaled import CHECK_FLOPS_LIMIT, checkable_pair
 from pcgopt.serialize import pcg_to_dict
 
 __all__ = [
@@ -121,17 +120,6 @@ __all__ = [
 
 #: The machine planned for when none is given and ``PCGOPT_MACHINE`` is not set.
 DEFAULT_MACHINE = "dgx-h100:1"
-
-#: Above this many forward FLOPs the reference evaluator would take minutes; the check then
-#: runs on a scaled-down instance of the model and the plan (:func:`pcgopt.scaled.scaled_down`),
-#: or, if even that is over, is skipped with a warning (``Plan.check`` says so).
-CHECK_FLOPS_LIMIT = 2e9
-
-#: Above this many tensor elements (every node's outputs, inputs and weights included, in the
-#: model and, counting every copy and partial sum, in the plan) the evaluator would take
-#: gigabytes in float64 and several seconds (a scaled-down Inception-v3 on one Summit node,
-#: 1.3e7 in its plan, takes about 2 s); the check is scaled down or skipped the same way.
-CHECK_ELEMENTS_LIMIT = 2e7
 
 #: Needed e-nodes up to which the exact ILP extractor runs after the greedy one.
 ILP_MAX_ENODES = 3_000
@@ -311,8 +299,13 @@ class Plan:
     def to_json(self, indent: int | None = 1) -> str:
         return json.dumps(self.to_dict(), indent=indent)
 
-    def to_dot(self) -> str:
-        return pcg_to_dot(self.pcg)
+    def to_dot(self, *, collapse: bool = True) -> str:
+        """Graphviz DOT of the plan's PCG. ``collapse``: of each run of alike layers, the first
+        is drawn and the others are one box (BERT-Large's 24 layers would make a picture tens
+        of thousands of pixels tall)."""
+        names = self.model_node_names or [n.name for n in self.pcg.nodes]
+        boxes = report.repeated_layer_boxes(self, names) if collapse else None
+        return pcg_to_dot(self.pcg, boxes=boxes)
 
     def to_jax(self, devices: Any = None, **options: Any) -> Any:
         """This plan as a JAX program that runs training steps on ``devices``
@@ -336,61 +329,23 @@ def mapped_plan(
     return Plan(pcg, machine, cost, groups, stats, "not checked", cost, placed, mapping)
 
 
-def _over_limits(model: PCG, plan: PCG, limit: float) -> str | None:
-    """Why the reference evaluator cannot check ``plan`` against ``model`` in reasonable time
-    and memory, or None."""
-    flops = forward_flops(model)
-    if flops > limit:
-        return (
-            f"{flops:.3g} forward FLOPs, over the evaluator's limit of {limit:.3g} "
-            "(check_flops_limit)"
-        )
-    elements = max(_tensor_elements(model), _tensor_elements(plan))
-    if elements > CHECK_ELEMENTS_LIMIT:
-        return (
-            f"tensors of {elements:.3g} elements, over the evaluator's limit of "
-            f"{CHECK_ELEMENTS_LIMIT:.3g} (CHECK_ELEMENTS_LIMIT)"
-        )
-    return None
-
-
-def _tensor_elements(pcg: PCG) -> int:
-    """Elements of every tensor of ``pcg``, every copy and partial sum counted."""
-    return sum(
-        s.numel * s.copy_degree * s.sum_degree for n in pcg.nodes for s in pcg.output_shapes(n.name)
-    )
-
-
 def _check(model: PCG, plan: PCG, limit: float) -> str:
     """Evaluates ``plan`` against ``model`` on random inputs; too large for the evaluator, both
-    are scaled down together first (:func:`pcgopt.scaled.scaled_down`: the same graphs with
-    smaller sizes). Raises :class:`PlanCheckError` if they differ; returns what was checked."""
-    where = "3 random inputs"
-    over = _over_limits(model, plan, limit)
-    if over is not None:
-        try:
-            small = scaled_down(model, plan)
-        except ScaleDownError as err:
-            why = f"the check needs {over}, and the model has no smaller instance: {err}"
-        else:
-            model, plan = small.pcgs
-            still = _over_limits(*small.pcgs, limit)
-            why = f"the check needs {over}, and on the smallest instance still {still}"
-            shrunk = ", ".join(f"{a} to {b}" for a, b in small.sizes)
-            where = f"3 random inputs of an instance scaled down from full size ({shrunk})"
-            over = still
-        if over is not None:
-            message = f"skipped: {why}"
-            warnings.warn(f"saturate_and_extract: equivalence check {message}", stacklevel=3)
-            return message
+    are scaled down together first (:func:`pcgopt.scaled.checkable_pair`). Raises
+    :class:`PlanCheckError` if they differ; returns what was checked."""
+    pair = checkable_pair(model, plan, flops_limit=limit)
+    if pair.skipped is not None:
+        message = f"skipped: {pair.skipped}"
+        warnings.warn(f"saturate_and_extract: equivalence check {message}", stacklevel=3)
+        return message
     try:
-        assert_equivalent(model, plan)
+        assert_equivalent(*pair.pcgs)
     except NotEquivalentError as err:
         raise PlanCheckError(
-            f"the optimized PCG does not compute what the input computes on {where} "
-            f"({err}); this is a bug in pcgopt, please report it with the model"
+            f"the optimized PCG does not compute what the input computes on 3 random inputs"
+            f"{pair.where} ({err}); this is a bug in pcgopt, please report it with the model"
         ) from None
-    return f"equivalent to the input on {where} (reference evaluator)"
+    return f"equivalent to the input on 3 random inputs{pair.where} (reference evaluator)"
 
 
 def placed_cost(

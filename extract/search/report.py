@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pcgopt.graph import PCG, Node
@@ -168,11 +168,9 @@ def strategy_words(out: ParallelTensorShape, weight: ParallelTensorShape | None)
 
 @dataclass(frozen=True)
 class LayerRow:
-    """One layer of a plan (or a run of alike layers: ``count`` of them, figures per layer)."""
+    """One layer of a plan, or a run of alike ``layers`` (figures per layer)."""
 
-    first: str
-    last: str
-    count: int
+    layers: tuple[str, ...]
     strategy: str
     sbp: str
     devices: int
@@ -181,8 +179,13 @@ class LayerRow:
     collectives: tuple[tuple[str, int], ...]
 
     @property
+    def count(self) -> int:
+        return len(self.layers)
+
+    @property
     def label(self) -> str:
-        return self.first if self.count == 1 else f"{self.first} .. {self.last} (x{self.count})"
+        first, last = self.layers[0], self.layers[-1]
+        return first if self.count == 1 else f"{first} .. {last} (x{self.count})"
 
 
 def layer_rows(plan: Plan, model_names: Iterable[str]) -> list[LayerRow]:
@@ -220,9 +223,7 @@ def layer_rows(plan: Plan, model_names: Iterable[str]) -> list[LayerRow]:
             k.kind for n in nodes for k in cost.per_node[n.name].collectives if k.degree > 1
         )
         row = LayerRow(
-            layer,
-            layer,
-            1,
+            (layer,),
             words,
             sbp,
             len(devices) or 1,
@@ -247,25 +248,29 @@ def layer_rows(plan: Plan, model_names: Iterable[str]) -> list[LayerRow]:
             row.memory_bytes,
         )
         if rows and rows[-1][1] == alike:
-            prev = rows[-1][0]
-            rows[-1] = (
-                LayerRow(prev.first, layer, prev.count + 1, *_tail(prev)),
-                alike,
-            )
+            rows[-1] = (replace(rows[-1][0], layers=(*rows[-1][0].layers, layer)), alike)
         else:
             rows.append((row, alike))
     return [r for r, _ in rows]
 
 
-def _tail(row: LayerRow) -> tuple:
-    return (
-        row.strategy,
-        row.sbp,
-        row.devices,
-        row.time_s,
-        row.memory_bytes,
-        row.collectives,
-    )
+def repeated_layer_boxes(plan: Plan, model_names: Iterable[str]) -> dict[str, str]:
+    """For a picture of the plan: every node of the second and later layers of a run of alike
+    layers, mapped to one box that stands for them (:func:`pcgopt.render.to_dot`'s ``boxes``):
+    the first layer of each run is drawn whole."""
+    layers = node_layers(plan.pcg, model_names)
+    boxes: dict[str, str] = {}
+    for row in layer_rows(plan, model_names):
+        if row.count > 1:
+            rest = row.layers[1:]
+            label = (
+                f"{rest[0]} .. {rest[-1]}\n(x{len(rest)}, as {row.layers[0]})"
+                if len(rest) > 1
+                else f"{rest[0]}\n(as {row.layers[0]})"
+            )
+            hidden = set(rest)
+            boxes.update({n: label for n, layer in layers.items() if layer in hidden})
+    return boxes
 
 
 def _table(header: Sequence[str], rows: Sequence[Sequence[str]], right: set[int]) -> list[str]:
@@ -469,5 +474,6 @@ __all__ = [
     "layer_of",
     "layer_rows",
     "node_layers",
+    "repeated_layer_boxes",
     "strategy_words",
 ]

@@ -78,3 +78,18 @@ def test_explain_groups_identical_nodes_says_idle_devices_and_has_a_legend():
     counts = [int(m.group(1)) if (m := re.search(r"\(x(\d+)\)", r)) else 1 for r in rows]
     shown = sum(c for r, c in zip(rows, counts, strict=True) if "layers" not in r)
     assert shown >= len([n for n in plan.pcg.nodes if n.op not in ("input",)]) - 5
+
+
+def test_the_picture_draws_one_of_each_run_of_alike_layers():
+    model = ZOO["bert_large"].build(small=True, layers=4, batch=4)
+    plan = mapped_plan(data_parallel(model, FOUR), FOUR)
+    whole, collapsed = plan.to_dot(collapse=False), plan.to_dot()
+    assert '"layer3/ffn1/linear"' in whole and '"layer3/ffn1/linear"' not in collapsed
+    assert '"layer0/ffn1/linear"' in collapsed
+    box = '"box: layer1 .. layer3\\n(x3, as layer0)"'
+    assert f"{box} [label=" in collapsed
+    assert (
+        f'"layer0/ln2/ln" -> {box}' in collapsed
+        and f'{box} -> "head/transform/linear"' in collapsed
+    )
+    assert len(collapsed.splitlines()) < len(whole.splitlines()) / 2
