@@ -772,7 +772,7 @@ def _run(
         if report is not None:
             report(history[-1])
         if progress is not None:
-            progress.update(f"{nodes:,} e-nodes")
+            _show(progress, budget, it, nodes, elapsed)
         # With back-off, one quiet iteration is not saturation: banned rules come back.
         state.quiet = state.quiet + 1 if not changed else 0
         if state.quiet >= 2:
@@ -942,7 +942,7 @@ def saturate_together(
                     state,
                     deliver_by=float("inf"),
                     allowance=budget.memory_bytes,
-                    on_iteration=None if bar is None else _progress_reporter(bar),
+                    on_iteration=None if bar is None else _progress_reporter(bar, budget, t0),
                 )
                 reason = stop or reason
         if fit is not None:
@@ -1027,9 +1027,24 @@ def _export_outcome(
     )
 
 
-def _progress_reporter(bar: Progress):
+def _show(bar: Progress, budget: Budget, iteration: int, enodes: int, elapsed: float) -> None:
+    """The bar fills towards whichever of the budget's limits is nearest: iterations, e-nodes
+    or seconds."""
+    fraction = max(
+        iteration / max(1, budget.iterations),
+        enodes / max(1, budget.enodes),
+        elapsed / budget.seconds if budget.seconds else 0.0,
+    )
+    limit = f" of {budget.seconds:.0f} s" if budget.seconds else ""
+    bar.update(
+        note=f"iteration {iteration}: {enodes:,} e-nodes, {elapsed:.1f} s{limit}",
+        fraction=fraction,
+    )
+
+
+def _progress_reporter(bar: Progress, budget: Budget, started: float):
     def update(stats: IterationStats) -> None:
-        bar.update(f"{stats.enodes:,} e-nodes")
+        _show(bar, budget, stats.iteration, stats.enodes, time.perf_counter() - started)
 
     return update
 

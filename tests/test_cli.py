@@ -299,3 +299,25 @@ def test_equivalent_compares_full_size_models_on_a_scaled_down_instance(tmp_path
     assert "scaled down from full size (30522 to" in capsys.readouterr().out
     assert main(["equivalent", str(a), str(wrong)]) == 1
     assert capsys.readouterr().out.startswith("not equivalent of an instance scaled down")
+
+
+def test_optimize_reports_every_phase_with_the_time_since_it_began(capsys):
+    argv = ["optimize", "mnist_mlp", "--small", "--machine", "summit:1:2", "--budget", "6"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().err.splitlines()
+    stamped = re.compile(r"^\[pcgopt +\d+\.\d s\] ")
+    bar = re.compile(r"^saturate \[#* *\] iteration \d+: [\d,]+ e-nodes, [\d.]+ s of \d+ s")
+    assert all(stamped.match(line) or bar.match(line) for line in lines), lines
+    text = "\n".join(lines)
+    for phase in (
+        "coordinate descent",
+        "building the baselines",
+        "saturating",
+        "extracted",
+        "placing and mapping",
+        "chose ",
+        "checking the plan",
+    ):
+        assert phase in text, phase
+    times = [float(m.group(1)) for line in lines if (m := re.match(r"^\[pcgopt +([\d.]+) s", line))]
+    assert times == sorted(times) and len(times) >= 7

@@ -628,11 +628,16 @@ def saturate_and_extract(
     candidates.update(extra)
     _in_model_names(pcg, candidates)
     start = time.perf_counter()
+    distinct = len({v[0] for v in candidates.values() if v is not None})
+    say(f"placing and mapping {distinct} distinct candidate plans on the machine")
     placements, mappings, failed = _place_and_map(candidates, machine, optimizer, clock, say)
     phases["placement and mapping"] = time.perf_counter() - start
 
     chosen, (best, best_cost) = _best(candidates, failed)
+    say(f"chose {chosen}: {best_cost.total_s * 1e3:.4g} ms per iteration")
     start = time.perf_counter()
+    if check:
+        say("checking the plan against the input with the reference evaluator")
     verdict = _check(pcg, best, check_flops_limit) if check else "not checked (check=False)"
     phases["check"] = time.perf_counter() - start
     stats = explored.stats(candidates, chosen, phases)
@@ -769,6 +774,7 @@ def _baseline_phase(
     start = time.perf_counter()
     fixed: dict[str, tuple[PCG, CostBreakdown] | None] = {}
     if build:
+        search.say("building the baselines: data parallel, megatron, fused then either")
         fixed = _baselines(search.pcg, search.machine, search.optimizer, search.say)
         fixed.update(_on_one_node(search.pcg, search.machine, search.optimizer, search.say))
     search.phases["baselines"] = time.perf_counter() - start
@@ -817,6 +823,7 @@ def _branch_parallel(search: _Search) -> tuple[PCG, CostBreakdown] | None:
         say("branch parallel: no branch narrows")
         return None
     start = time.perf_counter()
+    say(f"branch parallel: narrowing {views.narrowed} nodes, tensor parallel inside them")
     try:
         branches = branch_parallel(
             pcg,
@@ -1157,8 +1164,13 @@ def _split_phase(
 
 
 def _reporter(progress: bool | Callable[[str], None]) -> Callable[[str], None]:
+    """What ``progress`` asks for: a callable, or lines on stderr stamped with the seconds since
+    the call began, so that a reader sees where the time goes."""
     if callable(progress):
         return progress
     if progress:
-        return lambda msg: print(f"[pcgopt] {msg}", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        return lambda msg: print(
+            f"[pcgopt {time.perf_counter() - start:5.1f} s] {msg}", file=sys.stderr, flush=True
+        )
     return lambda msg: None
