@@ -177,6 +177,8 @@ class LayerRow:
     time_s: float
     memory_bytes: int
     collectives: tuple[tuple[str, int], ...]
+    #: The devices its compute runs on (those of its first layer, for a run of alike layers).
+    device_set: frozenset[int] = frozenset()
 
     @property
     def count(self) -> int:
@@ -230,6 +232,7 @@ def layer_rows(plan: Plan, model_names: Iterable[str]) -> list[LayerRow]:
             sum(cost.per_node[n.name].total_s for n in nodes),
             sum(cost.per_node[n.name].memory_bytes for n in nodes),
             tuple(sorted(collectives.items())),
+            frozenset(devices),
         )
         alike = (
             _DIGITS.sub("#", layer),
@@ -362,6 +365,32 @@ def layer_table(plan: Plan, model_names: Iterable[str]) -> list[str]:
     return [title, *_table(header, body, {3, 4, 5})]
 
 
+def device_map(plan: Plan, rows: Sequence[LayerRow], *, width: int = 64) -> list[str]:
+    """Which devices each layer runs on: a character per device (``#`` used, ``.`` idle), or,
+    on machines of more than ``width`` devices, per node of the outermost level (``#`` all of
+    its devices, ``+`` some, ``.`` none)."""
+    m = plan.machine
+    n = m.num_devices
+    per = 1 if n <= width else n // m.levels[0].count
+    cells = n // per
+    unit = "device" if per == 1 else f"{m.levels[0].name} of {per} devices"
+
+    def line(used: frozenset[int]) -> str:
+        out = []
+        for k in range(cells):
+            hit = sum(d in used for d in range(k * per, (k + 1) * per))
+            out.append("#" if hit == per else "+" if hit else ".")
+        return "".join(out)
+
+    if not rows:
+        return []
+    label_width = max(len(r.label) for r in rows)
+    key = "# used, . idle" if per == 1 else "# all used, + some, . idle"
+    lines = [f"device map (a character per {unit}, {cells} in all: {key})"]
+    lines += [f"  {r.label.ljust(label_width)}  {line(r.device_set)}" for r in rows]
+    return lines
+
+
 def _collectives(counts: Sequence[tuple[str, int]]) -> str:
     """``all_reduce x18, all_gather x5``, the most frequent first."""
     ordered = sorted(counts, key=lambda kv: (-kv[1], kv[0]))
@@ -459,6 +488,7 @@ def explain(plan: Plan, model_names: Iterable[str], *, max_rows: int | None = 40
     sections = [
         headline(plan),
         layer_table(plan, names),
+        device_map(plan, layer_rows(plan, names)),
         node_table(plan, max_rows),
         search_lines(plan),
         [LEGEND],
@@ -470,6 +500,7 @@ __all__ = [
     "BASELINE_CANDIDATES",
     "LEGEND",
     "LayerRow",
+    "device_map",
     "explain",
     "layer_of",
     "layer_rows",

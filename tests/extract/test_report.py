@@ -6,7 +6,7 @@ import re
 
 from pcgopt import Machine
 from pcgopt.extract.search.plan import mapped_plan
-from pcgopt.extract.search.report import layer_of, layer_rows, strategy_words
+from pcgopt.extract.search.report import device_map, layer_of, layer_rows, strategy_words
 from pcgopt.extract.strategies.baselines import data_parallel, megatron
 from pcgopt.models import ZOO
 from pcgopt.shapes import ParallelTensorShape
@@ -71,6 +71,8 @@ def test_explain_groups_identical_nodes_says_idle_devices_and_has_a_legend():
     plan = mapped_plan(data_parallel(model, FOUR), SIX)
     text = plan.explain(max_rows=None)
     assert "uses 4 of 6 devices (2 left idle" in text
+    assert "device map (a character per device, 6 in all: # used, . idle)" in text
+    assert "  layer0 .. layer2 (x3)  ####.." in text
     assert re.search(r"layer\{0\.\.2\}/ffn1/w\.r4 \(x3\)", text), text
     assert "notation: a layout lists the device mesh's axes" in text
     # Each grouped row stands for three nodes: every node appears once in the table.
@@ -93,3 +95,18 @@ def test_the_picture_draws_one_of_each_run_of_alike_layers():
         and f'{box} -> "head/transform/linear"' in collapsed
     )
     assert len(collapsed.splitlines()) < len(whole.splitlines()) / 2
+
+
+def test_on_a_large_machine_the_device_map_has_a_character_per_node():
+    model = ZOO["mlp"].build(small=True, batch=64)
+    four_nodes = data_parallel(model, Machine.preset("summit", nodes=4))
+    plan = mapped_plan(four_nodes, Machine.preset("summit", nodes=16))  # 96 GPUs, 24 used
+    rows = layer_rows(plan, [n.name for n in model.nodes])
+    lines = device_map(plan, rows)
+    assert lines[0] == (
+        "device map (a character per node of 6 devices, 16 in all: # all used, + some, . idle)"
+    )
+    used = sum(len(r.device_set) for r in rows[:1])
+    cells = lines[1].split()[-1]
+    assert len(cells) == 16 and set(cells) <= set("#+.") and "." in cells
+    assert cells.count("#") * 6 <= used <= (cells.count("#") + cells.count("+")) * 6
