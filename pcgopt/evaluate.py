@@ -62,6 +62,7 @@ def random_feeds(
     [0.5, 1.5] so they are valid statistics.
     """
     exact = np.issubdtype(np.dtype(dtype), np.integer)
+    bounds = index_bounds(pcg)
     feeds = {}
     for node in pcg.nodes:
         if OPERATORS[node.op].kind is not OpKind.SOURCE:
@@ -69,7 +70,7 @@ def random_feeds(
         shape = pcg.shape(node.name)
         rng = np.random.default_rng([seed, zlib.crc32(node.name.encode())])
         if shape.dtype.is_integer:
-            high = node.params.get("max_value") or 4
+            high = min(node.params.get("max_value") or 4, bounds.get(node.name, 4))
             feeds[node.name] = rng.integers(0, high, size=shape.sizes, dtype=np.int64)
         elif node.op == "weight" and not node.params["trainable"]:
             if exact:
@@ -81,6 +82,26 @@ def random_feeds(
         else:
             feeds[node.name] = rng.standard_normal(shape.sizes).astype(dtype)
     return feeds
+
+
+def index_bounds(pcg: PCG) -> dict[str, int]:
+    """The integer sources whose values index a dimension (an embedding's ids into its table's
+    rows, :attr:`~pcgopt.ops.spec.ComputeOp.index_inputs`; an integer weight as well as an
+    input), with the exclusive bound their values must stay under: the least such dimension."""
+    bound: dict[str, int] = {}
+    for node in pcg.nodes:
+        for i, j, d in getattr(node.spec, "index_inputs", ()):
+            source = node.inputs[i].node
+            spec = pcg.node(source).spec
+            # Back to the source, through operators that move integers unchanged.
+            while spec.kind is OpKind.PARALLEL or spec.moves_elements:
+                source = pcg.node(source).inputs[0].node
+                spec = pcg.node(source).spec
+            if spec.kind is not OpKind.SOURCE:
+                continue
+            limit = pcg.shape(node.inputs[j]).sizes[d]
+            bound[source] = min(bound.get(source, limit), limit)
+    return bound
 
 
 def _check_feed(pcg: PCG, name: str, value: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ from pcgopt import (
     evaluate,
     random_feeds,
 )
+from pcgopt.evaluate import index_bounds
 from pcgopt.models import mnist_mlp
 
 B, CI, H, CO = 8, 12, 8, 4  # Unity Figure 1's MLP at test size
@@ -187,3 +188,15 @@ def test_every_shard_of_a_plan_is_available_by_device():
     y = ev["matmul_2"]
     assert y.shape.num_shards == 4
     np.testing.assert_allclose(sum(y.shards()), ev.outputs[0].logical())
+
+
+def test_an_integer_weight_of_indices_gets_values_its_table_has_rows_for():
+    # An index buffer into a 3-row table: random values below 4 would read a fourth row.
+    b = PCGBuilder()
+    ids = b.weight((6,), dtype="i64", trainable=False, name="ids")
+    table = b.weight((3, 5), name="table")
+    pcg = b.build(b.embedding(ids, table, name="rows"))
+    assert index_bounds(pcg) == {"ids": 3}
+    for seed in range(5):
+        assert random_feeds(pcg, seed)["ids"].max() < 3
+    assert equivalent(pcg, pcg)
