@@ -27,7 +27,7 @@ name.
 >>> x = b.input((8, 4), name="x")
 >>> plan = b.build(b.combine(b.relu(b.partition(x, dim=0, degree=2)), dim=0, degree=2))
 >>> [n.name for n in restore_names(model, plan).nodes]
-['x', 'partition_1', 'layer1/act', 'combine_1']
+['x', 'x.partition', 'layer1/act', 'layer1/act.combine']
 """
 
 from __future__ import annotations

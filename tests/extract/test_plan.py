@@ -115,8 +115,11 @@ def test_bad_arguments_are_named():
         saturate_and_extract("mnist")
     with pytest.raises(PCGError, match=r"machine must be a pcgopt\.Machine"):
         saturate_and_extract(MNIST, "summit")
-    with pytest.raises(PCGError, match="time_budget_s must be > 0"):
-        saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=0)
+    for budget in (0, -1.0, float("inf"), float("nan"), "60"):
+        with pytest.raises(PCGError, match="time_budget_s must be a finite number of seconds > 0"):
+            saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=budget)
+    with pytest.raises(PCGError, match="memory_budget must be a positive number of bytes, got 0"):
+        saturate_and_extract(MNIST, TWO_GPUS, memory_budget=0)
 
 
 def test_a_plan_that_differs_from_the_input_is_refused(monkeypatch):
