@@ -4,6 +4,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from pcgopt.rewrite import Rule, dump_rules
 from pcgopt.verify.__main__ import main
 
@@ -83,3 +85,20 @@ def test_a_file_of_sound_rules_exits_zero(tmp_path, capsys):
     path.write_text(dump_rules([sound]))
     assert main([str(path), "--workers", "1", "--timeout", "2"]) == 0
     assert "refuted               0" in capsys.readouterr().out
+
+
+def test_numbers_that_would_hang_or_mean_nothing_are_refused(tmp_path, capsys):
+    from pcgopt.rules.__main__ import main as rules_main
+
+    path = rule_file(tmp_path)
+    for argv, run, said in [
+        ([str(path), "--timeout", "0"], main, "--timeout: expected a positive, finite number"),
+        ([str(path), "--workers", "0"], main, "--workers: expected a positive integer, got 0"),
+        (["generate", "--max-ops", "0", "--out", "r.json"], rules_main, "--max-ops: expected"),
+        (["generate", "--workers", "-2", "--out", "r.json"], rules_main, "--workers: expected"),
+    ]:
+        with pytest.raises(SystemExit) as e:
+            run(argv)
+        assert e.value.code == 2 and said in capsys.readouterr().err
+    assert main([str(tmp_path / "none.json")]) == 2
+    assert capsys.readouterr().err.startswith("python -m pcgopt.verify: error: cannot read")
