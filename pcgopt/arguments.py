@@ -8,26 +8,24 @@ import argparse
 import math
 
 
-def positive_int(text: str) -> int:
-    """An integer >= 1."""
+def _integer(text: str, least: int, valid: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+        raise argparse.ArgumentTypeError(f"expected {valid}, got {text!r}") from None
+    if value < least:
+        raise argparse.ArgumentTypeError(f"expected {valid}, got {value}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """An integer >= 1."""
+    return _integer(text, 1, "a positive integer")
 
 
 def non_negative_int(text: str) -> int:
     """An integer >= 0."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+    return _integer(text, 0, "an integer >= 0")
 
 
 def positive_number(text: str) -> float:

@@ -20,7 +20,7 @@ Equivalence comes in three strengths (``compare=``):
 from __future__ import annotations
 
 import zlib
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
@@ -89,19 +89,25 @@ def index_bounds(pcg: PCG) -> dict[str, int]:
     rows, :attr:`~pcgopt.ops.spec.ComputeOp.index_inputs`; an integer weight as well as an
     input), with the exclusive bound their values must stay under: the least such dimension."""
     bound: dict[str, int] = {}
+    for source, indexed, d in index_uses(pcg):
+        limit = pcg.shape(indexed).sizes[d]
+        bound[source] = min(bound.get(source, limit), limit)
+    return bound
+
+
+def index_uses(pcg: PCG) -> Iterator[tuple[str, TensorRef, int]]:
+    """``(source, tensor, dim)`` for every use of an integer source's values as indices into
+    dimension ``dim`` of ``tensor`` (:attr:`~pcgopt.ops.spec.ComputeOp.index_inputs`), followed
+    back through operators that move integers unchanged."""
     for node in pcg.nodes:
         for i, j, d in getattr(node.spec, "index_inputs", ()):
             source = node.inputs[i].node
             spec = pcg.node(source).spec
-            # Back to the source, through operators that move integers unchanged.
             while spec.kind is OpKind.PARALLEL or spec.moves_elements:
                 source = pcg.node(source).inputs[0].node
                 spec = pcg.node(source).spec
-            if spec.kind is not OpKind.SOURCE:
-                continue
-            limit = pcg.shape(node.inputs[j]).sizes[d]
-            bound[source] = min(bound.get(source, limit), limit)
-    return bound
+            if spec.kind is OpKind.SOURCE:
+                yield source, node.inputs[j], d
 
 
 def _check_feed(pcg: PCG, name: str, value: np.ndarray) -> np.ndarray:

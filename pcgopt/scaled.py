@@ -76,6 +76,7 @@ from dataclasses import dataclass
 from networkx.utils import UnionFind
 
 from pcgopt.errors import PCGError
+from pcgopt.evaluate import index_uses
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.ops import OpKind
 from pcgopt.ops.params import Params
@@ -513,16 +514,9 @@ class _Problem:
         """Integer inputs that index a dimension: the new exclusive bound of their values."""
         bound: dict[str, int] = {}
         for other_g, other in enumerate(self.pcgs):
-            for node in other.nodes:
-                for i, j, d in getattr(node.spec, "index_inputs", ()):
-                    source = node.inputs[i].node
-                    # Back to the input, through operators that move integers unchanged.
-                    spec = other.node(source).spec
-                    while spec.kind is OpKind.PARALLEL or spec.moves_elements:
-                        source = other.node(source).inputs[0].node
-                        spec = other.node(source).spec
-                    limit = size(_key(other_g, other, node.inputs[j], d))
-                    bound[source] = min(bound.get(source, limit), limit)
+            for source, indexed, d in index_uses(other):
+                limit = size(_key(other_g, other, indexed, d))
+                bound[source] = min(bound.get(source, limit), limit)
         return bound
 
     def _rebuild(self, g: int, pcg: PCG, size: Callable[[Key], int], bound: dict[str, int]) -> PCG:
