@@ -177,7 +177,8 @@ class LayerRow:
     time_s: float
     memory_bytes: int
     collectives: tuple[tuple[str, int], ...]
-    #: The devices its compute runs on (those of its first layer, for a run of alike layers).
+    #: The devices its compute runs on (of all its layers, for a run: the machine mapping may
+    #: run alike branches at once on different devices).
     device_set: frozenset[int] = frozenset()
 
     @property
@@ -251,7 +252,11 @@ def layer_rows(plan: Plan, model_names: Iterable[str]) -> list[LayerRow]:
             row.memory_bytes,
         )
         if rows and rows[-1][1] == alike:
-            rows[-1] = (replace(rows[-1][0], layers=(*rows[-1][0].layers, layer)), alike)
+            prev = rows[-1][0]
+            merged = replace(
+                prev, layers=(*prev.layers, layer), device_set=prev.device_set | row.device_set
+            )
+            rows[-1] = (merged, alike)
         else:
             rows.append((row, alike))
     return [r for r, _ in rows]
@@ -311,7 +316,7 @@ def headline(plan: Plan) -> list[str]:
         compared.append(f"{given / c.total_s:.3g}x the input as given ({given * 1e3:.4g} ms)")
     if compared:
         lines.append("  speedup: " + "; ".join(compared))
-    used = c.devices_used
+    used = max(c.devices_used, len(_devices_used(plan)))
     idle = m.num_devices - used
     lines.append(
         f"  uses {used} of {m.num_devices} devices"
@@ -331,6 +336,17 @@ def headline(plan: Plan) -> list[str]:
     )
     lines.append(f"  check: {plan.check}")
     return lines
+
+
+def _devices_used(plan: Plan) -> set[int]:
+    """Every device some compute node runs on, where the machine mapping placed it."""
+    offsets = plan.machine_mapping.offsets if plan.machine_mapping is not None else {}
+    used: set[int] = set()
+    for n in plan.pcg.nodes:
+        if n.spec.kind is OpKind.COMPUTE:
+            start = offsets.get(n.name, 0)
+            used.update(range(start, start + plan.pcg.output_shapes(n.name)[0].num_shards))
+    return used
 
 
 def layer_table(plan: Plan, model_names: Iterable[str]) -> list[str]:

@@ -110,3 +110,14 @@ def test_on_a_large_machine_the_device_map_has_a_character_per_node():
     cells = lines[1].split()[-1]
     assert len(cells) == 16 and set(cells) <= set("#+.") and "." in cells
     assert cells.count("#") * 6 <= used <= (cells.count("#") + cells.count("+")) * 6
+
+
+def test_branches_run_at_once_count_every_device_they_use():
+    # Unsplit DLRM on one Summit node: the mapping runs its embedding bags beside the bottom MLP,
+    # each on a device of its own; every node spans one device.
+    model = ZOO["dlrm"].build(small=True)
+    plan = mapped_plan(model, SIX)
+    offsets = plan.machine_mapping.offsets
+    used = {offsets.get(n.name, 0) for n in model.nodes if n.op not in ("input", "weight")}
+    assert plan.cost.devices_used == 1 and len(used) > 1
+    assert f"uses {len(used)} of 6 devices ({6 - len(used)} left idle)" in plan.explain()
