@@ -56,6 +56,8 @@ def test_errors_are_one_line_without_a_traceback(tmp_path, capsys):
     )
     assert main(["summary", "bert_large", "--set", "layers=0"]) == 2
     assert "bert_large: layers must be a positive integer, got 0" in capsys.readouterr().err
+    assert main(["summary", "bert_large", "--set", "layers=99999999999"]) == 2
+    assert "layers must be at most 1024, got 99999999999" in capsys.readouterr().err
 
 
 def test_models_and_ops(capsys):

@@ -74,6 +74,15 @@ class ModelSizeError(PCGError):
     """A zoo model size that the model does not have, or a value it cannot take."""
 
 
+#: The most repeats of a structure a zoo model may have (layers, branches, blocks, tables):
+#: the deepest published networks have about a thousand layers, and a builder asked for 10^11
+#: would run out of memory before it said anything.
+MAX_REPEATS = 1024
+_REPEAT_SIZES = frozenset(
+    {"layers", "branches", "layers_per_branch", "feature_layers", "dense_layers"}
+)
+
+
 def _check_size(model: str, key: str, annotation: str, value: Any) -> None:
     """Checks one size against its annotation: ints positive, floats finite and positive (a
     rate in [0, 1)), tuples of positive ints, dicts of them, None where allowed."""
@@ -89,6 +98,8 @@ def _check_size(model: str, key: str, annotation: str, value: Any) -> None:
     if annotation.startswith("int"):
         if not positive_int(value):
             raise ModelSizeError(f"{where} must be a positive integer, got {value!r}")
+        if key in _REPEAT_SIZES and value > MAX_REPEATS:
+            raise ModelSizeError(f"{where} must be at most {MAX_REPEATS}, got {value!r}")
     elif annotation.startswith("float"):
         rate = key in ("dropout", "rate")
         number = isinstance(value, int | float) and not isinstance(value, bool)
@@ -99,6 +110,9 @@ def _check_size(model: str, key: str, annotation: str, value: Any) -> None:
     elif annotation.startswith("tuple"):
         if not isinstance(value, tuple | list) or not all(positive_int(v) for v in value):
             raise ModelSizeError(f"{where} must be a list of positive integers, got {value!r}")
+        repeats = sum(value) if key == "stage_blocks" else len(value)
+        if repeats > MAX_REPEATS:
+            raise ModelSizeError(f"{where} makes {repeats} blocks or layers; at most {MAX_REPEATS}")
     elif annotation.startswith("dict"):
         if not isinstance(value, Mapping) or not all(positive_int(v) for v in value.values()):
             raise ModelSizeError(f"{where} must map names to positive integers, got {value!r}")
