@@ -263,9 +263,10 @@ class EGraphData:
         holds as a logical value, or None if it holds none (a value only a rewrite made, such
         as half of a split weight, or a tuple class). Parallel operators move a value without
         changing it, and a compute e-node with ``pcg``'s operator and parameters over the
-        values of that node's inputs holds that node's output (as
-        :func:`pcgopt.names.model_names` reads a plan): so the e-class of a linear layer's
-        batch-split shard holds that layer's output."""
+        values of that node's inputs holds that node's output (the exact-match part of
+        :func:`pcgopt.names.model_names`, which also follows fused and unfused dense
+        layers): so the e-class of a linear layer's batch-split shard holds that layer's
+        output."""
         pcg = within_arity(pcg, MAX_VARIADIC)  # as it was loaded
         index: dict[tuple, str] = {}
         for n in pcg.nodes:

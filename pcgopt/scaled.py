@@ -81,6 +81,7 @@ from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.ops import OpKind
 from pcgopt.ops.params import Params
 from pcgopt.ops.spec import DimRef, SizeRelation
+from pcgopt.render import forward_flops
 from pcgopt.shapes import ParallelTensorShape
 
 __all__ = ["ScaleDownError", "ScaledDown", "scaled_down"]
@@ -624,8 +625,6 @@ def _tensor_elements(pcg: PCG) -> int:
 def over_check_limits(model: PCG, plan: PCG, flops_limit: float = CHECK_FLOPS_LIMIT) -> str | None:
     """Why the reference evaluator cannot compare ``plan`` with ``model`` in reasonable time
     and memory, or None."""
-    from pcgopt.render import forward_flops
-
     flops = forward_flops(model)
     if flops > flops_limit:
         return (

@@ -139,7 +139,6 @@ def test_a_budget_that_is_not_a_positive_finite_number_is_refused_before_the_sea
         main(["optimize", "mnist_mlp", "--small", "--budget", budget])
     assert e.value.code == 2
     assert "expected a positive, finite number" in capsys.readouterr().err
-    assert not math.isfinite(float(budget)) or float(budget) <= 0
 
 
 def _document(nodes, outputs=("a",)):

@@ -60,7 +60,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -239,8 +239,11 @@ class Plan:
         speedup over the best baseline, one row per layer (strategy in words and in SBP
         notation, devices, time, memory, collectives; alike layers share a row), the costliest
         ``max_rows`` nodes (None: all), how the plan was found, and a legend."""
-        names = self.model_node_names or [n.name for n in self.pcg.nodes]
-        return report.explain(self, names, max_rows=max_rows)
+        return report.explain(self, self._layer_names(), max_rows=max_rows)
+
+    def _layer_names(self) -> Iterable[str]:
+        """The names the report finds layers in: the model's, else the plan's own."""
+        return self.model_node_names or [n.name for n in self.pcg.nodes]
 
     def to_dict(self) -> dict[str, Any]:
         c = self.cost
@@ -303,8 +306,7 @@ class Plan:
         """Graphviz DOT of the plan's PCG. ``collapse``: of each run of alike layers, the first
         is drawn and the others are one box (BERT-Large's 24 layers would make a picture tens
         of thousands of pixels tall)."""
-        names = self.model_node_names or [n.name for n in self.pcg.nodes]
-        boxes = report.repeated_layer_boxes(self, names) if collapse else None
+        boxes = report.repeated_layer_boxes(self, self._layer_names()) if collapse else None
         return pcg_to_dot(self.pcg, boxes=boxes)
 
     def to_jax(self, devices: Any = None, **options: Any) -> Any:

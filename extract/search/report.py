@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import re
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -218,10 +218,7 @@ def layer_rows(plan: Plan, model_names: Iterable[str]) -> list[LayerRow]:
             if len(kinds) > 1:
                 words += f" (+{len(kinds) - 1} more)"
             sbp = str(sbp_of(out))
-        devices: set[int] = set()
-        for n in compute:
-            start = offsets.get(n.name, 0)
-            devices.update(range(start, start + pcg.output_shapes(n.name)[0].num_shards))
+        devices = {d for n in compute for d in _node_devices(plan, offsets, n)}
         collectives = Counter(
             k.kind for n in nodes for k in cost.per_node[n.name].collectives if k.degree > 1
         )
@@ -338,19 +335,24 @@ def headline(plan: Plan) -> list[str]:
     return lines
 
 
+def _node_devices(plan: Plan, offsets: Mapping[str, int], node: Node) -> range:
+    """The devices ``node`` runs on: from where the machine mapping put it, one per shard."""
+    start = offsets.get(node.name, 0)
+    return range(start, start + plan.pcg.output_shapes(node.name)[0].num_shards)
+
+
 def _devices_used(plan: Plan) -> set[int]:
     """Every device some compute node runs on, where the machine mapping placed it."""
     offsets = plan.machine_mapping.offsets if plan.machine_mapping is not None else {}
-    used: set[int] = set()
-    for n in plan.pcg.nodes:
-        if n.spec.kind is OpKind.COMPUTE:
-            start = offsets.get(n.name, 0)
-            used.update(range(start, start + plan.pcg.output_shapes(n.name)[0].num_shards))
-    return used
+    return {
+        d
+        for n in plan.pcg.nodes
+        if n.spec.kind is OpKind.COMPUTE
+        for d in _node_devices(plan, offsets, n)
+    }
 
 
-def layer_table(plan: Plan, model_names: Iterable[str]) -> list[str]:
-    rows = layer_rows(plan, model_names)
+def layer_table(rows: Sequence[LayerRow]) -> list[str]:
     if not rows:
         return []
     body = [
@@ -500,11 +502,11 @@ def search_lines(plan: Plan) -> list[str]:
 
 def explain(plan: Plan, model_names: Iterable[str], *, max_rows: int | None = 40) -> str:
     """The whole text (module docstring); ``max_rows`` bounds the node table (None: all)."""
-    names = list(model_names)
+    rows = layer_rows(plan, model_names)
     sections = [
         headline(plan),
-        layer_table(plan, names),
-        device_map(plan, layer_rows(plan, names)),
+        layer_table(rows),
+        device_map(plan, rows),
         node_table(plan, max_rows),
         search_lines(plan),
         [LEGEND],
