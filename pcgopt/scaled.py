@@ -40,9 +40,16 @@ the least its windows fit). Windows may then rest on padding (ResNeXt-50's last 
 1 x 1), which checks less of them; but a plan's windows are its model's unless split, and only
 windows that do not overlap are split, along sizes their degrees still divide.
 
-**Which stay.** The dimensions an operator's parameters fix
-(:meth:`~pcgopt.ops.spec.ComputeOp.fixed_dims`: the sliced dimension of a slice, the split one
-of a split, whose parameters hold positions and part sizes); every dimension of an operator
+**Parts of a whole.** A split's axis is the sum of its parts
+(:meth:`~pcgopt.ops.spec.ComputeOp.summed_dims`), and so is a dimension sliced into equal parts
+(a fused QKV product sliced into q, k and v): each part takes its class's size (q's follows its
+heads), the whole their sum, and the split's sizes and the slices' positions follow. A
+depthwise convolution's groups follow its channels. A convolution ties its input channels in x
+and w even where its signature leaves that contraction out (with a bias or an activation).
+
+**Which stay.** The dimensions an operator's parameters or structure fix
+(:meth:`~pcgopt.ops.spec.ComputeOp.fixed_dims`: the sliced dimension of a slice that is not
+one of equal parts, a convolution's kernel); every dimension of an operator
 whose sizes cannot change and that cannot say which (its
 :meth:`~pcgopt.ops.spec.ComputeOp.resized_params` is None), and of any node the smaller graph
 rejects: it is then rebuilt with that node's
@@ -151,6 +158,8 @@ class _Problem:
         self.products: list[tuple[Key, list[Key]]] = []
         # (a group's share, the whole, the number of groups): a weight's channels per group.
         self.quotients: list[tuple[Key, Key, int]] = []
+        # (a whole, its parts): a split's input axis is the sum of its parts (summed_dims).
+        self.sums: list[tuple[Key, list[Key]]] = []
         self.new_params: dict[tuple[int, str], Params] = {}
         # Sizes chosen for some classes (by a member key), every other class keeping its
         # full size: micro_batched's instance rather than the smallest one.
@@ -183,10 +192,11 @@ class _Problem:
         in_sizes, out_sizes = tuple(s.sizes for s in ins), tuple(s.sizes for s in outs)
         conditions = spec.signature_conditions(node.params, in_sizes, out_sizes)
         fixed = spec.fixed_dims(node.params, in_sizes, out_sizes)
+        fixed_keys = {_dim_key(g, pcg, node, ref) for ref in fixed or ()}
         if fixed is not None:
-            # Its parameters fix some dimensions only (a slice's sliced one): they keep their
-            # sizes, the others shrink as loop axes.
-            self.frozen.update(_dim_key(g, pcg, node, ref) for ref in fixed)
+            # Its parameters or its structure fix some dimensions only (a slice's sliced one,
+            # a convolution's kernel): they keep their sizes, the others shrink as loop axes.
+            self.frozen.update(fixed_keys)
         elif spec.resized_params(node.params, in_sizes, out_sizes) is None:
             self.freeze(g, pcg, node, f"{node.op} cannot change its sizes")
             return
@@ -208,9 +218,13 @@ class _Problem:
                             )
                         )
         sig = spec.signature(node.params, in_sizes, out_sizes)
+        covered: set[Key] = set()
+        for whole, parts in spec.summed_dims(node.params, in_sizes, out_sizes):
+            part_keys = [_dim_key(g, pcg, node, ref) for ref in parts]
+            self.sums.append((_dim_key(g, pcg, node, whole), part_keys))
+            covered.update(part_keys)  # sized by their classes, not derived
         windows = {_key(g, pcg, node.inputs[i], d) for i, dims in spec.window_inputs for d in dims}
         self.windows |= windows
-        covered: set[Key] = set()
         grouped: list[tuple[list[Key], int, int, str]] = []  # dims, groups, full size, axis
         for axis in sig.axes:
             axis_outputs = [
@@ -246,7 +260,7 @@ class _Problem:
         for ref in node.inputs:
             for d, n in enumerate(pcg.shape(ref).sizes):
                 key = _key(g, pcg, ref, d)
-                if key not in covered and key not in windows:
+                if key not in covered and key not in windows and key not in fixed_keys:
                     loose.setdefault(n, []).append(key)
         for members, groups, n, axis_name in grouped:
             share = loose.get(n // groups, [])
@@ -257,7 +271,10 @@ class _Problem:
                 self.frozen.update(members)
                 self.kept.setdefault(node.name, f"its axis {axis_name!r} has no one share")
         for keys in loose.values():
-            if opaque:
+            # An opaque operator that names the dimensions its structure fixes (a
+            # convolution's kernel) ties those of one size in pairs (its input channels, in x
+            # and in w): a contraction its signature leaves out. A lone one keeps its size.
+            if opaque and (fixed is None or len(keys) < 2):
                 self.frozen.update(keys)
                 if not windows:  # (a kernel's sizes are its windows', not the node's)
                     self.kept.setdefault(node.name, f"{node.op}'s sizes fix its structure")
@@ -292,6 +309,13 @@ class _Problem:
         bisecting below the first that builds."""
         self._tie_factors()
         find = self.classes.__getitem__
+        # A whole's degrees divide the sum of its parts if they divide each part.
+        class_degree: dict[Key, int] = {}
+        for k, d in self.degree.items():
+            class_degree[find(k)] = math.lcm(class_degree.get(find(k), 1), d)
+        for whole, parts in self.sums:
+            for k in parts:
+                self.degree[k] = math.lcm(self.degree.get(k, 1), class_degree.get(find(whole), 1))
         # Classes of windowed dimensions that nothing derives (the classes are final here).
         self.windowed = {find(k) for k in self.windows} - {find(k) for k in self.derived}
         best = self._rebuilding()
@@ -307,7 +331,7 @@ class _Problem:
             except PCGError:
                 lo, hi = hi, hi * 2
         else:
-            return best
+            hi = full  # the full size builds (best): bisect below it
         lo += 1  # the last size that failed, or none
         while lo < hi:
             mid = (lo + hi) // 2
@@ -363,7 +387,7 @@ class _Problem:
         grew = True
         while grew:
             grew = False
-            for one, other in self.products:
+            for one, other in (*self.products, *self.sums):
                 if find(one) in frozen_roots and not {find(k) for k in other} <= frozen_roots:
                     frozen_roots |= {find(k) for k in other}
                     grew = True
@@ -434,6 +458,13 @@ class _Problem:
             if root in frozen_roots or root in {find(k) for k in other}:
                 continue
             n = math.prod(map(size, other))
+            if value[root] != n:
+                value[root], changed = n, True
+        for whole, parts in self.sums:
+            root = find(whole)
+            if root in frozen_roots or root in {find(k) for k in parts}:
+                continue
+            n = sum(map(size, parts))
             if value[root] != n:
                 value[root], changed = n, True
         for share, whole, groups in self.quotients:

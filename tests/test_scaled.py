@@ -102,9 +102,9 @@ def test_a_reshape_into_heads_keeps_its_runs():
     assert equivalent(small_model, small_plan)
 
 
-def test_a_fused_qkv_keeps_its_parts_and_the_rest_shrinks():
-    # q, k and v sliced out of one product, then split into heads: the slices' positions fix
-    # the product's width and each part's (and the heads' factors); batch and sequence shrink.
+def test_a_fused_qkv_of_small_heads_keeps_its_parts_and_the_rest_shrinks():
+    # q, k and v sliced out of one product, then split into 4 heads of 4: the heads cannot
+    # shrink, so neither can the parts nor the product; batch and sequence do.
     b = PCGBuilder()
     x = b.input((8, 32, 16), name="x")
     qkv = b.matmul(x, b.weight((16, 48), name="w"), name="qkv")
@@ -261,3 +261,103 @@ def test_a_normalized_dimension_keeps_the_size_of_its_input():
     (pcg,) = small.pcgs
     assert small.kept == ()
     assert pcg.shape("x").sizes == pcg.shape("z").sizes == (4, 4, 16)  # 16: 4 heads of 4
+
+
+def _attention(split: str, b_=16, s=128, d=256, heads=4):
+    """One attention block whose q, k and v come out of one fused product, by a ``split`` or
+    by three slices (as Megatron's plan and the ONNX importer lay them out)."""
+    b = PCGBuilder()
+    x = b.input((b_, s, d), name="x")
+    qkv = b.matmul(x, b.weight((d, 3 * d), name="wqkv"), name="qkv")
+    if split == "split":
+        parts = b.split(qkv, axis=2, sizes=(d, d, d), name="parts")
+    else:
+        parts = [b.slice(qkv, axis=2, start=k * d, stop=(k + 1) * d) for k in range(3)]
+    q, k, v = (
+        b.transpose(
+            b.reshape(t, shape=(b_, s, heads, d // heads), name=f"{n}_heads"), perm=(0, 2, 1, 3)
+        )
+        for n, t in zip("qkv", parts, strict=True)
+    )
+    att = b.softmax(b.batch_matmul(q, b.transpose(k, perm=(0, 1, 3, 2))), axis=3)
+    o = b.reshape(b.transpose(b.batch_matmul(att, v), perm=(0, 2, 1, 3)), shape=(b_, s, d))
+    return b.build(b.add(x, b.matmul(o, b.weight((d, d), name="wo"))))
+
+
+@pytest.mark.parametrize("split", ["split", "slices"])
+def test_a_fused_qkv_shrinks_as_the_sum_of_its_parts(split):
+    # 4 heads of 64: each part shrinks with its heads (to 4 x 4), and the product and its
+    # weight to the sum of the three; the plans (data parallel, and Megatron's slices of the
+    # weight) shrink with them.
+    model = _attention(split)
+    for plan in (data_parallel(model, SUMMIT), megatron(model, SUMMIT)):
+        small = scaled_down(model, plan)
+        small_model, small_plan = small.pcgs
+        assert small.kept == ()
+        assert small_model.shape("q_heads").sizes[2:] == (4, 4)
+        # (The residual's width is free: nothing ties it to the heads'.)
+        assert small_model.shape("x").sizes == (4, 4, 4)
+        assert small_model.shape("wqkv").sizes == small_plan.shape("wqkv").sizes == (4, 48)
+        assert equivalent(small_model, small_plan)
+
+
+def test_a_slice_that_is_not_an_equal_part_keeps_its_positions():
+    b = PCGBuilder()
+    x = b.input((64, 30), name="x")
+    model = b.build(b.relu(b.slice(x, axis=1, start=4, stop=24, name="s")))
+    (small,) = scaled_down(model).pcgs
+    assert small.shape("x").sizes == (4, 30) and small.shape("s").sizes == (4, 20)
+    assert small.node("s").params == model.node("s").params
+
+
+def _mobilenet_block(split: bool):
+    """A depthwise 3 x 3 convolution and a pointwise one with an activation (MobileNet's
+    block), data parallel on 4 devices when ``split``."""
+    b = PCGBuilder()
+    x = b.input((32, 256, 28, 28), name="image")
+    if split:
+        x = b.partition(x, dim=0, degree=4)
+    dw, pw = b.weight((256, 1, 3, 3), name="dw"), b.weight((512, 256, 1, 1), name="pw")
+    if split:
+        dw, pw = b.replicate(dw, degree=4), b.replicate(pw, degree=4)
+    y = b.conv2d(x, dw, padding=(1, 1), groups=256, activation="relu", name="depthwise")
+    y = b.conv2d(y, pw, activation="relu", name="pointwise")
+    return b.build(b.combine(y, dim=0, degree=4) if split else y)
+
+
+def test_depthwise_and_pointwise_convolutions_shrink_their_channels():
+    # A depthwise convolution stays depthwise (its groups follow its channels); a pointwise
+    # one ties its input channels in x and w (a contraction its signature leaves out, since
+    # the activation forbids partial sums), and its kernel keeps its extent.
+    small = scaled_down(_mobilenet_block(False), _mobilenet_block(True))
+    small_model, small_plan = small.pcgs
+    assert small.kept == ()
+    assert small_model.shape("dw").sizes == (4, 1, 3, 3)
+    assert small_model.node("depthwise").params["groups"] == 4
+    assert small_model.shape("pw").sizes == (4, 4, 1, 1)
+    assert small_model.shape("image").sizes[:2] == (4, 4)
+    assert equivalent(small_model, small_plan)
+
+
+def test_a_broadcast_takes_its_new_target_shape():
+    # A position embedding broadcast over the batch (as BERT's and GPT-2's importers lay it
+    # out): its target shape follows the batch and hidden sizes.
+    b = PCGBuilder()
+    x = b.input((64, 128, 256), name="x")
+    pos = b.broadcast(b.weight((128, 256), name="pos"), shape=(64, 128, 256), name="bcast")
+    model = b.build(b.add(x, pos))
+    small = scaled_down(model)
+    (pcg,) = small.pcgs
+    assert small.kept == ()
+    assert pcg.node("bcast").params["shape"] == pcg.shape("x").sizes == (4, 4, 4)
+    evaluate(pcg)
+
+
+def test_windows_bisect_below_the_full_size_when_doubling_reaches_it():
+    # An 8 x 8 image under a 5 x 5 kernel: 2 and 4 are too small, doubling reaches 8 (the full
+    # size); the least size that fits, 5, lies below it.
+    b = PCGBuilder()
+    x = b.input((16, 8, 8, 8), name="image")
+    model = b.build(b.conv2d(x, b.weight((8, 8, 5, 5), name="w"), name="conv"))
+    (pcg,) = scaled_down(model, min_size=2).pcgs
+    assert pcg.shape("image").sizes[2:] == (5, 5)

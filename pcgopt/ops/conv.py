@@ -220,7 +220,16 @@ class Conv2D(ComputeOp):
         )
 
     def resized_params(self, params, in_sizes, out_sizes):
+        # A depthwise convolution (one input channel per group) stays depthwise at any number
+        # of channels: its groups follow them.
+        channels, per_group = in_sizes[0][1], in_sizes[1][1]
+        if per_group == 1 and params["groups"] > 1:
+            params = Params({**params, "groups": channels})
         return _windows_resized(self, params, in_sizes, out_sizes)
+
+    def fixed_dims(self, params, in_sizes, out_sizes):
+        # The kernel's extent is its structure; its channels are the input's (per group).
+        return (("in", 1, 2), ("in", 1, 3))
 
     def reference(self, params, x, w, bias=None):
         return (self._conv(params, x, w, bias, params["groups"]),)

@@ -100,15 +100,16 @@ class Split(ComputeOp):
         return Signature(axes, linear_in=(0,), notes=((0, params["axis"], why),))
 
     def resized_params(self, params, in_sizes, out_sizes):
-        # Its parts keep their sizes; every other dimension may change.
+        # Parts of any sizes that add up to the input's axis.
         axis = params["axis"]
         parts = tuple(out[axis] for out in out_sizes)
-        keeps = parts == tuple(params["sizes"]) and in_sizes[0][axis] == sum(parts)
-        return params if keeps else None
+        if in_sizes[0][axis] != sum(parts):
+            return None
+        return params if parts == tuple(params["sizes"]) else Params({**params, "sizes": parts})
 
-    def fixed_dims(self, params, in_sizes, out_sizes):
+    def summed_dims(self, params, in_sizes, out_sizes):
         axis = params["axis"]
-        return (("in", 0, axis), *(("out", o, axis) for o in range(len(out_sizes))))
+        return ((("in", 0, axis), tuple(("out", o, axis) for o in range(len(out_sizes)))),)
 
     def reference(self, params, x):
         cuts = np.cumsum(params["sizes"])[:-1]
@@ -275,16 +276,39 @@ class Slice(ComputeOp):
         return Signature(axes, linear_in=(0,), notes=((0, axis, why),))
 
     def resized_params(self, params, in_sizes, out_sizes):
-        # Positions along the sliced dimension keep their meaning only if it keeps its size.
-        return params if _slice_unchanged(params, in_sizes[0], out_sizes[0]) else None
+        # Positions along the sliced dimension keep their meaning if it keeps its size; the
+        # k-th of n equal parts (a fused QKV's q, k or v) stays the k-th at any part size.
+        if _slice_unchanged(params, in_sizes[0], out_sizes[0]):
+            return params
+        axis, start, stop = params["axis"], params["start"], params["stop"]
+        part = out_sizes[0][axis]
+        if start % (stop - start) or (start // (stop - start) + 1) * part > in_sizes[0][axis]:
+            return None
+        k = start // (stop - start)
+        return Params({**params, "start": k * part, "stop": (k + 1) * part})
 
     def fixed_dims(self, params, in_sizes, out_sizes):
+        if _equal_parts(params, in_sizes[0]):
+            return None
         return (("in", 0, params["axis"]), ("out", 0, params["axis"]))
+
+    def summed_dims(self, params, in_sizes, out_sizes):
+        n = _equal_parts(params, in_sizes[0])
+        axis = params["axis"]
+        return ((("in", 0, axis), (("out", 0, axis),) * n),) if n else ()
 
     def reference(self, params, x):
         index = [slice(None)] * x.ndim
         index[params["axis"]] = slice(params["start"], params["stop"])
         return (x[tuple(index)],)
+
+
+def _equal_parts(params: Params, in_sizes: tuple[int, ...]) -> int:
+    """n when the slice is one of n >= 2 equal parts of at least 2 elements each (a fused
+    QKV's q), else 0: a smaller instance keeps it the same part of n smaller ones."""
+    part, size = params["stop"] - params["start"], in_sizes[params["axis"]]
+    aligned = part >= 2 and size % part == 0 and params["start"] % part == 0
+    return size // part if aligned and size > part else 0
 
 
 def _slice_unchanged(params: Params, in_sizes: tuple[int, ...], out_sizes: tuple[int, ...]) -> bool:
@@ -322,6 +346,15 @@ class Broadcast(ComputeOp):
             dim = j if j >= 0 and x[j] == size else None
             axes.append(LoopAxis(f"d{k}", AxisKind.PARALLEL, (dim,), (k,)))
         return Signature(tuple(axes), linear_in=(0,))
+
+    def resized_params(self, params, in_sizes, out_sizes):
+        # Its target shape is its output's: any sizes numpy's rules still broadcast to.
+        resized = Params({**params, "shape": tuple(out_sizes[0])})
+        try:
+            self.infer_logical(resized, (ParallelTensorShape.of(in_sizes[0]),))
+        except ShapeError:
+            return None
+        return resized
 
     def reference(self, params, x):
         return (array_module(x).broadcast_to(x, params["shape"]).copy(),)

@@ -339,6 +339,15 @@ class ComputeOp(OpSpec):
             return None
         return params
 
+    def summed_dims(
+        self, params: Params, in_sizes: tuple[Sizes, ...], out_sizes: tuple[Sizes, ...]
+    ) -> tuple[tuple[DimRef, tuple[DimRef, ...]], ...]:
+        """Dimensions whose size is the sum of other dimensions' sizes, as ``(whole, parts)``
+        (a split's input axis and its parts'): a smaller instance of the graph
+        (:mod:`pcgopt.scaled`) gives each part its class's size and the whole their sum, so
+        that a fused QKV product shrinks with its heads. Empty for most operators."""
+        return ()
+
     def fixed_dims(
         self, params: Params, in_sizes: tuple[Sizes, ...], out_sizes: tuple[Sizes, ...]
     ) -> tuple[DimRef, ...] | None:

@@ -164,10 +164,10 @@ def test_the_check_bounds_tensor_elements_as_well_as_flops():
     verdict = plan_module._check(wide, wide, plan_module.CHECK_FLOPS_LIMIT)
     assert "scaled down from full size (5000 to 4)" in verdict
     b = PCGBuilder()
-    x = b.input((5000, 5000), name="x")  # a split's parameters fix its axis; the other shrinks
+    x = b.input((5000, 5000), name="x")  # a split's axis shrinks as the sum of its parts
     halves = b.build(*(b.relu(h) for h in b.split(x, axis=0, sizes=(2500, 2500))))
     verdict = plan_module._check(halves, halves, plan_module.CHECK_FLOPS_LIMIT)
-    assert "scaled down from full size (5000 to 4)" in verdict
+    assert "scaled down from full size (5000 to 8, 5000 to 4, 2500 to 4)" in verdict
     b = PCGBuilder()
     x = b.input((5000, 5000), name="x")  # slices fixing both axes: nothing shrinks
     corner = b.slice(b.slice(x, axis=0, start=0, stop=4000), axis=1, start=0, stop=4000)
