@@ -105,7 +105,8 @@ class Budget:
     saturation also stops before an iteration predicted (from the last one and the e-graph's
     growth) to end, with the export of the e-graph it would leave
     (:data:`EXPORT_SECONDS_PER_ENODE`), past it, or to need more than ``memory_bytes``; a
-    misprediction can still overrun by one iteration. ``isolate``:
+    misprediction can still overrun by one iteration. A process that already holds
+    ``memory_bytes`` when saturation starts runs no iteration. ``isolate``:
     enforce time and memory strictly by running the iterations in a child process first (costs
     a second run of the iterations that fit). ``speculate``: run the iterations predicted not
     to fit the time in a forked child, and take its e-graph if it is exported in time (this
@@ -755,6 +756,10 @@ def _run(
         now = time.perf_counter()
         if over_time(now - start, now, iteration_s, nodes):
             return StopReason.TIME, state
+        # Likewise a memory budget already spent (by the caller, or the loaded e-graph): no
+        # iteration at all. (What the first adds is not known before it runs.)
+        if (_footprint() if _speculative_child else _rss()) >= budget.memory_bytes:
+            return StopReason.MEMORY, state
     for it in range(len(history) + 1, limit + 1):
         changed, matches = _iteration(eg)
         nodes = _enodes(eg, lang)

@@ -525,6 +525,12 @@ def test_the_memory_budget_leaves_room_to_export_the_egraph(monkeypatch):
     assert (sat.stop_reason, sat.iterations) == (StopReason.MEMORY, 1)
 
 
+def test_a_memory_budget_spent_before_the_first_iteration_runs_none():
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(seconds=60.0, memory_bytes=1))
+    assert (sat.stop_reason, sat.iterations) == (StopReason.MEMORY, 0)
+    assert sat.contains(blowing_up_model())
+
+
 def test_an_isolated_run_is_killed_at_its_time_limit_and_keeps_what_finished():
     # Long enough for the forked child's first iteration on a busy machine (once, in a
     # suite run, 3 s was not).
