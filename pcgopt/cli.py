@@ -5,7 +5,8 @@
     pcgopt ops [NAME]
     pcgopt equivalent A.json B.json [--logical] [--trials N]
     pcgopt optimize MODEL [--machine PRESET[:NODES[:GPUS]]] [--budget S] [--deterministic]
-                   [--json OUT] [--dot OUT] [--run [--devices N] [--steps K]]
+                   [--json OUT] [--dot OUT] [--svg OUT] [--png OUT]
+                   [--run [--devices N] [--steps K]]
     pcgopt run PLAN.json [--devices N] [--steps K] [--model MODEL] [--seed S] [--lr LR]
     pcgopt reductions --machine PRESET:NODES --axes 4,16 --reduce 0 [--bytes N] [--top K]
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.util
 import inspect
 import json
 import os
@@ -107,6 +109,20 @@ def _output(path: str | None, flag: str) -> Path | None:
         raise UsageError(f"{flag} {path}: cannot write in {folder}: {e.strerror}") from None
     if out.exists() and not os.access(out, os.W_OK):
         raise UsageError(f"{flag} {path}: not writable")
+    return out
+
+
+def _picture_output(path: str | None, flag: str) -> Path | None:
+    """A picture's path, checked before any work as :func:`_output` does, and that it can be
+    drawn: its suffix is the flag's, and matplotlib is installed."""
+    out = _output(path, flag)
+    if out is None:
+        return None
+    suffix = flag.removeprefix("--")
+    if out.suffix.lower() != f".{suffix}":
+        raise UsageError(f"{flag} {path}: the file name must end in .{suffix}")
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError(f"{flag} needs matplotlib: pip install 'pcgopt[plot]'")
     return out
 
 
@@ -209,6 +225,9 @@ def _optimize(args: argparse.Namespace) -> int:
     if optimizer not in OPTIMIZERS:
         raise UsageError(f"--optimizer: unknown {optimizer!r}; valid: {', '.join(OPTIMIZERS)}")
     json_out, dot_out = _output(args.json, "--json"), _output(args.dot, "--dot")
+    pictures = [
+        p for p in (_picture_output(args.svg, "--svg"), _picture_output(args.png, "--png")) if p
+    ]
     machine = machine_from_spec(args.machine) if args.machine is not None else default_machine()
     pcg = load_model(args.model, small=args.small, overrides=args.set, dims=args.dims)
     plan = saturate_and_extract(
@@ -226,6 +245,8 @@ def _optimize(args: argparse.Namespace) -> int:
         write_atomically(json_out, plan.to_json())
     if dot_out:
         write_atomically(dot_out, plan.to_dot())
+    for picture in pictures:
+        plan.save_device_map(picture)
     if args.run_plan:
         print()
         _run_and_print(plan, plan.pcg, args, model=pcg)
@@ -443,6 +464,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", metavar="OUT", help="write the plan as JSON")
     p.add_argument("--dot", metavar="OUT", help="write the plan's PCG as Graphviz")
+    p.add_argument(
+        "--svg", metavar="OUT", help="draw the plan's device map as SVG (needs pcgopt[plot])"
+    )
+    p.add_argument(
+        "--png", metavar="OUT", help="draw the plan's device map as PNG (needs pcgopt[plot])"
+    )
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check")
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument(

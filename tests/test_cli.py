@@ -94,12 +94,16 @@ def test_module_entry_point(args):
 def test_optimize_a_zoo_model_writes_the_plan(tmp_path, capsys):
     j, d = tmp_path / "plan.json", tmp_path / "plan.dot"
     argv = ["optimize", "mnist_mlp", "--small", "--machine", "summit:1:2", "--budget", "5"]
-    assert main([*argv, "--json", str(j), "--dot", str(d), "--quiet"]) == 0
+    svg, png = tmp_path / "map.svg", tmp_path / "map.png"
+    flags = ["--json", str(j), "--dot", str(d), "--svg", str(svg), "--png", str(png)]
+    assert main([*argv, *flags, "--quiet"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("plan for summit (2 x V100")
     plan = json.loads(j.read_text())
     assert plan["machine"]["num_devices"] == 2 and plan["cost"]["feasible"]
     assert d.read_text().startswith("digraph")
+    assert svg.read_text().lstrip().startswith("<?xml") and 'id="cell-' in svg.read_text()
+    assert png.read_bytes().startswith(b"\x89PNG")
 
 
 def test_optimize_costs_the_update_of_the_optimizer_the_model_is_trained_with(tmp_path, capsys):
@@ -219,6 +223,8 @@ def test_output_paths_are_checked_before_the_search_and_written_whole(
         argv = ["optimize", "mnist_mlp", "--small", flag, str(tmp_path / "no" / "plan.out")]
         assert main(argv) == 2
         assert f"{flag} {tmp_path / 'no' / 'plan.out'}: the folder" in capsys.readouterr().err
+    assert main(["optimize", "mnist_mlp", "--svg", str(tmp_path / "map.png")]) == 2
+    assert "--svg" in capsys.readouterr().err.splitlines()[-1]
     assert main(["optimize", "mnist_mlp", "--json", "/proc/plan.json"]) == 2
     assert "cannot write in /proc" in capsys.readouterr().err
     assert main(["summary", "mnist_mlp", "--json", str(tmp_path)]) == 2

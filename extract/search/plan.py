@@ -241,6 +241,19 @@ class Plan:
         ``max_rows`` nodes (None: all), how the plan was found, and a legend."""
         return report.explain(self, self._layer_names(), max_rows=max_rows)
 
+    def layers(self) -> list[report.LayerRow]:
+        """The plan's layers in order, as :meth:`explain`'s table shows them (alike
+        consecutive layers in one row): each one's strategy, layout, devices, time, memory
+        and collectives."""
+        return report.layer_rows(self, self._layer_names())
+
+    def save_device_map(self, path: str | Path) -> Path:
+        """Draws which devices each layer runs on, and how (:mod:`pcgopt.extract.search.picture`),
+        to ``path``: ``.svg`` or ``.png``. Needs matplotlib (``pip install 'pcgopt[plot]'``)."""
+        from pcgopt.extract.search.picture import save_device_map
+
+        return save_device_map(self, path)
+
     def _layer_names(self) -> Iterable[str]:
         """The names the report finds layers in: the model's, else the plan's own."""
         return self.model_node_names or [n.name for n in self.pcg.nodes]
