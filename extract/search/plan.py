@@ -1160,6 +1160,7 @@ def _split_phase(
         segment_budget=search.saturation_budget(math.inf) if search.deterministic else None,
         optimizer=search.optimizer,
         progress=search.say,
+        progress_bar=search.progress,
         **search.rewrite_options,
     )
     assert found is not None  # the caller split it already

@@ -278,6 +278,7 @@ def split_search(
     memory_budget: int = 4 * 2**30,
     optimizer: str | Optimizer = "adam",
     progress: Callable[[str], None] | None = None,
+    progress_bar: bool = False,
     segment_budget: Budget | None = None,
     degrees: Sequence[int] | None = None,
     presets: Sequence[str] | None = None,
@@ -295,7 +296,8 @@ def split_search(
     gives every segment that many iterations); either way its back-off match limit and
     e-node budget are per segment (multiplied by the number of distinct segments, since the
     run counts matches and e-nodes in all of them). ``degrees``, ``presets``: as for
-    :func:`~pcgopt.egraph.saturate`."""
+    :func:`~pcgopt.egraph.saturate`. ``progress`` receives a line per phase;
+    ``progress_bar``: saturation's bar on stderr too."""
     say = progress or (lambda msg: None)
     # The deadlines run from the call: cutting the graph and slicing the seeds is in the shares.
     saturate_until = time.perf_counter() + saturate_s
@@ -328,6 +330,7 @@ def split_search(
         machine,
         rules=rules,
         budget=budget,
+        progress=progress_bar,
         seeds=[p.seeds for p in distinct.values()],
         degrees=degrees,
         presets=presets,

@@ -202,12 +202,16 @@ def test_the_dp_predicts_what_the_cost_model_says_of_the_stitched_plan(deep_chai
     )
 
 
-def test_the_split_search_honours_the_memory_budget():
+def test_the_split_search_honours_the_memory_budget_and_shows_saturations_bar(capsys):
     g = chain(8)
-    search = split_search(g, TWO_GPUS, min_ops=4, saturate_s=8, extract_s=4, memory_budget=1)
+    search = split_search(
+        g, TWO_GPUS, min_ops=4, saturate_s=8, extract_s=4, memory_budget=1, progress_bar=True
+    )
     assert search is not None and search.stop_reasons == {"memory budget": search.saturations}
     assert search.iterations == 0
     assert search.pcg is not None and equivalent(g, search.pcg)
+    split_search(g, TWO_GPUS, min_ops=4, saturate_s=2, extract_s=1, progress_bar=True)
+    assert "saturate [" in capsys.readouterr().err
 
 
 def test_a_graph_without_two_big_segments_is_not_split():
