@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from pcgopt.divisors import divisors
 from pcgopt.egraph.language import Language, encode_param, string_literal
 from pcgopt.errors import PCGError
 from pcgopt.ops import OpKind, Params, get_op
@@ -739,7 +740,7 @@ def legal_degrees(num_devices: int, degrees: Sequence[int] | None = None) -> lis
     """Degrees a rewrite may choose: by default the divisors of the device count above 1;
     else ``degrees``, checked to be such divisors (:class:`ValueError` naming the first that
     is not, and the valid ones)."""
-    valid = [d for d in range(2, num_devices + 1) if num_devices % d == 0]
+    valid = list(divisors(num_devices)[1:])
     if degrees is None:
         return valid
     chosen = list(degrees)

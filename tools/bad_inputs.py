@@ -151,6 +151,11 @@ def cases(f: dict[str, Path], work: Path) -> list[Case]:
         Case("machine bad json", (*opt, "--machine", str(f["machine_bad"])), "error", "device"),
         Case("machine yaml", (*opt, "--machine", str(f["machine_yaml"])), "error", "machine.yaml"),
         Case("machine huge", (*opt, "--machine", "summit:99999999999"), "error", "99999999999"),
+        # Within the limit of 2^20 devices, a search of 5 s must end (it took minutes: the
+        # layer-wise strategies and the mapping DP looped over every device count).
+        Case("machine 600,000 GPUs", (*opt, "--machine", "summit:100000"), "ok"),
+        Case("machine 2^20 GPUs", (*opt, "--machine", "dgx-a100:65536"), "ok"),
+        Case("svg suffix", (*opt, "--svg", str(work / "map.png")), "error", "--svg"),
         Case("machine zero", (*opt, "--machine", "summit:0"), "error", "0"),
         Case("machine negative", (*opt, "--machine", "summit:-1"), "error", "-1"),
         Case("machine unknown", (*opt, "--machine", "sumit:2"), "error", "sumit"),

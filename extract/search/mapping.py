@@ -27,12 +27,15 @@ units in sequence.
 **Views.** A view is a block of the machine hierarchy: ``a`` consecutive units of one level
 (``a`` nodes, or ``a`` GPUs of one node). A parallel split divides the outermost level the view
 spans into ``a1 + (a - a1)`` (Unity's search over resource quantities, quadratic rather than
-over device subsets). Every block of ``a`` units of a level is laid out like every other, so a
-sub-problem's cost depends on the view's *shape*, not on where it starts: the memo table is
-keyed by (sub-graph, view shape), and a unit's cost on a view is its cost from the cost model at
-device 0. Costs do not change when shifted: :meth:`MachineMapping.device_groups` shifts the
-cost model's device groups, and :func:`~pcgopt.extract.costmodel.cost.iteration_cost` on the shifted
-groups charges every node the same.
+over device subsets); above :data:`MAX_EXACT_DIVISIONS` units, ``a1`` is one of a logarithmic
+set (powers of two from either end, and sixteenths), so that a machine of 100,000 nodes is
+mapped in a second rather than minutes. Every block of ``a`` units of a level is laid out like
+every other, so a sub-problem's cost depends on the view's *shape*, not on where it starts: the
+memo table is keyed by (sub-graph, view shape), and a unit's cost on a view is its cost from
+the cost model at device 0. Costs do not change when shifted:
+:meth:`MachineMapping.device_groups` shifts the cost model's device groups, and
+:func:`~pcgopt.extract.costmodel.cost.iteration_cost` on the shifted groups charges every node
+the same.
 
 **Transfers.** The side of a parallel split that does not start on the view's first device needs
 its inputs moved there and its outputs moved back: per tensor, one message of the bytes a
@@ -473,6 +476,31 @@ def _seq_seconds(units: list[_Unit], members: Iterable[int]) -> float:
     return sum(units[u].seconds for u in members)
 
 
+#: Up to this many units of a level, a parallel split tries every division of them; above
+#: it, the points :func:`division_points` gives.
+MAX_EXACT_DIVISIONS = 64
+
+
+def division_points(count: int) -> list[int]:
+    """Where a view of ``count`` units of a level may be divided (the first part's size): every
+    point up to :data:`MAX_EXACT_DIVISIONS` units; above, powers of two from either end and
+    the sixteenths, ascending.
+
+    >>> division_points(4)
+    [1, 2, 3]
+    >>> len(division_points(100_000)), division_points(100_000)[:4]
+    (49, [1, 2, 4, 8])
+    """
+    if count <= MAX_EXACT_DIVISIONS:
+        return list(range(1, count))
+    points = {count * k // 16 for k in range(1, 16)}
+    power = 1
+    while power < count:
+        points.update((power, count - power))
+        power *= 2
+    return sorted(x for x in points if 0 < x < count)
+
+
 # Up to this many independent parts, a parallel split considers every way of grouping them
 # (3^k sub-problems per view); more are first grouped into a balanced binary tree.
 _MAX_PARTS = 6
@@ -612,7 +640,7 @@ class _Solver:
         if found is None:
             j, count = view
             found = []
-            for a1 in range(1, count):
+            for a1 in division_points(count):
                 v1, v2 = self.normalize(j, a1), self.normalize(j, count - a1)
                 found.append((a1, v1, v2, self.size(v1), self.size(v2)))
             self._divisions[view] = found

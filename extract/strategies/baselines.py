@@ -51,6 +51,7 @@ from typing import Any
 import numpy as np
 
 from pcgopt.builder import PCGBuilder, Tensor
+from pcgopt.divisors import divisors, largest_divisor
 from pcgopt.errors import PCGError
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.machine import Level, Machine
@@ -128,7 +129,7 @@ def batch_size(pcg: PCG) -> int:
 
 def _largest_divisor(n: int, limit: int) -> int:
     """The largest d <= limit dividing n (at least 1)."""
-    return max(d for d in range(1, max(1, min(n, limit)) + 1) if n % d == 0)
+    return largest_divisor(n, limit)
 
 
 def _data_free(pcg: PCG) -> set[str]:
@@ -556,9 +557,7 @@ def megatron(pcg: PCG, machine: Machine, *, tensor_degree: int | None = None) ->
         dp = _largest_divisor(batch, machine.num_devices // tensor_degree)
         return _Lowering(pcg, dp, tensor_degree).run()
     per_node = _devices_per_node(machine)
-    for t in sorted(
-        (t for t in range(2, per_node + 1) if machine.num_devices % t == 0), reverse=True
-    ):
+    for t in sorted((t for t in divisors(machine.num_devices, per_node) if t >= 2), reverse=True):
         if not _column_parallel(pcg, t):
             continue
         lowering = _Lowering(pcg, _largest_divisor(batch, machine.num_devices // t), t)

@@ -60,6 +60,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pcgopt.builder import Tensor
+from pcgopt.divisors import divisors
 from pcgopt.errors import PCGError
 from pcgopt.extract.costmodel.cost import CostBreakdown, CostError, accumulate_to_fit
 from pcgopt.extract.strategies.baselines import (
@@ -179,8 +180,8 @@ def dense_layers(pcg: PCG) -> tuple[str, ...]:
 
 
 def _triples(p: int) -> list[tuple[int, int, int]]:
-    divisors = [d for d in range(1, p + 1) if p % d == 0]
-    return [(a, b, p // (a * b)) for a in divisors for b in divisors if (p // a) % b == 0]
+    ds = divisors(p)
+    return [(a, b, p // (a * b)) for a in ds for b in ds if (p // a) % b == 0]
 
 
 def strategies_for(
@@ -564,7 +565,15 @@ def _layer_options(
     where none divides its sizes (a batch of 256 on 12 GPUs), those on the most devices that
     have one, the others idle while it runs."""
     p = machine.num_devices if devices is None else devices
-    for count in range(p, 0, -1):
+    # The device counts a strategy can use: products of divisors of the batch, the columns and
+    # the contraction, at most p (not every count below p: a loop over those is O(p^2)).
+    node = pcg.node(name)
+    (k, n), batch = pcg.shape(node.inputs[1]).sizes, pcg.shape(node.inputs[0]).sizes[0]
+    counts: set[int] = set()
+    for a in divisors(batch, p):
+        for b in divisors(n, p // a):
+            counts.update(a * b * c for c in divisors(k, p // (a * b)))
+    for count in sorted(counts, reverse=True):
         found = tuple(
             o
             for o in strategies_for(pcg, name, machine, devices=count)
@@ -884,7 +893,7 @@ def summa_like(
     devices, over every grid that divides every dense layer (AutoDDL's tuned Summa baseline's
     layouts; see the module docstring): plan, cost and the grid's strategy."""
     p = machine.num_devices
-    grids = [MatmulStrategy(1, a, p // a) for a in range(1, p + 1) if p % a == 0]
+    grids = [MatmulStrategy(1, a, p // a) for a in divisors(p)]
     best: tuple[PCG, CostBreakdown, MatmulStrategy] | None = None
     errors: list[str] = []
     for grid in grids:

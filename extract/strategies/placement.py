@@ -42,6 +42,7 @@ import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from pcgopt.divisors import divisors
 from pcgopt.extract.costmodel.cost import (
     CostBreakdown,
     default_groups,
@@ -273,10 +274,9 @@ def _factorizations(n: int, parts: int) -> Iterator[tuple[int, ...]]:
     if parts == 1:
         yield (n,)
         return
-    for f in range(1, n + 1):
-        if n % f == 0:
-            for rest in _factorizations(n // f, parts - 1):
-                yield (f, *rest)
+    for f in divisors(n):
+        for rest in _factorizations(n // f, parts - 1):
+            yield (f, *rest)
 
 
 def matrices(hierarchy: Sequence[int], axes: Sequence[int]) -> list[ParallelismMatrix]:

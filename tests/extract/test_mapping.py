@@ -357,3 +357,20 @@ def test_a_narrowing_chain_runs_before_the_reader_that_needs_it():
     mapping = map_machine(pcg, machine, cost=cost)
     check_schedule(pcg, machine, mapping, cost)
     assert mapping.offsets["x.gather"] == mapping.offsets["x.split"]
+
+
+def test_a_level_of_many_units_is_divided_at_a_logarithmic_set_of_points():
+    # Every division of up to 64 units; above, powers of two from either end and sixteenths.
+    assert mapping_module.division_points(64) == list(range(1, 64))
+    points = mapping_module.division_points(100_000)
+    assert len(points) < 64 and points == sorted(set(points))
+    assert {1, 2, 50_000, 99_999, 99_998} <= set(points)
+    # On 100,000 nodes (where every division was a million sub-problems per view), two towers
+    # still run at once, each on its own node, and the schedule is valid.
+    machine = Machine.preset("summit", nodes=100_000, devices_per_node=1)
+    pcg = fork(2, rows=16, width=4096)
+    cost = iteration_cost(pcg, machine)
+    mapping = map_machine(pcg, machine, cost=cost)
+    assert {mapping.offsets["t0_0"], mapping.offsets["t1_0"]} == {0, 1}
+    assert mapping.time_s < mapping.sequential_s
+    check_schedule(pcg, machine, mapping, cost)
