@@ -438,15 +438,18 @@ def node_table(plan: Plan, max_rows: int | None) -> list[str]:
     shown = [_name_pattern(groups[k]) for k in order]
     width = max([24, *(min(64, len(s)) for s in shown)])
     lines = [
-        "nodes, costliest first (one row for the same node of alike layers: time per node)",
-        f"  {'time':>10}  {'node':<{width}} {'op':<14} output layout / collectives",
+        "nodes, costliest first (one row for the same node of alike layers: their total, and "
+        "the time of each)",
+        f"  {'total':>10}  {'each':>10}  {'node':<{width}} {'op':<14} output layout / collectives",
     ]
     for key, name in zip(order, shown, strict=True):
         _, op, layout, what, _ = key
         shown_name = name if len(name) <= width else "..." + name[len(name) - width + 3 :]
-        lines.append(f"  {_fmt_s(times[key]):>10}  {shown_name:<{width}} {op:<14} {layout}")
+        total = _fmt_s(times[key] * len(groups[key]))
+        each = _fmt_s(times[key]) if len(groups[key]) > 1 else ""
+        lines.append(f"  {total:>10}  {each:>10}  {shown_name:<{width}} {op:<14} {layout}")
         if what:
-            lines.append(f"  {'':>10}  {'':<{width}} {'':<14} {what}")
+            lines.append(f"  {'':>10}  {'':>10}  {'':<{width}} {'':<14} {what}")
     if hidden:
         lines.append(f"  ... {hidden} more rows (max_rows=None shows all)")
     return lines

@@ -4,6 +4,8 @@ identical node rows grouped, and a legend."""
 
 import re
 
+import pytest
+
 from pcgopt import Machine
 from pcgopt.extract.search.plan import mapped_plan
 from pcgopt.extract.search.report import device_map, layer_of, layer_rows, strategy_words
@@ -80,6 +82,17 @@ def test_explain_groups_identical_nodes_says_idle_devices_and_has_a_legend():
     counts = [int(m.group(1)) if (m := re.search(r"\(x(\d+)\)", r)) else 1 for r in rows]
     shown = sum(c for r, c in zip(rows, counts, strict=True) if "layers" not in r)
     assert shown >= len([n for n in plan.pcg.nodes if n.op not in ("input",)]) - 5
+    # A grouped row gives the group's total first (it is ordered by it), then each node's time.
+    unit = {"s": 1.0, "ms": 1e-3, "µs": 1e-6, "ns": 1e-9}
+    totals = []
+    for row, count in zip(rows, counts, strict=True):
+        times = re.findall(r"([\d.]+) (s|ms|µs|ns)\s", row)
+        total = float(times[0][0]) * unit[times[0][1]]
+        if count > 1:
+            each = float(times[1][0]) * unit[times[1][1]]
+            assert total == pytest.approx(each * count, rel=1e-3), row
+        totals.append(total)
+    assert totals == sorted(totals, reverse=True)
 
 
 def test_the_picture_draws_one_of_each_run_of_alike_layers():
