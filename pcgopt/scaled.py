@@ -25,7 +25,9 @@ that keep its runs (:meth:`~pcgopt.ops.spec.ComputeOp.signature_conditions`): it
 its classes' sizes (:meth:`~pcgopt.ops.spec.ComputeOp.resized_params` rewrites its target shape),
 and the one dimension of a run becomes the product of the others: [H] -> [heads, dh] makes H
 heads * dh. Reshapes of one class into factors of the same sizes (the model's and the plan's)
-share their factors.
+share their factors. A run of two dimensions into two that moves a factor from one to the
+other (PyTorch's attention: [B, H] -> [B * heads, H / heads]) gets that factor as a size of its
+own, in both products.
 
 **Convolutions and poolings** keep their kernel, stride, padding and number of groups. Their
 batch and channels shrink as loop axes; a grouped convolution's channels to multiples of its
@@ -217,6 +219,8 @@ class _Problem:
                                 [_dim_key(g, pcg, node, r) for r in other],
                             )
                         )
+                if c.kind == "eq" and len(c.left) == len(c.right) == 2:
+                    self._read_moved_factor(g, pcg, node, c)
         sig = spec.signature(node.params, in_sizes, out_sizes)
         covered: set[Key] = set()
         for whole, parts in spec.summed_dims(node.params, in_sizes, out_sizes):
@@ -294,6 +298,27 @@ class _Problem:
                         self.window_outputs.add(key)
                     if n in loose and not windows:  # (not a kernel's size)
                         self.classes.union(key, loose[n][0])
+
+    def _read_moved_factor(self, g: int, pcg: PCG, node: Node, c: SizeRelation) -> None:
+        """A run of two dimensions into two that moves a factor from one to the other:
+        [B, H] -> [B * heads, H / heads], PyTorch's attention reshaping its heads into the batch
+        (or back). The factor (heads) is a dimension of no tensor: it gets a key of its own,
+        and the run two products of it ([B * heads] = B x heads, H = heads x [H / heads])."""
+        (x1, x2), (y1, y2) = (
+            [_dim_key(g, pcg, node, r) for r in side] for side in (c.left, c.right)
+        )
+        a1, a2, b1, b2 = (self.full[k] for k in (x1, x2, y1, y2))
+        if b1 % a1 == 0 and a2 % b2 == 0 and b1 // a1 == a2 // b2 > 1:
+            factor, moved = b1 // a1, [(y1, x1, "left"), (x2, y2, "right")]
+        elif a1 % b1 == 0 and b2 % a2 == 0 and a1 // b1 == b2 // a2 > 1:
+            factor, moved = a1 // b1, [(x1, y1, "left"), (y2, x2, "right")]
+        else:
+            return
+        aux = ("factor", g, node.name, c.left, c.right)
+        self.full[aux] = factor
+        self.classes[aux]  # registers it
+        for whole, part, side in moved:
+            self.products.append((whole, [part, aux] if side == "left" else [aux, part]))
 
     def freeze(self, g: int, pcg: PCG, node: Node, why: str) -> None:
         self.kept.setdefault(node.name, why)
@@ -421,7 +446,13 @@ class _Problem:
         # makes H heads * dh), and a pass over every graph sets the derived ones (the
         # classes a derivation feeds may be read before it, e.g. a weight's rows).
         for _ in range(len(members) + 1):
-            changed = self._apply_relations(size, value, frozen_roots)
+            # The relations to a fixed point first: one may set a class another reads (a
+            # product's factor, set by a later product), and deriving reads them all.
+            changed = False
+            for _ in range(len(self.products) + len(self.sums) + len(self.quotients) + 1):
+                if not self._apply_relations(size, value, frozen_roots):
+                    break
+                changed = True
             derived_now: dict[Key, tuple[int, str]] = {}
             for g, pcg in enumerate(self.pcgs):
                 changed |= self._derive(g, pcg, size, value, frozen_roots, derived_now)

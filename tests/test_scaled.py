@@ -361,3 +361,32 @@ def test_windows_bisect_below_the_full_size_when_doubling_reaches_it():
     model = b.build(b.conv2d(x, b.weight((8, 8, 5, 5), name="w"), name="conv"))
     (pcg,) = scaled_down(model, min_size=2).pcgs
     assert pcg.shape("image").sizes[2:] == (5, 5)
+
+
+def test_a_reshape_that_moves_the_heads_into_the_batch_shrinks_with_them():
+    # PyTorch's attention: [S, B, H] -> [S, B * heads, H / heads], and back. The run moves the
+    # factor heads from one dimension to the other; heads is no tensor's dimension, yet both
+    # sides must agree on it.
+    def attention(split: bool):
+        b = PCGBuilder()
+        x = b.input((16, 8, 64), name="x")
+        if split:  # the batch over 2 devices
+            x = b.partition(x, dim=1, degree=2)
+        wq, wo = b.weight((64, 64), name="wq"), b.weight((64, 64), name="wo")
+        if split:
+            wq, wo = b.replicate(wq, degree=2), b.replicate(wo, degree=2)
+        heads = b.reshape(b.matmul(x, wq, name="q"), shape=(16, 32, 16), name="heads")
+        t = b.transpose(heads, perm=(1, 0, 2))
+        att = b.softmax(b.batch_matmul(t, b.transpose(t, perm=(0, 2, 1))), axis=2)
+        o = b.transpose(b.batch_matmul(att, t), perm=(1, 0, 2))
+        y = b.matmul(b.reshape(o, shape=(16, 8, 64), name="back"), wo)
+        return b.build(b.combine(y, dim=1, degree=2) if split else y)
+
+    small = scaled_down(attention(False), attention(True))
+    model, plan = small.pcgs
+    assert small.kept == ()
+    seq, batch, hidden = model.shape("q").sizes
+    assert (seq, batch) == (4, 4) and hidden < 64
+    _, batch_heads, head_dim = model.shape("heads").sizes
+    assert batch_heads == batch * 4 and hidden == 4 * head_dim  # 4 heads on both sides
+    assert equivalent(model, plan)
