@@ -65,3 +65,20 @@ def test_multi_output_operators_return_tuples():
     assert [repr(p.shape) for p in parts] == ["f32[4, 2]", "f32[4, 4]"]
     g = b.build(parts)
     assert len(g.outputs) == 2
+
+
+def test_nodes_built_alike_share_their_inferred_shapes_and_a_list_parameter_is_a_tuple():
+    # Shape inference is cached by operator, parameters and input shapes: the searches build
+    # the same nodes over and over. A list-valued parameter (no cache key) gives the same node.
+    b = PCGBuilder()
+    x = b.input((8, 6), name="x")
+    first = b.reshape(x, shape=(4, 12), name="first")
+    again = b.reshape(x, shape=(4, 12), name="again")
+    listed = b.reshape(x, shape=[4, 12], name="listed")
+    pcg = b.build(first, again, listed)
+    assert pcg.node("first").params == pcg.node("again").params == pcg.node("listed").params
+    assert first.shape is again.shape and listed.shape == first.shape
+    with pytest.raises(PCGError, match="node 'bad' \\(reshape\\): cannot reshape"):
+        b.reshape(x, shape=(5, 12), name="bad")
+    with pytest.raises(PCGError, match="node 'bad2' \\(reshape\\): cannot reshape"):
+        b.reshape(x, shape=(5, 12), name="bad2")  # an error is not cached
