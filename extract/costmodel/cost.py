@@ -1126,13 +1126,11 @@ def iteration_cost(
         raise CostError(f"pcg must be a pcgopt.PCG, got {type(pcg).__name__}")
     if not isinstance(machine, Machine):
         raise CostError(f"machine must be a pcgopt.Machine, got {type(machine).__name__}")
+    # Micro-batches first: a count that does not divide the batch fails before the placement
+    # is worked out (accumulate_to_fit tries several).
+    m = _check_micro_batches(pcg, micro_batches)
     it = _Iteration(
-        pcg,
-        machine,
-        _optimizer(optimizer),
-        _Placement(pcg, machine, devices),
-        reduction_cost,
-        _check_micro_batches(pcg, micro_batches),
+        pcg, machine, _optimizer(optimizer), _Placement(pcg, machine, devices), reduction_cost, m
     )
     devices_used = it.add_node_times()
     memory = it.add_memory_and_updates()
