@@ -16,15 +16,14 @@ reported at the line that makes it.
 from __future__ import annotations
 
 import contextlib
-import functools
 from collections import Counter
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from pcgopt.errors import DuplicateNameError, PCGError
 from pcgopt.graph import PCG, Node, TensorRef
-from pcgopt.ops import OPERATORS, OpKind, get_op
+from pcgopt.ops import OPERATORS, OpKind, OpSpec, get_op
 from pcgopt.ops.params import Params
 from pcgopt.shapes import DType, ParallelTensorShape
 
@@ -90,12 +89,7 @@ class PCGBuilder:
         try:
             spec.check_arity(len(inputs))
             in_shapes = tuple(t.shape for t in inputs)
-            given = tuple(params.items())
-            try:
-                canonical, out_shapes = _inferred(op, given, in_shapes)
-            except TypeError:  # a parameter given as a list: not a cache key
-                canonical = spec.make_params(params, in_shapes)
-                out_shapes = spec.infer(canonical, in_shapes)
+            canonical, out_shapes = _inferred(spec, params, in_shapes)
         except PCGError as e:
             raise e.at_node(name, op) from None
         self._nodes.append(Node(name, op, tuple(t.ref for t in inputs), canonical))
@@ -160,13 +154,38 @@ class PCGBuilder:
         )
 
 
-@functools.lru_cache(maxsize=1 << 14)
+#: Shape inference's results by operator, parameters (with their types: 1 and True, or 4 and
+#: 4.0, are different parameters) and input shapes. Specs are pure, and the searches build the
+#: same nodes over and over (every layer of a model, in every candidate plan): the layer-wise
+#: search's evaluations of BERT-Large on 64 GPUs spent a third of their time inferring shapes.
+_INFERRED: dict[Hashable, tuple[Params, tuple[ParallelTensorShape, ...]]] = {}
+_INFERRED_MAX = 1 << 14
+
+
+def _typed(value: Any) -> Hashable:
+    if isinstance(value, tuple | list):
+        return (type(value), tuple(_typed(v) for v in value))
+    return (type(value), value)
+
+
 def _inferred(
-    op: str, given: tuple[tuple[str, Any], ...], in_shapes: tuple[ParallelTensorShape, ...]
+    spec: OpSpec, params: dict[str, Any], in_shapes: tuple[ParallelTensorShape, ...]
 ) -> tuple[Params, tuple[ParallelTensorShape, ...]]:
-    """An operator's canonical parameters and output shapes. Specs are pure, and the searches
-    build the same nodes over and over (every layer of a model, in every candidate plan): the
-    layer-wise search's evaluations of BERT-Large on 64 GPUs spent a third of their time here."""
-    spec = get_op(op)
-    canonical = spec.make_params(dict(given), in_shapes)
-    return canonical, spec.infer(canonical, in_shapes)
+    """``spec``'s canonical parameters and output shapes for these inputs (cached)."""
+    try:
+        key: Hashable | None = (
+            spec.name,
+            tuple((k, _typed(v)) for k, v in params.items()),
+            in_shapes,
+        )
+        found = _INFERRED.get(key)
+    except TypeError:  # a parameter that is no key (an array)
+        key, found = None, None
+    if found is None:
+        canonical = spec.make_params(params, in_shapes)
+        found = (canonical, spec.infer(canonical, in_shapes))
+        if key is not None:
+            if len(_INFERRED) >= _INFERRED_MAX:
+                _INFERRED.clear()
+            _INFERRED[key] = found
+    return found

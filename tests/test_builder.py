@@ -82,3 +82,10 @@ def test_nodes_built_alike_share_their_inferred_shapes_and_a_list_parameter_is_a
         b.reshape(x, shape=(5, 12), name="bad")
     with pytest.raises(PCGError, match="node 'bad2' \\(reshape\\): cannot reshape"):
         b.reshape(x, shape=(5, 12), name="bad2")  # an error is not cached
+    # Equal values of other types are other parameters: 4.0 and True are still refused after
+    # 4 and 1 were accepted.
+    with pytest.raises(PCGError, match="'shape' must be a list of positive ints"):
+        b.reshape(x, shape=(4.0, 12))
+    b.scale(x, factor=1)
+    with pytest.raises(PCGError, match="'factor' must be a number, got True"):
+        b.scale(x, factor=True)
