@@ -160,8 +160,9 @@ class _Problem:
         self.products: list[tuple[Key, list[Key]]] = []
         # (a group's share, the whole, the number of groups): a weight's channels per group.
         self.quotients: list[tuple[Key, Key, int]] = []
-        # (a whole, its parts): a split's input axis is the sum of its parts (summed_dims).
-        self.sums: list[tuple[Key, list[Key]]] = []
+        # (a whole, its parts, the node): a split's input axis is the sum of its parts
+        # (summed_dims).
+        self.sums: list[tuple[Key, list[Key], str]] = []
         self.new_params: dict[tuple[int, str], Params] = {}
         # Sizes chosen for some classes (by a member key), every other class keeping its
         # full size: micro_batched's instance rather than the smallest one.
@@ -225,7 +226,7 @@ class _Problem:
         covered: set[Key] = set()
         for whole, parts in spec.summed_dims(node.params, in_sizes, out_sizes):
             part_keys = [_dim_key(g, pcg, node, ref) for ref in parts]
-            self.sums.append((_dim_key(g, pcg, node, whole), part_keys))
+            self.sums.append((_dim_key(g, pcg, node, whole), part_keys, node.name))
             covered.update(part_keys)  # sized by their classes, not derived
         windows = {_key(g, pcg, node.inputs[i], d) for i, dims in spec.window_inputs for d in dims}
         self.windows |= windows
@@ -338,7 +339,7 @@ class _Problem:
         class_degree: dict[Key, int] = {}
         for k, d in self.degree.items():
             class_degree[find(k)] = math.lcm(class_degree.get(find(k), 1), d)
-        for whole, parts in self.sums:
+        for whole, parts, _ in self.sums:
             for k in parts:
                 self.degree[k] = math.lcm(self.degree.get(k, 1), class_degree.get(find(whole), 1))
         # Classes of windowed dimensions that nothing derives (the classes are final here).
@@ -412,7 +413,7 @@ class _Problem:
         grew = True
         while grew:
             grew = False
-            for one, other in (*self.products, *self.sums):
+            for one, other, *_ in (*self.products, *self.sums):
                 if find(one) in frozen_roots and not {find(k) for k in other} <= frozen_roots:
                     frozen_roots |= {find(k) for k in other}
                     grew = True
@@ -471,6 +472,16 @@ class _Problem:
                     f"its sizes would break {broken[0]!r}, which its structure needs",
                     node=node.name,
                 )
+        # Every whole is still the sum of its parts: a slice that was the k-th of n parts is
+        # the k-th of n smaller ones (two slices of one tensor into quarters and halves must
+        # not both become its first half).
+        for whole, parts, name in self.sums:
+            if size(whole) != sum(map(size, parts)):
+                raise ScaleDownError(
+                    f"its parts would be {[size(p) for p in parts]}, not adding up to "
+                    f"{size(whole)}",
+                    node=name,
+                )
         bounds = self._index_bounds(size)
         rebuilt = tuple(self._rebuild(g, pcg, size, bounds) for g, pcg in enumerate(self.pcgs))
         pairs = sorted(
@@ -491,7 +502,7 @@ class _Problem:
             n = math.prod(map(size, other))
             if value[root] != n:
                 value[root], changed = n, True
-        for whole, parts in self.sums:
+        for whole, parts, _ in self.sums:
             root = find(whole)
             if root in frozen_roots or root in {find(k) for k in parts}:
                 continue

@@ -390,3 +390,34 @@ def test_a_reshape_that_moves_the_heads_into_the_batch_shrinks_with_them():
     _, batch_heads, head_dim = model.shape("heads").sizes
     assert batch_heads == batch * 4 and hidden == 4 * head_dim  # 4 heads on both sides
     assert equivalent(model, plan)
+
+
+def test_parts_of_an_axis_keep_their_proportions_so_different_parts_stay_different():
+    # Found in review: the model takes rows 16..32 of x, the plan rows 32..48 (the same shapes,
+    # another function). Parts that shrank on their own made both the first of three equal
+    # parts; so did two slices into quarters and halves.
+    def split_part(sizes):
+        b = PCGBuilder()
+        parts = b.split(b.input((64, 8), name="x"), axis=0, sizes=sizes, name="s")
+        return b.build(b.relu(parts[1], name="out"))
+
+    def sliced(start, stop):
+        b = PCGBuilder()
+        x = b.input((64, 8), name="x")
+        return b.build(b.relu(b.slice(x, axis=0, start=start, stop=stop, name="s"), name="out"))
+
+    for model, plan in [
+        (split_part((16, 16, 32)), split_part((32, 16, 16))),
+        (sliced(16, 32), split_part((32, 16, 16))),
+        (sliced(16, 32), sliced(32, 48)),
+    ]:
+        assert not equivalent(model, plan)
+        assert not equivalent(*scaled_down(model, plan).pcgs)
+
+    b = PCGBuilder()
+    x = b.input((64, 8), name="x")
+    quarter = b.slice(x, axis=0, start=0, stop=16, name="quarter")
+    half = b.slice(x, axis=0, start=0, stop=32, name="half")
+    (small,) = scaled_down(b.build(b.relu(quarter), b.relu(half))).pcgs
+    rows = small.shape("x").sizes[0]
+    assert small.shape("quarter").sizes[0] * 4 == small.shape("half").sizes[0] * 2 == rows

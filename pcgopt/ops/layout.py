@@ -100,12 +100,15 @@ class Split(ComputeOp):
         return Signature(axes, linear_in=(0,), notes=((0, params["axis"], why),))
 
     def resized_params(self, params, in_sizes, out_sizes):
-        # Parts of any sizes that add up to the input's axis.
-        axis = params["axis"]
+        # Parts in the same proportions that add up to the input's axis: every position along
+        # it scales alike, so the i-th part stays the same share of the axis.
+        axis, sizes = params["axis"], tuple(params["sizes"])
         parts = tuple(out[axis] for out in out_sizes)
         if in_sizes[0][axis] != sum(parts):
             return None
-        return params if parts == tuple(params["sizes"]) else Params({**params, "sizes": parts})
+        if any(p * sizes[0] != s * parts[0] for p, s in zip(parts, sizes, strict=True)):
+            return None
+        return params if parts == sizes else Params({**params, "sizes": parts})
 
     def summed_dims(self, params, in_sizes, out_sizes):
         axis = params["axis"]
