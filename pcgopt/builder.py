@@ -165,6 +165,8 @@ _INFERRED_MAX = 1 << 14
 def _typed(value: Any) -> Hashable:
     if isinstance(value, tuple | list):
         return (type(value), tuple(_typed(v) for v in value))
+    if isinstance(value, float):  # -0.0 == 0.0, yet a factor's sign is the sign of a product
+        return (float, value.hex())
     return (type(value), value)
 
 

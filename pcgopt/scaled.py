@@ -335,6 +335,15 @@ class _Problem:
         bisecting below the first that builds."""
         self._tie_factors()
         find = self.classes.__getitem__
+        # A class that two products factor differently (a model's 16 heads of 4 and a plan's 8
+        # of 8, of one hidden size) keeps its size: shrunk, both would become 4 x 4 and a plan
+        # that groups its elements otherwise would pass for the model.
+        factorings: dict[Key, set[tuple[int, ...]]] = {}
+        for one, other in self.products:
+            sizes = tuple(self.full[k] for k in other if self.full[k] > 1)
+            if len(sizes) >= 2:  # (a product of one size and ones is a tie, not a factoring)
+                factorings.setdefault(find(one), set()).add(sizes)
+        self.frozen.update(root for root, found in factorings.items() if len(found) > 1)
         # A whole's degrees divide the sum of its parts if they divide each part.
         class_degree: dict[Key, int] = {}
         for k, d in self.degree.items():
@@ -446,19 +455,24 @@ class _Problem:
         # size relation sets the class of its one dimension (a reshape's [H] -> [heads, dh]
         # makes H heads * dh), and a pass over every graph sets the derived ones (the
         # classes a derivation feeds may be read before it, e.g. a weight's rows).
+        states: set[frozenset] = set()
         for _ in range(len(members) + 1):
             # The relations to a fixed point first: one may set a class another reads (a
             # product's factor, set by a later product), and deriving reads them all.
             changed = False
-            for _ in range(len(self.products) + len(self.sums) + len(self.quotients) + 1):
+            # (Bounded: relations that disagree would go on changing each other; the sizes
+            # are checked below, and the node at fault is kept at full size.)
+            for _ in range(min(32, len(self.products) + len(self.sums) + len(self.quotients) + 1)):
                 if not self._apply_relations(size, value, frozen_roots):
                     break
                 changed = True
             derived_now: dict[Key, tuple[int, str]] = {}
             for g, pcg in enumerate(self.pcgs):
                 changed |= self._derive(g, pcg, size, value, frozen_roots, derived_now)
-            if not changed:
+            state = frozenset(value.items())
+            if not changed or state in states:  # settled, or going round in circles
                 break
+            states.add(state)
         for g, node, conditions in self.relations:
             pcg = self.pcgs[g]
             outs = [TensorRef(node.name, o) for o in range(len(pcg.output_shapes(node.name)))]

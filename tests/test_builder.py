@@ -1,5 +1,7 @@
 """PCGBuilder: one method per operator, errors at the line that makes them."""
 
+import math
+
 import pytest
 
 from pcgopt import OPERATORS, DegreeError, DuplicateNameError, PCGBuilder, PCGError, ShapeError
@@ -89,3 +91,8 @@ def test_nodes_built_alike_share_their_inferred_shapes_and_a_list_parameter_is_a
     b.scale(x, factor=1)
     with pytest.raises(PCGError, match="'factor' must be a number, got True"):
         b.scale(x, factor=True)
+    # -0.0 == 0.0, but it is another factor.
+    b.scale(x, factor=0.0, name="plus")
+    b.scale(x, factor=-0.0, name="minus")
+    nodes = {n.name: n for n in b.nodes}
+    assert math.copysign(1, nodes["minus"].params["factor"]) == -1

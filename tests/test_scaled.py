@@ -421,3 +421,20 @@ def test_parts_of_an_axis_keep_their_proportions_so_different_parts_stay_differe
     (small,) = scaled_down(b.build(b.relu(quarter), b.relu(half))).pcgs
     rows = small.shape("x").sizes[0]
     assert small.shape("quarter").sizes[0] * 4 == small.shape("half").sizes[0] * 2 == rows
+
+
+@pytest.mark.parametrize("moved", [False, True])
+def test_a_size_factored_two_ways_keeps_its_size(moved):
+    # Found in review: a model's 16 heads of 4 and a plan's 8 heads of 8, of one hidden size,
+    # both became 4 x 4 once shrunk, and a softmax over groups of 4 passed for one over 8.
+    def heads(count: int):
+        b = PCGBuilder()
+        x = b.input((4, 64), name="x")
+        # [B, H] -> [B, heads, H / heads], or PyTorch's [B * heads, H / heads]
+        shape = (4 * count, 64 // count) if moved else (4, count, 64 // count)
+        y = b.softmax(b.reshape(x, shape=shape, name="r1"), name="sm")
+        return b.build(b.reshape(y, shape=(4, 64), name="r2"))
+
+    model, plan = heads(16), heads(8)
+    assert not equivalent(model, plan)
+    assert not equivalent(*scaled_down(model, plan).pcgs)

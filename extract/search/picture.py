@@ -76,6 +76,22 @@ def _runs(used: Sequence[bool]) -> list[tuple[int, int, bool]]:
     return runs
 
 
+def _column_unit(machine: Any) -> tuple[int, str]:
+    """How many devices a column stands for, and what they are: one device up to
+    :data:`MAX_COLUMNS`; else a node of the outermost level, or several nodes where there are
+    more nodes than columns, or a block of devices of the one node."""
+    n, count = machine.num_devices, machine.levels[0].count
+    if n <= MAX_COLUMNS:
+        return 1, "device"
+    want, node, level = -(-n // MAX_COLUMNS), n // count, machine.levels[0].name
+    if count == 1:
+        return want, f"{want} devices"
+    if want <= node:
+        return node, f"{level} ({node} devices)"
+    k = -(-want // node)
+    return k * node, f"{k} {level}s ({k * node} devices)"
+
+
 def _fmt_ms(seconds: float) -> str:
     return f"{seconds * 1e3:.3g} ms"
 
@@ -92,9 +108,9 @@ def device_map_figure(plan: Plan, rows: Sequence[LayerRow] | None = None) -> Any
         rows = plan.layers()
     machine = plan.machine
     n = machine.num_devices
-    per = 1 if n <= MAX_COLUMNS else n // machine.levels[0].count
-    columns = n // per
     node_size = n // machine.levels[0].count  # devices per node of the outermost level
+    per, unit = _column_unit(machine)
+    columns = -(-n // per)
 
     label_width = max((len(r.label) for r in rows), default=10)
     notes = [f"{r.sbp or '-'}  {_fmt_ms(r.time_s)}  {r.strategy}" for r in rows]
@@ -124,7 +140,8 @@ def device_map_figure(plan: Plan, rows: Sequence[LayerRow] | None = None) -> Any
             share = [1.0 if d in row.device_set else 0.0 for d in range(columns)]
         else:
             share = [
-                sum(d in row.device_set for d in range(c * per, (c + 1) * per)) / per
+                sum(d in row.device_set for d in range(c * per, min(n, (c + 1) * per)))
+                / (min(n, (c + 1) * per) - c * per)
                 for c in range(columns)
             ]
         used_any = False
@@ -157,7 +174,7 @@ def device_map_figure(plan: Plan, rows: Sequence[LayerRow] | None = None) -> Any
     if per == 1:
         x_label = f"device; a line between {level}s"
     else:
-        x_label = f"{level} ({per} devices); the darker, the more of them the layer uses"
+        x_label = f"{unit}; the darker, the more of them the layer uses"
     step = max(1, columns // 16)
     ax.set_xticks([c + 0.5 for c in range(0, columns, step)], list(range(0, columns, step)))
     ax.tick_params(axis="x", labelsize=7, length=0)

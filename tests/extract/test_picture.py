@@ -122,3 +122,21 @@ def test_a_picture_of_an_unknown_kind_or_without_matplotlib_is_a_clear_error(tmp
     with pytest.raises(PictureError, match=r"pip install 'pcgopt\[plot\]'"):
         plan.save_device_map(tmp_path / "map.svg")
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("machine", ["summit:20000", "flat:1000"])
+def test_a_picture_never_has_more_columns_than_it_can_show(tmp_path, machine):
+    # Found in review: 20,000 Summit nodes drew 20,000 columns (a PNG 90,868 pixels wide).
+    from pcgopt.extract.search.picture import MAX_COLUMNS
+    from pcgopt.testing.strategies import flat_machine
+
+    name, count = machine.split(":")
+    m = (
+        Machine.preset("summit", nodes=int(count))
+        if name == "summit"
+        else flat_machine(int(count), bandwidth=10e9, latency=5e-6)
+    )
+    plan = mapped_plan(ZOO["mlp"].build(small=True), m)
+    cells = _cells(plan.save_device_map(tmp_path / "map.svg"))
+    columns = set().union(*(c for row in cells.values() for c in row.values()))
+    assert 1 < len(columns) <= MAX_COLUMNS
