@@ -758,7 +758,7 @@ def _run(
             return StopReason.TIME, state
         # Likewise a memory budget already spent (by the caller, or the loaded e-graph): no
         # iteration at all. (What the first adds is not known before it runs.)
-        if (_footprint() if _speculative_child else _rss()) >= budget.memory_bytes:
+        if _footprint() >= budget.memory_bytes:
             return StopReason.MEMORY, state
     for it in range(len(history) + 1, limit + 1):
         changed, matches = _iteration(eg)

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pcgopt.errors import PCGError
-from pcgopt.extract.search.report import LayerRow, headline
+from pcgopt.extract.search.report import LayerRow, devices_per_column, headline
 
 if TYPE_CHECKING:
     from pcgopt.extract.search.plan import Plan
@@ -77,19 +77,18 @@ def _runs(used: Sequence[bool]) -> list[tuple[int, int, bool]]:
 
 
 def _column_unit(machine: Any) -> tuple[int, str]:
-    """How many devices a column stands for, and what they are: one device up to
-    :data:`MAX_COLUMNS`; else a node of the outermost level, or several nodes where there are
-    more nodes than columns, or a block of devices of the one node."""
-    n, count = machine.num_devices, machine.levels[0].count
-    if n <= MAX_COLUMNS:
+    """How many devices a column stands for (:func:`~pcgopt.extract.search.report.
+    devices_per_column`), and what they are."""
+    per = devices_per_column(machine, MAX_COLUMNS)
+    n, count, level = machine.num_devices, machine.levels[0].count, machine.levels[0].name
+    node = n // count
+    if per == 1:
         return 1, "device"
-    want, node, level = -(-n // MAX_COLUMNS), n // count, machine.levels[0].name
     if count == 1:
-        return want, f"{want} devices"
-    if want <= node:
-        return node, f"{level} ({node} devices)"
-    k = -(-want // node)
-    return k * node, f"{k} {level}s ({k * node} devices)"
+        return per, f"{per} devices"
+    if per == node:
+        return per, f"{level} ({node} devices)"
+    return per, f"{per // node} {level}s ({per} devices)"
 
 
 def _fmt_ms(seconds: float) -> str:

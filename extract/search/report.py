@@ -26,6 +26,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from pcgopt.graph import PCG, Node
+from pcgopt.machine import Machine
 from pcgopt.ops import OpKind
 from pcgopt.sbp import sbp_of
 from pcgopt.shapes import ParallelTensorShape
@@ -383,21 +384,41 @@ def layer_table(rows: Sequence[LayerRow]) -> list[str]:
     return [title, *_table(header, body, {3, 4, 5})]
 
 
+def devices_per_column(machine: Machine, max_columns: int) -> int:
+    """How many devices a column of a device map stands for, so that there are at most
+    ``max_columns``: one; else a node of the outermost level; else as many nodes as it takes;
+    or, on a machine of one node, a block of its devices."""
+    n, count = machine.num_devices, machine.levels[0].count
+    if n <= max_columns:
+        return 1
+    want, node = -(-n // max_columns), n // count
+    if count == 1:
+        return want
+    return node * -(-want // node)
+
+
 def device_map(plan: Plan, rows: Sequence[LayerRow], *, width: int = 64) -> list[str]:
     """Which devices each layer runs on: a character per device (``#`` used, ``.`` idle), or,
-    on machines of more than ``width`` devices, per node of the outermost level (``#`` all of
-    its devices, ``+`` some, ``.`` none)."""
+    on machines of more than ``width`` devices, per node of the outermost level, or per group
+    of them (``#`` all of its devices, ``+`` some, ``.`` none)."""
     m = plan.machine
     n = m.num_devices
-    per = 1 if n <= width else n // m.levels[0].count
-    cells = n // per
-    unit = "device" if per == 1 else f"{m.levels[0].name} of {per} devices"
+    per = devices_per_column(m, width)
+    cells = -(-n // per)
+    node = n // m.levels[0].count
+    if per == 1:
+        unit = "device"
+    elif per == node and m.levels[0].count > 1:
+        unit = f"{m.levels[0].name} of {per} devices"
+    else:
+        unit = f"group of {per} devices"
 
     def line(used: frozenset[int]) -> str:
         out = []
         for k in range(cells):
-            hit = sum(d in used for d in range(k * per, (k + 1) * per))
-            out.append("#" if hit == per else "+" if hit else ".")
+            block = range(k * per, min(n, (k + 1) * per))
+            hit = sum(d in used for d in block)
+            out.append("#" if hit == len(block) else "+" if hit else ".")
         return "".join(out)
 
     if not rows:
@@ -522,6 +543,7 @@ __all__ = [
     "LEGEND",
     "LayerRow",
     "device_map",
+    "devices_per_column",
     "explain",
     "layer_of",
     "layer_rows",

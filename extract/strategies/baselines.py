@@ -127,11 +127,6 @@ def batch_size(pcg: PCG) -> int:
     return sizes[first]
 
 
-def _largest_divisor(n: int, limit: int) -> int:
-    """The largest d <= limit dividing n (at least 1)."""
-    return largest_divisor(n, limit)
-
-
 def _data_free(pcg: PCG) -> set[str]:
     """Nodes computed from weights only (weights included): materialized at their consumers."""
     free: set[str] = set()
@@ -513,7 +508,7 @@ def data_parallel(pcg: PCG, machine: Machine, *, degree: int | None = None) -> P
     _check_sequential(pcg)
     batch = batch_size(pcg)
     if degree is None:
-        degree = _largest_divisor(batch, machine.num_devices)
+        degree = largest_divisor(batch, machine.num_devices)
     _check_degree(pcg, machine, degree, batch, "degree")
     return _Lowering(pcg, degree).run()
 
@@ -554,17 +549,17 @@ def megatron(pcg: PCG, machine: Machine, *, tensor_degree: int | None = None) ->
     pcg = split_projections(pcg)
     if tensor_degree is not None:
         _check_tensor_degree(machine, tensor_degree)
-        dp = _largest_divisor(batch, machine.num_devices // tensor_degree)
+        dp = largest_divisor(batch, machine.num_devices // tensor_degree)
         return _Lowering(pcg, dp, tensor_degree).run()
     per_node = _devices_per_node(machine)
     for t in sorted((t for t in divisors(machine.num_devices, per_node) if t >= 2), reverse=True):
         if not _column_parallel(pcg, t):
             continue
-        lowering = _Lowering(pcg, _largest_divisor(batch, machine.num_devices // t), t)
+        lowering = _Lowering(pcg, largest_divisor(batch, machine.num_devices // t), t)
         plan = lowering.run()
         if not lowering.fallbacks:
             return plan
-    return _Lowering(pcg, _largest_divisor(batch, machine.num_devices)).run()
+    return _Lowering(pcg, largest_divisor(batch, machine.num_devices)).run()
 
 
 def split_projections(pcg: PCG) -> PCG:

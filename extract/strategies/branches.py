@@ -60,6 +60,7 @@ from types import MappingProxyType
 import numpy as np
 
 from pcgopt.builder import Tensor
+from pcgopt.divisors import largest_divisor
 from pcgopt.errors import PCGError
 from pcgopt.extract.costmodel.cost import CostError, iteration_cost
 from pcgopt.extract.search.mapping import (
@@ -73,7 +74,6 @@ from pcgopt.extract.search.mapping import (
 from pcgopt.extract.strategies.baselines import (
     BaselineError,
     _check_sequential,
-    _largest_divisor,
     batch_size,
     data_parallel,
 )
@@ -224,7 +224,7 @@ def lower_degrees(
                 f"the {machine.num_devices} devices of {machine.name!r}",
                 node=name,
             )
-    widest = max(degrees.values(), default=_largest_divisor(batch, machine.num_devices))
+    widest = max(degrees.values(), default=largest_divisor(batch, machine.num_devices))
     plan = _DegreeLowering(pcg, degrees, widest, strategies).lowered()
     for node in plan.nodes:
         width = max(
@@ -279,7 +279,7 @@ def elastic_views(
         for a in range(1, machine.counts[j] + 1)
     }
     started = time.perf_counter()
-    legal = sorted({_largest_divisor(batch, w) for w in sizes})
+    legal = sorted({largest_divisor(batch, w) for w in sizes})
     sequential_cost = iteration_cost(pcg, machine, optimizer=optimizer)
     units, unit_of = _units(pcg, sequential_cost, {})
     table = np.full((len(units), len(legal)), math.inf)

@@ -60,13 +60,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pcgopt.builder import Tensor
-from pcgopt.divisors import divisors
+from pcgopt.divisors import divisors, largest_divisor
 from pcgopt.errors import PCGError
 from pcgopt.extract.costmodel.cost import CostBreakdown, CostError, accumulate_to_fit
 from pcgopt.extract.strategies.baselines import (
     BaselineError,
     _check_sequential,
-    _largest_divisor,
     _Lowering,
     batch_size,
 )
@@ -518,7 +517,7 @@ def lower(
     _check_sequential(pcg)
     check_strategies(pcg, machine, strategies)
     if input_degree is None:
-        input_degree = _largest_divisor(batch_size(pcg), machine.num_devices)
+        input_degree = largest_divisor(batch_size(pcg), machine.num_devices)
     return _LayerwiseLowering(pcg, strategies, input_degree).lowered()
 
 
