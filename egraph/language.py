@@ -35,6 +35,7 @@ from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.ops import OPERATORS, OpKind, Params, get_op
 from pcgopt.ops.params import ParamType
 from pcgopt.ops.spec import OpSpec
+from pcgopt.rules.arity import WIDEST
 from pcgopt.shapes import DType, ParallelTensorShape
 
 #: The egglog sort of each parameter type.
@@ -97,8 +98,9 @@ def multi_output(spec: OpSpec) -> bool:
 
 
 #: The most inputs of a variadic operator's constructor; a wider concat is loaded as a concat
-#: of concats (:func:`within_arity`).
-MAX_VARIADIC = 8
+#: of concats (:func:`within_arity`). The rules about layouts through a concat are generated
+#: at every arity up to it (:mod:`pcgopt.rules.arity`).
+MAX_VARIADIC = WIDEST
 
 
 def _arities(spec: OpSpec, max_variadic: int) -> range:

@@ -324,7 +324,9 @@ def shipped_presets(pcgs: Sequence[PCG] = ()) -> tuple[str, ...]:
     another preset has a tensor of its minimum rank (:data:`pcgopt.rules.families.MIN_RANK`)
     on each side, and no rule of a lower preset builds such a tensor, so that preset's rules
     can match only where a PCG already has one: a rank-2 model (an MLP, DLRM) saturates
-    without the transformer rules, which would cost it seconds of loading and matching.
+    without the transformer rules, which would cost it seconds of loading and matching. Alike,
+    a preset of :data:`pcgopt.rules.families.OPERATORS_OF` (the embedding bags' ``lookups``)
+    has one of its operators on each side of every rule, and no rule builds one.
 
     The matrix rules' algebraic part (``"matrix/parallel"`` leaves it out) is loaded only for
     PCGs that compute a tensor of rank 2 or less from a data input. Every tensor of a matrix
@@ -336,14 +338,19 @@ def shipped_presets(pcgs: Sequence[PCG] = ()) -> tuple[str, ...]:
     iterations without them). Their parallel and cleanup rules (a replicated weight's
     transpose) stay."""
     from pcgopt.rules import OPT_IN, SHIPPED
-    from pcgopt.rules.families import MIN_RANK
+    from pcgopt.rules.families import MIN_RANK, OPERATORS_OF
 
     default = tuple(p for p in SHIPPED if p not in OPT_IN)
     if not pcgs:
         return default
     ranks = (s.rank for pcg in pcgs for n in pcg.nodes for s in pcg.output_shapes(n.name))
     rank = max(ranks, default=0)
-    presets = tuple(p for p in default if MIN_RANK[p] <= rank)
+    ops = {n.op for pcg in pcgs for n in pcg.nodes}
+    presets = tuple(
+        p
+        for p in default
+        if MIN_RANK[p] <= rank and (p not in OPERATORS_OF or ops & set(OPERATORS_OF[p]))
+    )
     if any(_computes_low_rank_data(pcg) for pcg in pcgs):
         return presets
     return tuple(p + WITHOUT_ALGEBRA if MIN_RANK[p] == 0 else p for p in presets)

@@ -52,7 +52,7 @@ import math
 import operator
 import os
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -434,6 +434,20 @@ class Machine:
     def counts(self) -> tuple[int, ...]:
         """The count of every level, outermost first (P^2's system hierarchy)."""
         return tuple(level.count for level in self.levels)
+
+    def one_node(self) -> Machine | None:
+        """One unit of the outermost level (a node), with the levels below it; None when the
+        machine has one level or one node, or when a node is one device. A plan for one node
+        is a plan for the whole machine with the other nodes idle, and the one to pick where
+        crossing nodes costs more than it gains.
+
+        >>> Machine.preset("summit", nodes=4).one_node().num_devices
+        6
+        """
+        if len(self.levels) < 2 or self.levels[0].count == 1:
+            return None
+        node = Machine((replace(self.levels[0], count=1), *self.levels[1:]), self.device, self.name)
+        return node if node.num_devices > 1 else None
 
     def level_degrees(self) -> tuple[int, ...]:
         """The degrees that take whole levels of the hierarchy: the products of the counts of

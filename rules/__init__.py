@@ -6,7 +6,9 @@ for all parallel degrees: ``rules.json`` (matrices; ``python -m pcgopt.rules gen
 collectives and attention on rank-3 and rank-4 tensors; ``python -m pcgopt.rules generate
 --preset transformer``) and ``rules_layouts.json`` (Partition and Replicate of two degrees
 ``k`` and ``j``, ranks 1 to 4; ``--preset layouts``; used by saturation only when asked,
-:data:`OPT_IN`). See
+:data:`OPT_IN`) and ``rules_lookups.json`` (embedding bags, a recommender's sparse features:
+split by batch, table columns or rows; ``--preset lookups``; loaded only for models with
+embedding bags). See
 :mod:`pcgopt.rules.generate` for how they are found and :mod:`pcgopt.rules.families` for what
 each preset enumerates.
 
@@ -31,11 +33,15 @@ TRANSFORMER_RULES_FILE = Path(__file__).with_name("rules_transformer.json")
 #: The shipped rule file of the layouts preset (layouts of two degrees, ranks 1 to 4).
 LAYOUTS_RULES_FILE = Path(__file__).with_name("rules_layouts.json")
 
+#: The shipped rule file of the lookups preset (embedding bags: rank-2 ids into rank-2 tables).
+LOOKUPS_RULES_FILE = Path(__file__).with_name("rules_lookups.json")
+
 #: Every shipped rule file, by the preset that writes it.
 SHIPPED = {
     "matrix": RULES_FILE,
     "transformer": TRANSFORMER_RULES_FILE,
     "layouts": LAYOUTS_RULES_FILE,
+    "lookups": LOOKUPS_RULES_FILE,
 }
 
 #: Shipped rule files that saturation uses only when asked (``saturate(..., presets=...)``):
@@ -64,6 +70,7 @@ def load(path: Path | None = None) -> list[Rule]:
 
 __all__ = [
     "LAYOUTS_RULES_FILE",
+    "LOOKUPS_RULES_FILE",
     "OPT_IN",
     "RULES_FILE",
     "SHIPPED",

@@ -18,10 +18,12 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from pcgopt.arguments import positive_int, positive_number
 from pcgopt.rules import RULES_FILE, load
+from pcgopt.rules.arity import WIDEST
 from pcgopt.rules.candidates import kind
 from pcgopt.rules.enumerate import Config
 from pcgopt.rules.families import MIN_RANK, NAME_PREFIX, PRESETS
@@ -37,13 +39,16 @@ def _peak_rss_mb() -> float:
 def _generate(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     if args.preset == "matrix":
-        defaults = Config()
+        defaults, *others = PRESETS["matrix"]
         configs: tuple[Config, ...] = (
-            Config(
+            replace(
+                defaults,
                 max_ops=args.max_ops or defaults.max_ops,
                 degree=args.degree,
                 ops=tuple(args.ops.split(",")) if args.ops else defaults.ops,
             ),
+            # --ops replaces what is enumerated: the preset's one-operator families go too.
+            *(() if args.ops else (replace(c, degree=args.degree) for c in others)),
         )
     else:
         if args.ops or args.max_ops is not None:
@@ -76,7 +81,8 @@ def _generate(args: argparse.Namespace) -> int:
     )
     print(
         f"  verified {s.verified}: proved {s.proved}, refuted {s.refuted}, unknown {s.unknown} "
-        f"({s.rounds} round(s))"
+        f"({s.rounds} round(s)); {s.widened} proved rules about concats widened to 3 to "
+        f"{WIDEST} inputs"
     )
     phases = ", ".join(f"{k} {v:.1f} s" for k, v in s.seconds.items())
     elapsed = time.perf_counter() - start

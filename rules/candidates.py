@@ -158,14 +158,21 @@ def lift(
     shapes = {s.name: s.shape for s in config.inputs}
     used = _used_inputs(c, config)
     if letters is None:
-        values = sorted({n for v in used for n in shapes[v].sizes})
+        values = sorted({n for v in used for n in shapes[v].sizes if n > 1})
         by_size = {n: "abcdefgh"[i] for i, n in enumerate(values)}
-        letters = {(v, d): by_size[n] for v in used for d, n in enumerate(shapes[v].sizes)}
+        letters = {(v, d): by_size[n] for v in used for d, n in enumerate(shapes[v].sizes) if n > 1}
+    # A size of 1 stays 1: a letter stands for 2 or more (a dimension of one element cannot
+    # be split, so what holds of it is a rule of its own).
     inputs = {
-        v: TensorDecl(tuple(letters[v, d] for d in range(shapes[v].rank)), shapes[v].dtype)
+        v: TensorDecl(
+            tuple(letters.get((v, d), n) for d, n in enumerate(shapes[v].sizes)),
+            shapes[v].dtype,
+        )
         for v in used
     }
-    example = {letters[v, d]: n for v in used for d, n in enumerate(shapes[v].sizes)}
+    example = {
+        letters[v, d]: n for v in used for d, n in enumerate(shapes[v].sizes) if (v, d) in letters
+    }
     memo: dict[Expr, Expr] = {}
     floats: dict[str, dict[float, Sym]] = {}
     degree_syms: dict[int, IntExpr] = {config.degree: Sym("k")}
@@ -217,7 +224,12 @@ def lifts(c: Candidate, config: Config) -> tuple[Rule, ...]:
     plain = lift(c, config)
     if not generalizes(plain):
         return ()
-    letters = {(v, d): dim for v, decl in plain.inputs.items() for d, dim in enumerate(decl.dims)}
+    letters = {
+        (v, d): dim
+        for v, decl in plain.inputs.items()
+        for d, dim in enumerate(decl.dims)
+        if isinstance(dim, str)
+    }
     fresh = (f"_{i}" for i in itertools.count())
     refined = True
     while refined:

@@ -182,6 +182,10 @@ class Config:
             "matmul": [Variant("matmul")],
             "batch_matmul": [Variant("batch_matmul")],
             "linear": [Variant("linear", (("activation", a),)) for a in ("none", "relu")],
+            # The activations the matrix enumeration leaves out (a one-operator family).
+            "linear_smooth": [
+                Variant("linear", (("activation", a),)) for a in ("gelu", "sigmoid", "tanh")
+            ],
             "linear_plain": [Variant("linear", (("activation", "none"),))],
             "linear_bias": [
                 Variant("linear", (("activation", a),), inputs=3) for a in ("none", "gelu")
@@ -191,6 +195,7 @@ class Config:
             # Rate one half: the kept integers double and stay integers.
             "dropout": [Variant("dropout", (("rate", 0.5),))],
             "embedding": [Variant("embedding")],
+            "embedding_bag": [Variant("embedding_bag")],
             "concat": [Variant("concat", (("axis", a),)) for a in axes],
             "split": [Variant("split", (("axis", a), ("sizes", "concat"))) for a in axes],
             "partition": [

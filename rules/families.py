@@ -1,9 +1,11 @@
 """Named enumeration presets: which small graphs the rule-generation job enumerates.
 
 ``matrix`` is the default set behind ``rules.json``: matrices ([2, 4] data, [4, 4] weights),
-the operators of FlexFlow's generated rules, up to 3 operators. Its rules are typed on rank-2
-tensors, so they never match a transformer's [batch, sequence, hidden] activations or its
-[batch, heads, sequence, head-dim] attention tensors.
+the operators of FlexFlow's generated rules, up to 3 operators, and a one-operator family of
+dense layers with the activations that enumeration leaves out (GELU, sigmoid, tanh). Its rules
+are typed on rank-2 tensors, so they never match a transformer's [batch, sequence, hidden]
+activations or its [batch, heads, sequence, head-dim] attention tensors. ``lookups`` is the
+embedding bags' (rank 2 too, but only a model with embedding bags loads them).
 
 ``transformer`` is a list of small *families*, each one operator group at the ranks a
 transformer uses, with the parallel operators that split, copy, gather and reduce. Enumerating
@@ -33,6 +35,8 @@ Figure 2b needs for a GELU layer.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from pcgopt.rules.enumerate import Config, InputSpec
 from pcgopt.shapes import ParallelTensorShape
@@ -161,6 +165,30 @@ BIAS_ADD_ONE = Config(
     inputs=(_x("x1", (2, 4, 6)), _x("b1", (6,), "bias")),
 )
 
+#: Bags of lookups (a recommender's sparse features): integer ids [N, L] into a [rows, H] table,
+#: summed over each bag of L (split by the batch, the table's columns, or its rows or the bag
+#: with partial sums). Every tensor has rank 2, so this is a preset of its own (``lookups``):
+#: the transformer preset keeps only rules with a tensor of rank 3.
+EMBEDDING_BAG_ONE = Config(
+    one_op=True,
+    ops=("embedding_bag", *_SPLITS),
+    inputs=(
+        InputSpec("i1", "ids", ParallelTensorShape.of((2, 4), "i64")),
+        _x("t1", (4, 6), "weight"),
+    ),
+    split_rank=2,
+)
+
+#: Bags of one id each (a categorical feature with one value per sample, as in DLRM and XDL):
+#: a rule's lettered size stands for 2 or more, so bags of length 1 need rules of their own.
+EMBEDDING_BAG_SINGLE_ONE = replace(
+    EMBEDDING_BAG_ONE,
+    inputs=(
+        InputSpec("i1", "ids", ParallelTensorShape.of((2, 1), "i64")),
+        _x("t1", (4, 6), "weight"),
+    ),
+)
+
 #: Attention's head reshapes, one operator: [B, S, H] -> [B, S, heads, H/heads] (the number of
 #: heads a symbol, ``parts``) and [B, S, h, d] -> [B, S, h*d] back, with the splits that pass
 #: through them (the batch, the sequence, and the hidden dimension as whole heads).
@@ -193,8 +221,16 @@ LAYOUTS = tuple(
     for rank in (1, 2, 3, 4)
 )
 
+#: Dense layers of matrices with the activations the matrix enumeration leaves out (GELU,
+#: sigmoid, tanh: a recommender's last layer), one operator with its splits.
+LINEAR_SMOOTH_ONE = Config(
+    one_op=True,
+    ops=("linear_smooth", *_SPLITS),
+    inputs=(_x("x1", (2, 4)), _x("w1", (4, 4), "weight")),
+)
+
 PRESETS: dict[str, tuple[Config, ...]] = {
-    "matrix": (Config(),),
+    "matrix": (Config(), LINEAR_SMOOTH_ONE),
     "transformer": (
         LINEAR,
         LAYER_NORM_ONE,
@@ -210,10 +246,15 @@ PRESETS: dict[str, tuple[Config, ...]] = {
         LINEAR_ACTIVATION,
     ),
     "layouts": LAYOUTS,
+    "lookups": (EMBEDDING_BAG_ONE, EMBEDDING_BAG_SINGLE_ONE),
 }
 
 #: What a preset's rule names start with (:func:`pcgopt.rules.generate.merge`).
-NAME_PREFIX = {"matrix": "", "transformer": "tf_", "layouts": "ly_"}
+NAME_PREFIX = {"matrix": "", "transformer": "tf_", "layouts": "ly_", "lookups": "lk_"}
+
+#: The operators of which a preset's every rule has one on each side: such a preset can rewrite
+#: only a PCG with one of them (the e-graph leaves it out elsewhere).
+OPERATORS_OF = {"lookups": ("embedding_bag",)}
 
 #: The lowest rank a preset's rules must touch to be kept (ranks below are another preset's).
-MIN_RANK = {"matrix": 0, "transformer": 3, "layouts": 0}
+MIN_RANK = {"matrix": 0, "transformer": 3, "layouts": 0, "lookups": 0}

@@ -9,6 +9,8 @@
    parallel; verdicts are saved in the work directory too.
 5. A candidate dropped because of a chain through a rule that then failed verification is
    taken up again (steps 3-5) until nothing changes.
+6. Proved rules that move a layout through a concat of two tensors are widened to every
+   arity the e-graph builds (:mod:`pcgopt.rules.arity`) and verified again.
 
 Only proved rules are written. The output depends only on the configuration: every step runs
 in a fixed order, and parallel results are sorted before use.
@@ -27,6 +29,7 @@ from pathlib import Path
 
 from pcgopt.progress import Progress
 from pcgopt.rewrite import Rule, Sym, Term, dump_rules, walk
+from pcgopt.rules.arity import widenings
 from pcgopt.rules.candidates import (
     Candidate,
     candidates,
@@ -68,6 +71,8 @@ class Stats:
     refuted: int = 0
     unknown: int = 0
     rounds: int = 0
+    #: Proved rules widened to concats of 3 or more inputs (:mod:`pcgopt.rules.arity`).
+    widened: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 
 
@@ -400,15 +405,27 @@ def generate(
     prune_time += time.perf_counter() - t
     stats.seconds["prune"] = prune_time
     stats.seconds["verify"] = verify_time
+    rules = [readable(lifted[c.text]) for c in proved]
+    found_with = {lifted[c.text].name: c.size for c in proved}
+    verified = {r.name: r for r in lifted.values() if r.name in verdicts}
+
+    # Step 6: the proved rules about layouts through a concat, at every wider arity.
+    t = time.perf_counter()
+    wide = [(w, r) for r in sorted(rules, key=canonical_text) for w in widenings(r)]
+    verdicts_w = verify_all([(w,) for w, _ in wide], workers, timeout, work_dir)
+    for w, r in wide:
+        v = verdicts[w.name] = verdicts_w[w.name]
+        verified[w.name] = w
+        if v["status"] == "proved":
+            rules.append(w)
+            found_with[w.name] = found_with[r.name]
+            stats.widened += 1
+    stats.seconds["widen"] = time.perf_counter() - t
     stats.verified = len(verdicts)
     stats.proved = sum(1 for v in verdicts.values() if v["status"] == "proved")
     stats.refuted = sum(1 for v in verdicts.values() if v["status"] == "refuted")
     stats.unknown = sum(1 for v in verdicts.values() if v["status"] == "unknown")
-    rules = sorted(
-        (readable(lifted[c.text]) for c in proved), key=lambda r: (kind(r), canonical_text(r))
-    )
-    found_with = {lifted[c.text].name: c.size for c in proved}
-    verified = {r.name: r for r in lifted.values() if r.name in verdicts}
+    rules.sort(key=lambda r: (kind(r), canonical_text(r)))
     return Generated(rules, verdicts, stats, found_with, verified)
 
 

@@ -271,6 +271,9 @@ def enode_costs(
             act_mem[c] = nbytes
             continue
         stored_mem[c] = nbytes
+        if shape.num_shards > machine.num_devices:
+            stored_s[c] = np.inf  # only e-nodes of infinite cost read it (_local_cost)
+            continue
         if trainable_layout[c]:
             stored_mem[c] += (1 + opt.states) * nbytes
 
@@ -313,6 +316,11 @@ def _local_cost(
 ) -> tuple[float, bool]:
     """Seconds of one e-node, and whether it has a backward that keeps its inputs."""
     spec = get_op(op)
+    width = max(s.num_shards for s in (*ins, *outs))
+    if width > machine.num_devices:
+        # More shards than devices: not a plan for this machine (an e-graph saturated for a
+        # larger machine, costed on one of its nodes).
+        return float("inf"), False
     if spec.kind is OpKind.COMPUTE:
         node = Node(op, op, tuple(TensorRef(f"in{k}") for k in range(len(ins))), params)
         _, forward_s, backward_s = compute_times(node, ins, outs, grads, machine.device)
@@ -320,10 +328,7 @@ def _local_cost(
     collectives = parallel_collectives(op, grads[0] if grads else False)
     if not collectives:
         return 0.0, False
-    width = max(ins[0].num_shards, outs[0].num_shards)
-    if width > machine.num_devices:
-        return float("inf"), False
-    groups = default_groups(params["degree"], width)
+    groups = default_groups(params["degree"], max(ins[0].num_shards, outs[0].num_shards))
     nbytes = max(ins[0].shard_nbytes, outs[0].shard_nbytes)
     seconds = sum(collective_cost(kind, groups, nbytes, machine).seconds for kind, _ in collectives)
     return seconds, False
@@ -537,11 +542,17 @@ def extract_greedy(costs: ENodeCosts, *, time_limit_s: float = 10.0) -> Extracti
             if c not in choice or len(egraph.classes[c]) < 2:
                 continue
             for i in egraph.classes[c]:
-                if i == choice[c]:
+                if i == choice[c] or not np.isfinite(costs.node_s[i]):
                     continue
 
                 def pick(k: int, c: int = c, i: int = i) -> int:
-                    return i if k == c else merged[k]
+                    if k == c:
+                        return i
+                    if k not in merged:
+                        # No e-node of finite cost derives this class (an e-node wider than
+                        # the machine, or one without shape facts, is all it has).
+                        raise ExtractionError(f"e-class c{k} has no e-node of finite cost")
+                    return merged[k]
 
                 try:
                     trial = _reachable_checked(egraph, pick)

@@ -18,7 +18,9 @@ Phases, each timed in :attr:`Plan.stats`:
    extraction prices each e-node narrow enough for its branch's devices by its share of the
    machine (:func:`~pcgopt.extract.search.extraction.concurrent_costs`): the candidate
    "e-graph, branches at once", whose branches the mapping then runs side by side (not yet
-   under graph splitting, whose segments are extracted in sequence);
+   under graph splitting, whose segments are extracted in sequence). On a machine of several
+   nodes a third extraction costs the e-graph on one node ("e-graph on one node": e-nodes
+   wider than a node are out), for models where crossing nodes costs more than it gains;
 4. **baselines**: data parallelism, Megatron-style tensor parallelism and sequential optimization
    (:mod:`pcgopt.extract.strategies.baselines`), costed by the same model, and the branch-parallel
    plan (:func:`~pcgopt.extract.strategies.branches.branch_parallel`: data parallelism whose degree
@@ -803,12 +805,8 @@ def _on_one_node(
     """The data-parallel and Megatron plans of one node of a machine of several, costed on the
     whole machine (the other nodes idle): a plan for part of the machine is a plan for all of
     it, and one the search must not lose to where crossing nodes costs more than it gains."""
-    if len(machine.levels) < 2 or machine.counts[0] == 1:
-        return {}
-    node = Machine(
-        (replace(machine.levels[0], count=1), *machine.levels[1:]), machine.device, machine.name
-    )
-    if node.num_devices == 1:
+    node = machine.one_node()
+    if node is None:
         return {}
     found: dict[str, tuple[PCG, CostBreakdown] | None] = {}
     for name, make in (("data parallel", data_parallel), ("megatron", megatron)):
@@ -1043,10 +1041,11 @@ def _explore(
 def _whole_phase(
     search: _Search, seed_plans: Sequence[PCG]
 ) -> tuple[dict[str, PCG | None], _Explored]:
-    """Saturation of the whole PCG, then extraction twice: costed in sequence ("e-graph"), and,
-    where branches can run at once, with them priced by their share of the machine ("e-graph,
-    branches at once", :func:`~pcgopt.extract.search.extraction.concurrent_costs`); the plans
-    extracted (None if extraction failed) and what to report."""
+    """Saturation of the whole PCG, then extraction: costed in sequence ("e-graph"); where
+    branches can run at once, with them priced by their share of the machine ("e-graph,
+    branches at once", :func:`~pcgopt.extract.search.extraction.concurrent_costs`); and on a
+    machine of several nodes, costed on one node ("e-graph on one node"). The plans extracted
+    (None if extraction failed) and what to report."""
     pcg, machine, clock, phases, say = (
         search.pcg,
         search.machine,
@@ -1089,6 +1088,14 @@ def _whole_phase(
     if views is not None and views.narrowed:
         devices = class_devices(sat.egraph, pcg, views.views, machine.num_devices)
         variants.append(("e-graph, branches at once", concurrent_costs(costs, devices)))
+    node = machine.one_node()
+    if node is not None:
+        # Costed on one node, the extraction keeps within it where crossing nodes costs more
+        # than it gains (per-e-node costs cannot see that a sync at once on several nodes
+        # is what makes a whole-machine plan slower).
+        variants.append(
+            ("e-graph on one node", enode_costs(sat.egraph, node, optimizer=search.optimizer))
+        )
     for name, variant in variants:
         extracted[name], text = _extract(search, sat.egraph, variant)
         texts.append(text if name == "e-graph" else f"{name}: {text}")

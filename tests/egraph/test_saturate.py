@@ -398,7 +398,7 @@ def test_a_rank_2_model_loads_only_the_matrix_rules_and_a_loaded_superset_serves
     # is left out; with a rank-2 activation anywhere it is loaded.
     assert shipped_presets([dense_gelu()]) == ("matrix/parallel", "transformer")
     assert shipped_presets([dense_gelu(), relu_model(4)]) == ("matrix", "transformer")
-    assert shipped_presets() == ("matrix", "transformer")
+    assert shipped_presets() == ("matrix", "transformer", "lookups")
     loads = []
 
     def load(presets):
@@ -414,10 +414,32 @@ def test_a_rank_2_model_loads_only_the_matrix_rules_and_a_loaded_superset_serves
     assert warm_up_in_background().result(timeout=60) >= 0
     saturate(dense_gelu(), TWO_GPUS, budget=Budget(iterations=1))
     saturate(relu_model(4), TWO_GPUS, budget=Budget(iterations=1))
-    assert loads[2:] == [("matrix", "transformer")]  # every model reuses the larger set
+    assert loads[2:] == [("matrix", "transformer", "lookups")]  # every model reuses the larger set
     monkeypatch.setattr(saturate_module, "_shipped", {})
     assert warm_up_in_background(pcgs=[relu_model(4)]).result(timeout=60) >= 0
     assert loads[-1] == ("matrix",)
+
+
+def test_the_embedding_bag_rules_load_only_for_a_model_with_embedding_bags():
+    from pcgopt.models import dlrm
+
+    assert shipped_presets([dlrm(batch=8)]) == ("matrix", "lookups")
+    assert "lookups" not in shipped_presets([relu_model(4), dense_gelu()])
+
+
+@pytest.mark.parametrize("model", ["xdl", "dlrm"])
+def test_the_egraph_alone_reaches_data_parallelism_of_a_recommender(model):
+    # Bags of one id each (their own rules), a concat of four or five (rules widened past two
+    # inputs) and a sigmoid output layer (a dense layer with any activation): without seeds,
+    # two iterations hold the data-parallel plan.
+    from pcgopt.models import dlrm, xdl
+
+    build = {"xdl": xdl, "dlrm": dlrm}[model]
+    pcg = build(batch=64, tables=(1000,) * 4, embedding_dim=8)
+    machine = Machine.preset("dgx-a100", nodes=1, devices_per_node=4)
+    sat = saturate(pcg, machine, budget=Budget(iterations=2))
+    plan = data_parallel(pcg, machine)
+    assert sat.egraph.contains(plan), sat.egraph.first_missing(plan)
 
 
 def test_a_plans_split_of_rank_2_token_ids_does_not_bring_back_the_matrix_algebra():

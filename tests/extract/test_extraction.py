@@ -277,3 +277,26 @@ def test_enodes_reading_a_tensor_without_shape_facts_are_never_chosen(one_iterat
     extraction = extract_greedy(costs, time_limit_s=2)  # the sequential plan remains
     assert all(not set(eg.nodes[i].children) & {target} for i in extraction.choice.values())
     assert_equivalent(MNIST, eg.to_pcg(extraction.choice))
+
+
+def test_costed_for_fewer_devices_the_wider_enodes_are_never_chosen(mnist):
+    # The e-graph was saturated for 2 GPUs; costed on one of them (as the search costs it on
+    # one node of several), every e-node that spans 2 devices is out, and extraction finds the
+    # plan that fits: the model unsplit. Local search must step over classes that only such
+    # e-nodes derive.
+    sat, _ = mnist
+    eg = sat.egraph
+    one = Machine.preset("summit", nodes=1, devices_per_node=1)
+    costs = enode_costs(eg, one)
+    wide = [
+        i
+        for i, n in enumerate(eg.nodes)
+        if eg.shapes[n.eclass] is not None
+        and eg.shapes[n.eclass].num_shards > 1
+        and not costs.free[i]
+    ]
+    assert wide and all(costs.node_s[i] == float("inf") for i in wide)
+    extraction = extract_greedy(costs, time_limit_s=5)
+    plan = eg.to_pcg(extraction.choice)
+    assert all(n.spec.kind.name != "PARALLEL" for n in plan.nodes)
+    assert_equivalent(MNIST, plan)

@@ -11,8 +11,10 @@ from pcgopt.rules.enumerate import Config, Enumerator, InputSpec, fingerprint, i
 from pcgopt.rules.families import (
     ATTENTION,
     COLLECTIVES,
+    EMBEDDING_BAG_SINGLE_ONE,
     EMBEDDING_ONE,
     LINEAR,
+    LINEAR_SMOOTH_ONE,
     MIN_RANK,
     PRESETS,
     RESHAPE_MERGE_ONE,
@@ -24,7 +26,8 @@ from pcgopt.sharded import ShardedArray
 
 
 def test_the_matrix_preset_enumerates_matrices_as_flexflows_generator_does():
-    (config,) = PRESETS["matrix"]
+    config, smooth = PRESETS["matrix"]
+    assert smooth == LINEAR_SMOOTH_ONE
     names = [repr(v) for v in config.variants()]
     assert "partition(dim=1, degree=2)" in names
     assert not any("dim=2" in n or "inputs=3" in n for n in names)
@@ -366,3 +369,30 @@ def test_the_shipped_transformer_rules_hold_the_row_parallel_layers_bias_rules()
         "add(replicate(x1, degree=k), replicate(x2, degree=k)) => replicate(add(x1, x2), degree=k)",
         bias,
     ) in shipped
+
+
+def test_a_bag_of_one_id_gets_rules_of_its_own_with_the_bag_size_fixed_at_one():
+    # A letter stands for 2 or more, so XDL's and DLRM's bags of one id ([batch, 1]) need rules
+    # that say 1.
+    gen = generate(EMBEDDING_BAG_SINGLE_ONE, workers=1, work_dir=None, timeout=5)
+    texts = {f"{format_exprs(r.lhs)} => {format_exprs(r.rhs)}" for r in gen.rules}
+    batch = (
+        "embedding_bag(partition(x1, dim=0, degree=k), replicate(x2, degree=k)) => "
+        "partition(embedding_bag(x1, x2), dim=0, degree=k)"
+    )
+    assert batch in texts, sorted(texts)
+    assert all(repr(r.inputs["x1"]) == "i64[a, 1]" for r in gen.rules)
+    assert gen.stats.refuted == 0
+
+
+def test_the_shipped_matrix_rules_split_dense_layers_with_every_activation():
+    from pcgopt.rules import RULES_FILE, load
+
+    texts = {f"{format_exprs(r.lhs)} => {format_exprs(r.rhs)}" for r in load(RULES_FILE)}
+    for activation in ("none", "gelu", "sigmoid", "tanh"):
+        batch = (
+            f"linear(partition(x1, dim=0, degree=k), replicate(x2, degree=k), "
+            f"activation='{activation}') => "
+            f"partition(linear(x1, x2, activation='{activation}'), dim=0, degree=k)"
+        )
+        assert batch in texts, activation

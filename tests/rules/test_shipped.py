@@ -3,9 +3,10 @@ inputs of the reference evaluator."""
 
 import pytest
 
+from pcgopt.rewrite import Term, walk
 from pcgopt.rules import OPT_IN, RULES_FILE, SHIPPED, load, load_records
-from pcgopt.rules.candidates import kind
-from pcgopt.rules.families import MIN_RANK
+from pcgopt.rules.candidates import canonical_text, kind
+from pcgopt.rules.families import MIN_RANK, OPERATORS_OF
 from pcgopt.rules.generate import rule_rank
 from pcgopt.verify.instances import SCALE, compare, instances
 
@@ -25,11 +26,25 @@ def test_the_shipped_files_exist_and_load():
 
 def test_each_preset_ships_the_ranks_it_is_for():
     # The matrix set's tensors have ranks 1 and 2; the other presets keep only rules with a
-    # tensor of higher rank (an embedding's output counts), so no rule is shipped twice.
+    # tensor of higher rank (an embedding's output counts) or of their own operators, so no
+    # rule is shipped twice.
     assert max(rule_rank(r) for r in load(RULES_FILE)) == 2
     for preset, path in SHIPPED.items():
-        if path != RULES_FILE and preset not in OPT_IN:
+        if path != RULES_FILE and preset not in OPT_IN and preset not in OPERATORS_OF:
             assert all(rule_rank(r) >= MIN_RANK[preset] > 2 for r in load(path)), preset
+    texts = [canonical_text(r) for p in SHIPPED.values() for r in load(p)]
+    assert len(texts) == len(set(texts))
+
+
+def test_a_preset_of_its_own_operators_has_one_on_each_side_of_every_rule():
+    # What lets a model without them saturate without that file (egraph's shipped_presets).
+    for preset, ops in OPERATORS_OF.items():
+        rules = load(SHIPPED[preset])
+        assert rules, preset
+        for rule in rules:
+            for side in (rule.lhs, rule.rhs):
+                used = {t.op for e in side for t in walk(e) if isinstance(t, Term)}
+                assert used & set(ops), (preset, rule.name, side)
 
 
 def test_every_rule_of_a_higher_preset_needs_a_tensor_of_its_rank_on_each_side():
