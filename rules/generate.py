@@ -12,8 +12,9 @@
 6. Proved rules that move a layout through a concat of two tensors are widened to every
    arity the e-graph builds (:mod:`pcgopt.rules.arity`) and verified again.
 
-Only proved rules are written. The output depends only on the configuration: every step runs
-in a fixed order, and parallel results are sorted before use.
+Only proved rules are written. The output depends only on the configuration (every step runs
+in a fixed order, and parallel results are sorted before use), with one exception: Z3's limit
+is wall time, so a proof that needs close to ``timeout`` can fail on a loaded machine.
 """
 
 from __future__ import annotations
