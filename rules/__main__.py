@@ -81,8 +81,8 @@ def _generate(args: argparse.Namespace) -> int:
     )
     print(
         f"  verified {s.verified}: proved {s.proved}, refuted {s.refuted}, unknown {s.unknown} "
-        f"({s.rounds} round(s)); {s.widened} proved rules about concats widened to 3 to "
-        f"{WIDEST} inputs"
+        f"({s.rounds} round(s)); {s.widened} of them rules about concats widened to 3 to "
+        f"{WIDEST} inputs and proved"
     )
     phases = ", ".join(f"{k} {v:.1f} s" for k, v in s.seconds.items())
     elapsed = time.perf_counter() - start

@@ -11,7 +11,8 @@ reads two inputs that are the same term of two tensor variables ``x1`` and ``x2`
 with fresh letters where ``x1`` and ``x2`` differ: the concatenated dimension).
 
 A widened rule is a new rule: the generation job proves it like every other
-(:mod:`pcgopt.rules.generate`) and ships it only if proved.
+(:mod:`pcgopt.rules.generate`) and ships it only if proved; its record's operator count
+(``ops``) is the size its two-input form was found at.
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ WIDEST = 8
 
 
 def _variadic(op: str) -> bool:
-    spec = get_op(op)
-    return spec.max_inputs is None
+    return get_op(op).variadic
 
 
 def _variadic_terms(rule: Rule) -> list[Term]:
@@ -104,12 +104,15 @@ def uniform_pair(rule: Rule) -> tuple[str, str] | None:
     return x1, x2
 
 
-def _fresh(taken: set[str], pool: str) -> Iterator[str]:
-    for c in pool:
+#: The letters a widened rule's new inputs may take.
+_LETTERS = "abcdefghmnopqrstuvwyz"
+
+
+def _fresh(taken: set[str]) -> Iterator[str]:
+    for c in _LETTERS:
         if c not in taken:
             taken.add(c)
             yield c
-    raise ValueError("out of fresh names")  # pragma: no cover (WIDEST bounds the need)
 
 
 def widened(rule: Rule, arity: int) -> Rule | None:
@@ -125,14 +128,16 @@ def widened(rule: Rule, arity: int) -> Rule | None:
     extra = [f"x{n}" for n in range(1, 100) if f"x{n}" not in used_vars][: arity - 2]
     d1, d2 = rule.inputs[x1], rule.inputs[x2]
     letters = {d for decl in rule.inputs.values() for d in decl.dims if isinstance(d, str)}
-    fresh = _fresh(set(letters), "abcdefghmnopqrstuvwyz")
+    fresh = _fresh(set(letters))
     example = dict(rule.letter_sizes())
     decls = dict(rule.inputs)
     for name in extra:
         dims: list[str | int] = []
         for a, b in zip(d1.dims, d2.dims, strict=True):
             if a != b and isinstance(b, str):
-                letter = next(fresh)
+                letter = next(fresh, None)
+                if letter is None:
+                    return None  # more letters than a rule can name (wide, high-rank inputs)
                 example[letter] = example[b]
                 dims.append(letter)
             else:

@@ -72,7 +72,8 @@ class Stats:
     refuted: int = 0
     unknown: int = 0
     rounds: int = 0
-    #: Proved rules widened to concats of 3 or more inputs (:mod:`pcgopt.rules.arity`).
+    #: Rules made by widening a proved rule to a concat of 3 or more inputs, and proved
+    #: (:mod:`pcgopt.rules.arity`).
     widened: int = 0
     seconds: dict[str, float] = field(default_factory=dict)
 

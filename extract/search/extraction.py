@@ -673,7 +673,10 @@ def extract_ilp(
         if not finite or n.eclass in n.children:  # too wide for the machine, or a self-loop
             upper[x0 + j] = 0
     for k, c in enumerate(classes):
-        cost[s0 + k] = costs.stored_s[c]
+        if np.isfinite(costs.stored_s[c]):
+            cost[s0 + k] = costs.stored_s[c]
+        else:  # a layout wider than the machine: never stored (its readers are out too)
+            upper[s0 + k] = 0
     h = quiet_highs(highspy)
     h.setOptionValue("output_flag", False)
     h.setOptionValue("time_limit", float(time_limit_s))

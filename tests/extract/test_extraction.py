@@ -282,8 +282,8 @@ def test_enodes_reading_a_tensor_without_shape_facts_are_never_chosen(one_iterat
 def test_costed_for_fewer_devices_the_wider_enodes_are_never_chosen(mnist):
     # The e-graph was saturated for 2 GPUs; costed on one of them (as the search costs it on
     # one node of several), every e-node that spans 2 devices is out, and extraction finds the
-    # plan that fits: the model unsplit. Local search must step over classes that only such
-    # e-nodes derive.
+    # plan that fits: the model unsplit. Local search must not try them (trying one looked up
+    # the best e-node of a class only such e-nodes derive: a KeyError).
     sat, _ = mnist
     eg = sat.egraph
     one = Machine.preset("summit", nodes=1, devices_per_node=1)

@@ -45,6 +45,14 @@ def test_a_preset_of_its_own_operators_has_one_on_each_side_of_every_rule():
             for side in (rule.lhs, rule.rhs):
                 used = {t.op for e in side for t in walk(e) if isinstance(t, Term)}
                 assert used & set(ops), (preset, rule.name, side)
+        # And no other preset's rule builds one.
+        for other, path in SHIPPED.items():
+            if other != preset:
+                for rule in load(path):
+                    used = {
+                        t.op for e in (*rule.lhs, *rule.rhs) for t in walk(e) if isinstance(t, Term)
+                    }
+                    assert not used & set(ops), (other, rule.name)
 
 
 def test_every_rule_of_a_higher_preset_needs_a_tensor_of_its_rank_on_each_side():
