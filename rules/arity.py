@@ -20,7 +20,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pcgopt.ops import OpKind, get_op
-from pcgopt.rewrite import Prod, Quot, Rule, SizeOf, Sum, TensorDecl, Term, Var, rename_vars, walk
+from pcgopt.rewrite import (
+    Prod,
+    Quot,
+    Rule,
+    SizeOf,
+    Sum,
+    TensorDecl,
+    Term,
+    Var,
+    rename_vars,
+    tensor_vars,
+    walk,
+)
+from pcgopt.rules.candidates import LETTERS
 
 #: The most inputs of a variadic operator's e-graph constructor (and so of a widened rule).
 WIDEST = 8
@@ -62,10 +75,6 @@ def _occurrences(e: object, name: str) -> int:
     return 0
 
 
-def _vars(e: Term | Var) -> set[str]:
-    return {x.name for x in walk(e) if isinstance(x, Var)}
-
-
 def _layout_of_one_tensor(e: Term | Var) -> bool:
     """Whether ``e`` is parallel operators applied to one tensor variable."""
     while isinstance(e, Term):
@@ -87,13 +96,14 @@ def uniform_pair(rule: Rule) -> tuple[str, str] | None:
     if not all(_layout_of_one_tensor(a) for t in terms for a in t.args):
         return None
     first, second = terms[0].args
-    only_first, only_second = _vars(first) - _vars(second), _vars(second) - _vars(first)
+    vars_a, vars_b = set(tensor_vars((first,))), set(tensor_vars((second,)))
+    only_first, only_second = vars_a - vars_b, vars_b - vars_a
     if len(only_first) != 1 or len(only_second) != 1:
         return None
     x1, x2 = next(iter(only_first)), next(iter(only_second))
     for t in terms:
         a, b = t.args
-        if x1 not in _vars(a) or rename_vars(a, {x1: x2}) != b:
+        if x1 not in tensor_vars((a,)) or rename_vars(a, {x1: x2}) != b:
             return None
     # Nowhere else: each variable's occurrences are those inside the concats' inputs.
     for name, slot in ((x1, 0), (x2, 1)):
@@ -104,12 +114,8 @@ def uniform_pair(rule: Rule) -> tuple[str, str] | None:
     return x1, x2
 
 
-#: The letters a widened rule's new inputs may take.
-_LETTERS = "abcdefghmnopqrstuvwyz"
-
-
 def _fresh(taken: set[str]) -> Iterator[str]:
-    for c in _LETTERS:
+    for c in LETTERS:
         if c not in taken:
             taken.add(c)
             yield c

@@ -257,11 +257,15 @@ def lifts(c: Candidate, config: Config) -> tuple[Rule, ...]:
     return (general, plain)
 
 
+#: The letters a rule's sizes are named by, in order.
+LETTERS = "abcdefghmnopqrstuvw"
+
+
 def _renamed_letters(letters: Mapping[tuple[str, int], str]) -> dict[tuple[str, int], str]:
     """Letters renamed a, b, c, ... in order of first use, for readable rules."""
     order: dict[str, str] = {}
     for x in letters.values():
-        order.setdefault(x, "abcdefghmnopqrstuvw"[len(order)])
+        order.setdefault(x, LETTERS[len(order)])
     return {pos: order[x] for pos, x in letters.items()}
 
 
