@@ -47,13 +47,19 @@ seconds = time.perf_counter() - t0
 peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 # The baselines again, outside the search and its clock: every placement tried, so that a
 # baseline the search placed in a hurry does not flatter the joint plan.
-from pcgopt.extract import BaselineError, CostError, data_parallel, megatron, sequential
+from pcgopt.extract import BaselineError, CostError, data_parallel, fsdp, megatron, sequential
 from pcgopt.extract.search.plan import mapped_cost
 baselines = {}
-makers = {"data parallel": data_parallel, "megatron": megatron, "sequential": sequential}
+makers = {
+    "data parallel": data_parallel,
+    "fsdp": fsdp,
+    "megatron": megatron,
+    "sequential": sequential,
+}
 for key, make in makers.items():
     try:
-        baselines[key] = mapped_cost(make(pcg, machine), machine, optimizer=optimizer)[2].total_s
+        cost = mapped_cost(make(pcg, machine), machine, optimizer=optimizer)[2]
+        baselines[key] = (cost.total_s, cost.additive_s)
     except (BaselineError, CostError):
         baselines[key] = None
 # A bound on any plan's time under the cost model: the model's compute and optimizer update
@@ -70,6 +76,8 @@ print(json.dumps({
     "baselines": baselines,
     "chosen": plan.stats.chosen,
     "total_s": plan.cost.total_s,
+    "additive_s": plan.cost.additive_s,
+    "exposed_s": plan.cost.exposed_comm_s,
     "overlap_s": plan.cost.overlap_s,
     "divided": plan.machine_mapping.divided_splits,
     "splits": plan.machine_mapping.parallel_splits,
@@ -121,10 +129,12 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     rows = [
-        "| model | nodes | GPUs | data parallel | megatron | sequential | coordinate descent | "
-        "branch parallel | joint plan | speedup over best baseline | speedup bound | chosen | "
+        "| model | nodes | GPUs | data parallel | fsdp | megatron | sequential | "
+        "coordinate descent | branch parallel | joint plan | joint plan, all in sequence | "
+        "exposed communication | speedup over best baseline | best baseline, all in sequence | "
+        "speedup bound | chosen | "
         "branches at once | e-nodes | saturation stop | search time | search peak RSS | check |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     speedups: dict[str, dict[int, float]] = {}
     start = time.perf_counter()
@@ -134,16 +144,20 @@ def main() -> None:
             if isinstance(r, str):
                 rows.append(f"| {name} | {nodes} | | failed: {r} |")
                 continue
-            c, b = r["candidates"], r["baselines"]
-            base = [b[k] for k in ("data parallel", "megatron", "sequential") if b.get(k)]
+            c, pairs = r["candidates"], r["baselines"]
+            b = {k: v[0] for k, v in pairs.items() if v}
+            base = [b[k] for k in ("data parallel", "fsdp", "megatron", "sequential") if b.get(k)]
             speedup = min(base) / r["total_s"] if base else float("nan")
+            best = min((v for v in pairs.values() if v), default=None)
             speedups.setdefault(name, {})[nodes] = speedup
             rows.append(
                 f"| {name} | {nodes} | {r['gpus']} | {ms(b.get('data parallel'))} | "
+                f"{ms(b.get('fsdp'))} | "
                 f"{ms(b.get('megatron'))} | {ms(b.get('sequential'))} | "
                 f"{ms(c.get('coordinate descent'))} | {ms(c.get('branch parallel'))} | "
-                f"{ms(r['total_s'])} | "
-                f"{speedup:.2f}x | {min(base) / r['bound_s'] if base else float('nan'):.2f}x | "
+                f"{ms(r['total_s'])} | {ms(r['additive_s'])} | {ms(r['exposed_s'])} | "
+                f"{speedup:.2f}x | {ms(best[1] if best else None)} | "
+                f"{min(base) / r['bound_s'] if base else float('nan'):.2f}x | "
                 f"{r['chosen']} | {r['divided']} of {r['splits']} splits, "
                 f"saves {ms(r['overlap_s'])} | {r['enodes']:,} | {r['stop']} | "
                 f"{r['seconds']:.1f} s | {r['peak_rss'] / 2**20:.0f} MiB | "
@@ -160,28 +174,32 @@ def main() -> None:
             "Unity's seven models, full size, Summit nodes (6 V100 each), weak scaling as in the "
             "Baselines table. Predicted time per training iteration under "
             "`pcgopt.extract.costmodel.cost.iteration_cost` with the optimizer Unity trains each "
-            "model with "
-            "(section 6.1: Adam for BERT-Large, plain SGD for the others). 'joint plan' is what "
-            f"`saturate_and_extract(pcg, machine, time_budget_s={args.budget:g}, "
-            "optimizer=...)` returns: the "
-            "fastest feasible of its e-graph extraction, the layer-wise searches, the "
-            "branch-parallel plan (n/a: no branch narrows), the input and the baselines "
-            "('chosen' says which). Every candidate, baselines included, is costed "
-            "as the optimizer costs it: axes placed (P^2), then the machine-mapping DP (Unity "
-            "5.2), which runs independent branches at once on disjoint devices where that is "
-            "faster ('branches at once': the chosen plan's parallel splits run divided, and the "
-            "time that saves). The three baseline columns are costed the same way again after "
-            "the search, outside its clock, with every placement tried (inside the search a "
-            "placement can be cut by the time budget). Speedup is over the fastest of data "
-            "parallel, Megatron and sequential (feasible or not). Search time includes loading "
-            "the rules, the layer-wise searches, saturation, extraction, costing and mapping the "
-            "candidates and the check. 'speedup bound': the best baseline's time over a bound "
-            "on any plan's: the model's compute and optimizer update on one GPU (fused where "
-            "cheaper) divided by the GPUs, with no communication at all; only a rewrite that "
-            "lowers the computation itself could beat it. 'check': how the returned plan was "
-            "verified equivalent to the model by the reference evaluator: at full size, on an "
-            "instance of both scaled down (`pcgopt.scaled_down`), or skipped (too large for the "
-            "evaluator even scaled down).",
+            "model with (section 6.1: Adam for BERT-Large, plain SGD for the others), simulated "
+            "with PyTorch DDP's runtime (collectives beside computation, gradients all-reduced in"
+            " 25 MiB buckets as the backward produces them; `pcgopt.extract.costmodel.simulate`)."
+            " 'all in sequence': the same plan's work added up with nothing overlapped and each "
+            "gradient all-reduced alone (the additive model); 'exposed communication': how much "
+            "of the joint plan's iteration waits for communication; 'best baseline, all in "
+            "sequence': the additive time of the baseline with the best simulated time. 'joint "
+            f"plan' is what `saturate_and_extract(pcg, machine, time_budget_s={args.budget:g}, "
+            "optimizer=...)` returns: the fastest feasible of its e-graph extraction, the layer-"
+            "wise searches, the branch-parallel plan (n/a: no branch narrows), the input and the "
+            "baselines ('chosen' says which). Every candidate, baselines included, is costed as "
+            "the optimizer costs it: axes placed (P^2), then the machine-mapping DP (Unity 5.2), "
+            "which runs independent branches at once on disjoint devices where that is faster "
+            "('branches at once': the chosen plan's parallel splits run divided, and the time "
+            "that saves). The four baseline columns are costed the same way again after the "
+            "search, outside its clock, with every placement tried (inside the search a placement"
+            " can be cut by the time budget). Speedup is over the fastest of data parallel, FSDP,"
+            " Megatron and sequential (feasible or not). Search time includes loading the rules, "
+            "the layer-wise searches, saturation, extraction, costing and mapping the candidates "
+            "and the check. 'speedup bound': the best baseline's time over a bound on any plan's:"
+            " the model's compute and optimizer update on one GPU (fused where cheaper) divided "
+            "by the GPUs, with no communication at all; only a rewrite that lowers the "
+            "computation itself could beat it. 'check': how the returned plan was verified "
+            "equivalent to the model by the reference evaluator: at full size, on an instance of "
+            "both scaled down (`pcgopt.scaled_down`), or skipped (too large for the evaluator "
+            "even scaled down).",
             "",
             *rows,
             "",

@@ -10,13 +10,16 @@ The cost model, :mod:`pcgopt.extract.costmodel`:
   of a PCG costs on a :class:`pcgopt.Machine` (compute, communication by level, memory per
   device), and :func:`collective_cost`, the alpha-beta model of one collective on the
   hierarchy;
+* :mod:`~pcgopt.extract.costmodel.simulate`: one training iteration simulated task by task under
+  a :class:`Runtime` (collectives beside computation, gradients in buckets: PyTorch DDP's
+  :data:`DDP` by default; :data:`ADDITIVE` adds everything up), its :class:`Timeline`;
 * :mod:`~pcgopt.extract.costmodel.calibrate`: :func:`fit_alpha_beta`, alpha and beta fitted
   to measured collective timings (:func:`load_csv`).
 
 The strategy generators, :mod:`pcgopt.extract.strategies`:
 
-* :mod:`~pcgopt.extract.strategies.baselines`: :func:`data_parallel`, :func:`megatron` and
-  :func:`sequential`, the hand-written plans the optimizer must never lose to;
+* :mod:`~pcgopt.extract.strategies.baselines`: :func:`data_parallel`, :func:`fsdp`,
+  :func:`megatron` and :func:`sequential`, the hand-written plans the optimizer must never lose to;
 * :mod:`~pcgopt.extract.strategies.layerwise`: AutoDDL's per-layer SBP matmul strategies,
   :func:`coordinate_descent`, :func:`metropolis_hastings`, :func:`summa_like`;
 * :mod:`~pcgopt.extract.strategies.branches`: :func:`branch_parallel`, data parallelism
@@ -67,6 +70,7 @@ from pcgopt.extract.costmodel.cost import (
     iteration_cost,
     roofline_s,
 )
+from pcgopt.extract.costmodel.simulate import ADDITIVE, DDP, Runtime, Task, Timeline
 from pcgopt.extract.search.extraction import (
     DagCost,
     ENodeCosts,
@@ -99,6 +103,7 @@ from pcgopt.extract.strategies.baselines import (
     BaselineError,
     coordinate_descent,
     data_parallel,
+    fsdp,
     fuse,
     megatron,
     sequential,
@@ -127,7 +132,9 @@ from pcgopt.extract.strategies.reduction import (
 )
 
 __all__ = [
+    "ADDITIVE",
     "COLLECTIVES",
+    "DDP",
     "DEFAULT_MACHINE",
     "OPTIMIZERS",
     "AlphaBeta",
@@ -160,8 +167,11 @@ __all__ = [
     "ReductionCost",
     "ReductionError",
     "ReductionProgram",
+    "Runtime",
     "SearchStats",
     "SplitSearch",
+    "Task",
+    "Timeline",
     "accumulate_to_fit",
     "best_reduction",
     "branch_parallel",
@@ -176,6 +186,7 @@ __all__ = [
     "extract_ilp",
     "fit_alpha_beta",
     "flat_coefficients",
+    "fsdp",
     "fuse",
     "iteration_cost",
     "load_csv",

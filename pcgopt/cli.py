@@ -28,7 +28,7 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
-from pcgopt.arguments import non_negative_int, positive_int, positive_number
+from pcgopt.arguments import non_negative_int, non_negative_number, positive_int, positive_number
 from pcgopt.errors import NotEquivalentError, PCGError
 from pcgopt.evaluate import assert_equivalent
 from pcgopt.graph import PCG
@@ -112,15 +112,19 @@ def _output(path: str | None, flag: str) -> Path | None:
     return out
 
 
-def _picture_output(path: str | None, flag: str) -> Path | None:
+def _picture_output(
+    path: str | None, flag: str, suffixes: tuple[str, ...] | None = None
+) -> Path | None:
     """A picture's path, checked before any work as :func:`_output` does, and that it can be
-    drawn: its suffix is the flag's, and matplotlib is installed."""
+    drawn: its suffix is the flag's (or one of ``suffixes``), and matplotlib is installed."""
     out = _output(path, flag)
     if out is None:
         return None
-    suffix = flag.removeprefix("--")
-    if out.suffix.lower() != f".{suffix}":
-        raise UsageError(f"{flag} {path}: the file name must end in .{suffix}")
+    valid = suffixes or (flag.removeprefix("--"),)
+    if out.suffix.lower().removeprefix(".") not in valid:
+        raise UsageError(
+            f"{flag} {path}: the file name must end in " + " or ".join(f".{v}" for v in valid)
+        )
     if importlib.util.find_spec("matplotlib") is None:
         raise UsageError(f"{flag} needs matplotlib: pip install 'pcgopt[plot]'")
     return out
@@ -219,6 +223,7 @@ def _equivalent(args: argparse.Namespace) -> int:
 def _optimize(args: argparse.Namespace) -> int:
     # The optimizer is the top layer; the CLI loads it only for this command.
     from pcgopt.extract.costmodel.cost import OPTIMIZERS
+    from pcgopt.extract.costmodel.simulate import PRECISIONS, Runtime
     from pcgopt.extract.search.plan import default_machine, machine_from_spec, saturate_and_extract
 
     optimizer = args.optimizer or (ZOO[args.model].optimizer if args.model in ZOO else "adam")
@@ -228,6 +233,15 @@ def _optimize(args: argparse.Namespace) -> int:
     pictures = [
         p for p in (_picture_output(args.svg, "--svg"), _picture_output(args.png, "--png")) if p
     ]
+    timeline_out = _picture_output(args.timeline, "--timeline", ("svg", "png"))
+    precision = args.precision or (ZOO[args.model].precision if args.model in ZOO else "f32")
+    if precision not in PRECISIONS:
+        raise UsageError(f"--precision: unknown {precision!r}; valid: {', '.join(PRECISIONS)}")
+    runtime = Runtime(
+        overlap=not args.no_overlap,
+        bucket_bytes=round(args.bucket_mb * 2**20),
+        precision=precision,
+    )
     machine = machine_from_spec(args.machine) if args.machine is not None else default_machine()
     pcg = load_model(args.model, small=args.small, overrides=args.set, dims=args.dims)
     plan = saturate_and_extract(
@@ -238,9 +252,12 @@ def _optimize(args: argparse.Namespace) -> int:
         check=not args.no_check,
         progress=not args.quiet,
         optimizer=optimizer,
+        runtime=runtime,
         deterministic=args.deterministic,
     )
     print(plan.explain(max_rows=args.rows))
+    if timeline_out:
+        plan.save_timeline(timeline_out)
     if json_out:
         write_atomically(json_out, plan.to_json())
     if dot_out:
@@ -457,10 +474,36 @@ def build_parser() -> argparse.ArgumentParser:
         help="the training optimizer the update is costed for: sgd, momentum or adam (default: "
         "the one the zoo model's source trains it with, e.g. sgd for dlrm; adam for files)",
     )
+    p.add_argument(
+        "--no-overlap",
+        action="store_true",
+        help="cost plans as if collectives never ran beside computation (default: they do, as "
+        "in PyTorch DDP)",
+    )
+    p.add_argument(
+        "--bucket-mb",
+        type=non_negative_number,
+        default=25.0,
+        metavar="MIB",
+        help="gradients are all-reduced in buckets of at least this many MiB (default 25, "
+        "PyTorch DDP's; 0: each gradient alone)",
+    )
+    p.add_argument(
+        "--precision",
+        metavar="NAME",
+        help="what training computes in: f32, bf16-mixed or f16-mixed (automatic mixed "
+        "precision, float32 master weights; default: the zoo model's, f32 for files)",
+    )
     p.add_argument("--small", action="store_true", help="the zoo model's small test variant")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument(
         "--rows", type=non_negative_int, default=30, help="node rows to explain (default 30)"
+    )
+    p.add_argument(
+        "--timeline",
+        metavar="OUT",
+        help="draw one iteration's tasks over time, as the cost model simulates them, as SVG or "
+        "PNG (needs pcgopt[plot])",
     )
     p.add_argument("--json", metavar="OUT", help="write the plan as JSON")
     p.add_argument("--dot", metavar="OUT", help="write the plan's PCG as Graphviz")

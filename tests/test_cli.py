@@ -119,6 +119,26 @@ def test_optimize_costs_the_update_of_the_optimizer_the_model_is_trained_with(tm
     assert "--optimizer: unknown 'lamb'; valid: sgd, momentum, adam" in capsys.readouterr().err
 
 
+def test_optimize_takes_the_runtime_it_costs_plans_for_and_draws_its_timeline(tmp_path, capsys):
+    j, t = tmp_path / "plan.json", tmp_path / "timeline.svg"
+    argv = ["optimize", "mnist_mlp", "--small", "--machine", "summit:1:2", "--budget", "5"]
+    flags = ["--quiet", "--no-check", "--json", str(j), "--timeline", str(t)]
+    assert (
+        main([*argv, *flags, "--no-overlap", "--bucket-mb", "0", "--precision", "f16-mixed"]) == 0
+    )
+    assert "runtime: Runtime(additive, f16-mixed)" in capsys.readouterr().out
+    cost = json.loads(j.read_text())["cost"]
+    assert cost["runtime"] == {"overlap": False, "bucket_bytes": 0, "precision": "f16-mixed"}
+    assert cost["total_s"] == cost["additive_s"]
+    assert 'id="lane-0-forward"' in t.read_text()
+    assert main([*argv, "--precision", "bf16-mixed", "--quiet"]) == 2  # V100s have no bf16
+    assert "precision 'bf16-mixed' computes in bf16" in capsys.readouterr().err
+    assert main([*argv, "--precision", "fp8"]) == 2
+    assert "--precision: unknown 'fp8'" in capsys.readouterr().err
+    assert main([*argv, "--timeline", str(tmp_path / "t.pdf")]) == 2
+    assert "--timeline" in capsys.readouterr().err
+
+
 def test_optimize_deterministic_writes_the_same_plan_twice(tmp_path, capsys):
     argv = ["optimize", "mnist_mlp", "--small", "--machine", "summit:1:2", "--deterministic"]
     plans = []

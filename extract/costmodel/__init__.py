@@ -3,6 +3,8 @@
 * :mod:`pcgopt.extract.costmodel.cost`: :func:`~pcgopt.extract.costmodel.cost.iteration_cost`
   (compute, communication by level, memory per device) and the alpha-beta model of one
   collective on the hierarchy (``collective_cost``);
+* :mod:`pcgopt.extract.costmodel.simulate`: one iteration simulated task by task (collectives
+  beside computation, gradients in buckets), what ``iteration_cost`` returns as its time;
 * :mod:`pcgopt.extract.costmodel.calibrate`: alpha and beta fitted to measured collective
   timings.
 """

@@ -147,6 +147,14 @@ from types import MappingProxyType
 from typing import Any, Literal, Protocol, get_args
 
 from pcgopt.errors import PCGError
+from pcgopt.extract.costmodel.simulate import (
+    DDP,
+    PRECISIONS,
+    Runtime,
+    SimNode,
+    Timeline,
+    simulate,
+)
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.machine import DeviceSpec, Machine, MachineError
 from pcgopt.ops import ComputeOp, OpKind, Params
@@ -794,10 +802,15 @@ class MemoryBreakdown:
 class CostBreakdown:
     """What one training iteration costs, and where (see :func:`iteration_cost`).
 
-    ``total_s = compute_s + comm_s + update_s - overlap_s``: ``overlap_s`` is 0 from the cost model,
-    which runs nodes one after another; a machine mapping
+    ``total_s``: the iteration's time. From :func:`iteration_cost` it is the simulated iteration
+    under ``runtime`` (:mod:`~pcgopt.extract.costmodel.simulate`: collectives beside computation,
+    gradients in buckets), at most :attr:`additive_s` ``= compute_s + comm_s + update_s``, the
+    same work one task after another (``comm_s`` charges every gradient its own AllReduce);
+    ``exposed_comm_s``: how much of ``total_s`` the compute stream waits for communication, and
+    :meth:`timeline` what runs when. A machine mapping
     (:meth:`pcgopt.extract.search.mapping.MachineMapping.cost`) that runs independent branches at
-    once on disjoint devices sets it to the time that saves, net of moving tensors between branches.
+    once on disjoint devices sets ``total_s`` to its schedule's time and ``overlap_s`` to what
+    running branches at once saves, net of moving tensors between them (0 otherwise).
     ``comm_bytes``: bytes sent, summed over all devices; ``*_per_level``: by machine level,
     outermost first. ``memory_per_device``: bytes a device holds (``memory`` splits it),
     ``feasible``: whether that fits ``memory_capacity``. ``devices_used``: the most devices any node
@@ -822,6 +835,21 @@ class CostBreakdown:
     per_node: Mapping[str, NodeCost]
     micro_batches: int = 1
     overlap_s: float = 0.0
+    exposed_comm_s: float = 0.0
+    runtime: Runtime = DDP
+    schedule: Timeline | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def additive_s(self) -> float:
+        """The iteration's time with nothing overlapped: compute, communication and update
+        added up (each gradient synchronized alone)."""
+        return self.compute_s + self.comm_s + self.update_s
+
+    def timeline(self) -> Timeline:
+        """When every task runs (:class:`~pcgopt.extract.costmodel.simulate.Timeline`)."""
+        if self.schedule is None:
+            raise CostError("this cost has no timeline (it was built by hand)")
+        return self.schedule
 
     @property
     def memory_per_device(self) -> int:
@@ -834,16 +862,18 @@ class CostBreakdown:
     def renamed(self, names: Mapping[str, str]) -> CostBreakdown:
         """The same costs for the PCG with node ``n`` named ``names[n]`` (``PCG.renamed``)."""
         per_node = {names[k]: replace(v, name=names[k]) for k, v in self.per_node.items()}
-        return replace(self, per_node=MappingProxyType(per_node))
+        schedule = None if self.schedule is None else self.schedule.renamed(names)
+        return replace(self, per_node=MappingProxyType(per_node), schedule=schedule)
 
     def __repr__(self) -> str:
         fits = "feasible" if self.feasible else "INFEASIBLE"
         if self.micro_batches > 1:
             fits += f", {self.micro_batches} micro-batches"
         return (
-            f"CostBreakdown({_fmt_s(self.total_s)} = compute {_fmt_s(self.compute_s)} + comm "
-            f"{_fmt_s(self.comm_s)} + update {_fmt_s(self.update_s)}"
-            + (f" - overlap {_fmt_s(self.overlap_s)}" if self.overlap_s else "")
+            f"CostBreakdown({_fmt_s(self.total_s)}: compute {_fmt_s(self.compute_s)}, comm "
+            f"{_fmt_s(self.comm_s)} (exposed {_fmt_s(self.exposed_comm_s)}), update "
+            f"{_fmt_s(self.update_s)}"
+            + (f", branches at once save {_fmt_s(self.overlap_s)}" if self.overlap_s else "")
             + f"; moves {_fmt_bytes(self.comm_bytes)}; {_fmt_bytes(self.memory_per_device)} "
             "per device of "
             f"{_fmt_bytes(self.memory_capacity)}, {fits})"
@@ -864,7 +894,8 @@ class CostBreakdown:
             + f": {_fmt_s(self.total_s)}",
             f"  compute        {_fmt_s(self.compute_s):>10}  (forward {_fmt_s(self.forward_s)}, "
             f"backward {_fmt_s(self.backward_s)})",
-            f"  communication  {_fmt_s(self.comm_s):>10}  ({_fmt_bytes(self.comm_bytes)} moved)",
+            f"  communication  {_fmt_s(self.comm_s):>10}  ({_fmt_bytes(self.comm_bytes)} moved; "
+            f"{_fmt_s(self.exposed_comm_s)} of the iteration waits for it)",
             f"  update         {_fmt_s(self.update_s):>10}",
         ]
         if self.overlap_s:
@@ -878,6 +909,10 @@ class CostBreakdown:
                 f"    over {name:<{width}}  {_fmt_s(self.comm_s_per_level[name]):>10}  "
                 f"{_fmt_bytes(moved):>10}"
             )
+        lines.append(
+            f"  all in sequence {_fmt_s(self.additive_s):>9}  (the time above is simulated with "
+            f"{self.runtime!r})"
+        )
         m = self.memory
         lines.append(
             f"  memory per device {_fmt_bytes(m.total)} of {_fmt_bytes(self.memory_capacity)} "
@@ -954,7 +989,10 @@ class _Acc:
     memory_bytes: int = 0
     flops: int = 0
     grad_inputs: int = 0
+    devices: int = 1
     collectives: list[CollectiveCost] = field(default_factory=list)
+    # A replicated trainable weight's gradient AllReduces, for the simulation's buckets.
+    syncs: list[tuple[tuple[tuple[int, ...], ...], float, float]] = field(default_factory=list)
 
     def add(self, cost: CollectiveCost, purpose: str) -> None:
         self.collectives.append(replace(cost, purpose=purpose))
@@ -1104,6 +1142,8 @@ def iteration_cost(
     devices: DevicePlacement | None = None,
     reduction_cost: ReductionCost | None = None,
     micro_batches: int = 1,
+    runtime: Runtime = DDP,
+    precision: str | None = None,
 ) -> CostBreakdown:
     """The cost of one training iteration of ``pcg`` on ``machine`` (model in the module
     docstring): time, communication, memory per device and whether it fits.
@@ -1113,6 +1153,11 @@ def iteration_cost(
     docstring, "Placement"). ``reduction_cost``: times every AllReduce instead of the alpha-beta
     model (:class:`ReductionCost`). ``micro_batches``: gradient accumulation over that many
     micro-batches (module docstring); every data input's dimension-0 blocks must divide by it.
+    ``runtime``: what the training runtime overlaps and how it buckets gradients
+    (:class:`~pcgopt.extract.costmodel.simulate.Runtime`; default PyTorch DDP's): the time is
+    that of the simulated iteration (:mod:`~pcgopt.extract.costmodel.simulate`), the additive
+    figures stay in the breakdown. ``precision``: the runtime's (``"f32"``, ``"bf16-mixed"``,
+    ``"f16-mixed"``; :class:`~pcgopt.extract.costmodel.simulate.Runtime`), if given.
 
     >>> from pcgopt import PCGBuilder
     >>> b = PCGBuilder()
@@ -1129,12 +1174,42 @@ def iteration_cost(
     # Micro-batches first: a count that does not divide the batch fails before the placement
     # is worked out (accumulate_to_fit tries several).
     m = _check_micro_batches(pcg, micro_batches)
+    if not isinstance(runtime, Runtime):
+        raise CostError(
+            f"runtime must be a pcgopt.extract.Runtime (e.g. Runtime(overlap=False)), got "
+            f"{type(runtime).__name__}"
+        )
+    if precision is not None:
+        try:
+            runtime = replace(runtime, precision=precision)
+        except ValueError as e:
+            raise CostError(f"precision: {e}") from None
+    _check_precision(runtime, machine)
     it = _Iteration(
-        pcg, machine, _optimizer(optimizer), _Placement(pcg, machine, devices), reduction_cost, m
+        pcg,
+        machine,
+        _optimizer(optimizer),
+        _Placement(pcg, machine, devices),
+        reduction_cost,
+        m,
+        runtime,
     )
     devices_used = it.add_node_times()
     memory = it.add_memory_and_updates()
     return it.breakdown(memory, devices_used)
+
+
+def _check_precision(runtime: Runtime, machine: Machine) -> None:
+    """A mixed precision needs the device's rate for its dtype."""
+    low = runtime.compute_dtype
+    rates = machine.device.peak_flops
+    if low is not None and low.value not in rates:
+        usable = [repr(p) for p in PRECISIONS if p.split("-")[0] in rates]
+        raise CostError(
+            f"precision {runtime.precision!r} computes in {low.value}, but device "
+            f"{machine.device.name!r} has no rate for it (it has: {', '.join(rates)}); use "
+            + " or ".join(usable)
+        )
 
 
 class _Iteration:
@@ -1149,9 +1224,12 @@ class _Iteration:
         placement: _Placement,
         reduction_cost: ReductionCost | None,
         micro_batches: int,
+        runtime: Runtime = DDP,
     ) -> None:
         self.pcg, self.machine, self.opt, self.placement = pcg, machine, opt, placement
         self.reduction_cost = reduction_cost
+        self.runtime = runtime
+        self.low = runtime.compute_dtype
         self.m = micro_batches
         self.acc = {n.name: _Acc() for n in pcg.nodes}
         # Which nodes carry the data (and so a micro-batch's share), which tensors need a
@@ -1167,6 +1245,13 @@ class _Iteration:
         self.source_of, self.stored_below = source_layouts(pcg)
         self.consumers = pcg.consumers()
         self._gradient_rows: dict[str, int | None] = {}
+
+    def computed(self, shape: ParallelTensorShape) -> ParallelTensorShape:
+        """``shape`` in the dtype the runtime computes it in (mixed precision: float32 in
+        its low precision)."""
+        if self.low is None or shape.dtype is not DType.F32:
+            return shape
+        return replace(shape, dtype=self.low)
 
     def touched_bytes(self, weight: str, layout: ParallelTensorShape) -> int:
         """Bytes of one shard of ``weight`` (stored as ``layout``) an iteration's gradient can
@@ -1238,9 +1323,12 @@ class _Iteration:
     def _add_compute(self, n: Node) -> int:
         a, device = self.acc[n.name], self.machine.device
         ins, outs = self.pcg.input_shapes(n.name), self.pcg.output_shapes(n.name)
+        if self.low is not None:
+            ins, outs = tuple(map(self.computed, ins)), tuple(map(self.computed, outs))
         tasks = outs[0].num_shards
         self._fits(n, tasks, f"runs {tasks} tasks", " devices")
         grads = tuple(self.needs_grad[r.node] for r in n.inputs)
+        a.devices = tasks
         a.flops, a.forward_s, a.backward_s = compute_times(n, ins, outs, grads, device)
         a.grad_inputs = sum(grads)
         if self.m > 1 and self.on_data[n.name]:
@@ -1256,7 +1344,8 @@ class _Iteration:
         ins, outs = pcg.input_shapes(n.name), pcg.output_shapes(n.name)
         degree = n.params["degree"]
         width = max(ins[0].num_shards, outs[0].num_shards)
-        nbytes = max(ins[0].shard_nbytes, outs[0].shard_nbytes)
+        nbytes = max(self.computed(ins[0]).shard_nbytes, self.computed(outs[0]).shard_nbytes)
+        a.devices = width
         if n.name not in self.source_of:
             groups = placement.groups(n, degree, width)
             for kind, purpose in parallel_collectives(n.op, self.needs_grad[n.inputs[0].node]):
@@ -1267,7 +1356,9 @@ class _Iteration:
                 shape = pcg.shape(layout)
                 groups = placement.groups(n, degree, shape.num_shards)
                 touched = self.touched_bytes(self.source_of[n.name], shape)
-                a.add(self.collective("all_reduce", groups, touched), "weight sync")
+                sync = self.collective("all_reduce", groups, touched)
+                a.add(sync, "weight sync")
+                a.syncs.append((groups, touched, sync.seconds))
         else:
             placement.groups(n, degree, width)  # still on the machine
         return width
@@ -1285,8 +1376,12 @@ class _Iteration:
             for layout in dict.fromkeys(self.stored_below[n.name]):
                 stored_weight.add(layout)
                 size = pcg.shape(layout).shard_nbytes
-                weights += size
-                acc[n.name].memory_bytes += size
+                # Mixed precision: the float32 master copy and the low-precision one kernels read.
+                copy = self.computed(pcg.shape(layout)).shard_nbytes if self.low else 0
+                if copy == size:
+                    copy = 0  # not a float32 weight: no second copy
+                weights += size + copy
+                acc[n.name].memory_bytes += size + copy
                 if trainable:
                     gradients += size
                     states += opt.states * size
@@ -1300,7 +1395,7 @@ class _Iteration:
                     if r.node not in stored_weight:
                         kept[r] = None
         for r in kept:
-            size = pcg.shape(r).shard_nbytes
+            size = self.computed(pcg.shape(r)).shard_nbytes
             if self.on_data[r.node]:
                 size = -(-size // self.m)  # one micro-batch's share
             activations += size
@@ -1338,10 +1433,14 @@ class _Iteration:
         backward_s = sum(c.backward_s for c in nodes)
         comm_s = sum(c.comm_s for c in nodes)
         total_update_s = sum(c.update_s for c in nodes)
+        additive_s = forward_s + backward_s + comm_s + total_update_s
+        timeline = self.simulate(total_update_s, devices_used)
+        # The additive runtime's time is the sum itself, in the order extraction adds it up.
+        total_s = additive_s if self.runtime.additive else timeline.time_s
         return CostBreakdown(
             machine=f"{machine.name} ({machine.num_devices} x {device.name})",
             optimizer=self.opt.name,
-            total_s=forward_s + backward_s + comm_s + total_update_s,
+            total_s=total_s,
             compute_s=forward_s + backward_s,
             forward_s=forward_s,
             backward_s=backward_s,
@@ -1355,6 +1454,47 @@ class _Iteration:
             devices_used=devices_used,
             per_node=MappingProxyType(per_node),
             micro_batches=self.m,
+            exposed_comm_s=max(0.0, total_s - forward_s - backward_s - total_update_s),
+            runtime=self.runtime,
+            schedule=timeline,
+        )
+
+    def simulate(self, update_seconds: float, devices_used: int) -> Timeline:
+        """The iteration's timeline under the runtime (:mod:`~.simulate`)."""
+        index = {n.name: i for i, n in enumerate(self.pcg.nodes)}
+        sim = []
+        for n in self.pcg.nodes:
+            a = self.acc[n.name]
+            kind = n.spec.kind
+            if kind is OpKind.COMPUTE:
+                what, fwd, bwd = "compute", a.forward_s, a.backward_s
+            elif kind is OpKind.PARALLEL and n.name not in self.source_of and a.collectives:
+                what, fwd, bwd = "comm", a.comm_forward_s, a.comm_backward_s
+            else:
+                what, fwd, bwd = "free", 0.0, 0.0
+            sim.append(
+                SimNode(
+                    n.name,
+                    tuple(index[r.node] for r in n.inputs),
+                    what,
+                    fwd,
+                    bwd,
+                    self.needs_grad[n.name],
+                    a.devices,
+                    tuple(a.syncs),
+                )
+            )
+
+        def bucket_cost(groups, nbytes: float) -> float:
+            return self.collective("all_reduce", groups, nbytes).seconds
+
+        return simulate(
+            sim,
+            update_s=update_seconds,
+            runtime=self.runtime,
+            bucket_cost=bucket_cost,
+            micro_batches=self.m,
+            update_devices=devices_used,
         )
 
 

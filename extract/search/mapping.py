@@ -89,6 +89,7 @@ from pcgopt.extract.costmodel.cost import (
     MemoryBreakdown,
     iteration_cost,
 )
+from pcgopt.extract.costmodel.simulate import DDP, Runtime, Task, Timeline
 from pcgopt.graph import PCG, TensorRef
 from pcgopt.machine import Link, Machine
 from pcgopt.ops import OpKind
@@ -191,19 +192,46 @@ class MachineMapping:
         return out
 
     def cost(self, cost: CostBreakdown) -> CostBreakdown:
-        """``cost`` (the cost model's, for the same PCG) with the time of this mapping: its
-        ``overlap_s`` is the time branches running at once save, net of transfers, and its memory
-        is the fullest device's under the mapping."""
-        time_s = self.time_s
-        if math.isclose(time_s, self.sequential_s, rel_tol=1e-9, abs_tol=1e-15):
-            # Nothing runs at once: the DP's sum differs from the sequential one by rounding
-            # only, which would otherwise show as a saving of 1e-16 ms.
-            time_s = self.sequential_s
+        """``cost`` (the cost model's, for the same PCG) under this mapping. A mapping that runs
+        no branches at once leaves the cost model's simulated time as it is. One that does
+        takes its schedule's time: ``overlap_s`` is what running branches at once saves, net of
+        transfers, ``exposed_comm_s`` all of the communication (the schedule does not overlap a
+        unit's communication with computation, so this is an upper bound), the timeline is the
+        schedule's units, and the memory is the fullest device's under the mapping."""
+        if not self.divided_splits:
+            return replace(cost, memory=self.memory)
+        units = tuple(
+            Task("compute", u.start_s, u.end_s, u.nodes[0], "unit", u.block.size, 0, u.block.start)
+            for u in self.units
+        )
         return replace(
             cost,
-            total_s=time_s,
-            overlap_s=self.sequential_s - time_s,
+            total_s=self.time_s,
+            overlap_s=self.sequential_s - self.time_s,
+            exposed_comm_s=cost.comm_s,
             memory=self.memory,
+            schedule=Timeline(units, self.time_s, cost.runtime),
+        )
+
+    def in_sequence(self, memory: MemoryBreakdown) -> MachineMapping:
+        """The same units run one after another from device 0 (what the cost model simulates),
+        with ``memory`` (the cost model's): for when running branches at once is not faster
+        than the simulated iteration that overlaps communication instead."""
+        t = 0.0
+        units = []
+        for u in self.units:
+            seconds = u.end_s - u.start_s
+            units.append(MappedUnit(u.nodes, DeviceBlock(0, u.block.size), t, t + seconds))
+            t += seconds
+        return replace(
+            self,
+            time_s=self.sequential_s,
+            transfer_s=0.0,
+            units=tuple(units),
+            offsets=MappingProxyType(dict.fromkeys(self.offsets, 0)),
+            memory=memory,
+            decomposition="every unit in sequence on the first devices",
+            divided_splits=0,
         )
 
     def explain(self, *, max_rows: int | None = 12) -> str:
@@ -816,6 +844,7 @@ def map_machine(
     cost: CostBreakdown | None = None,
     devices: DevicePlacement | None = None,
     optimizer: str = "adam",
+    runtime: Runtime = DDP,
     cache: MappingCache | None = None,
 ) -> MachineMapping:
     """The fastest mapping of ``pcg``'s units onto ``machine`` (module docstring).
@@ -830,7 +859,7 @@ def map_machine(
     if not isinstance(machine, Machine):
         raise MappingError(f"machine must be a pcgopt.Machine, got {type(machine).__name__}")
     if cost is None:
-        cost = iteration_cost(pcg, machine, optimizer=optimizer, devices=devices)
+        cost = iteration_cost(pcg, machine, optimizer=optimizer, runtime=runtime, devices=devices)
     missing = [n.name for n in pcg.nodes if n.name not in cost.per_node]
     if missing:
         raise MappingError(

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pcgopt.errors import PCGError
+from pcgopt.extract.costmodel.simulate import Timeline
 from pcgopt.extract.search.report import LayerRow, devices_per_column, headline
 
 if TYPE_CHECKING:
@@ -203,7 +204,10 @@ def save_device_map(plan: Plan, path: str | Path, rows: Sequence[LayerRow] | Non
         raise PictureError(
             f"{path}: a picture is written as {' or '.join(SUFFIXES)}, not {path.suffix!r}"
         )
-    fig = device_map_figure(plan, rows)
+    return _save(device_map_figure(plan, rows), path)
+
+
+def _save(fig: Any, path: Path) -> Path:
     from matplotlib import rc_context
 
     # Written beside its place and renamed into it: a full disk leaves no half picture.
@@ -219,12 +223,102 @@ def save_device_map(plan: Plan, path: str | Path, rows: Sequence[LayerRow] | Non
     return path
 
 
+#: The colour of each phase of a timeline's tasks.
+PHASES = {
+    "forward": "#4c72b0",
+    "backward": "#55a868",
+    "sync": "#dd8452",
+    "update": "#8172b3",
+    "unit": "#8c8c8c",
+}
+
+
+def timeline_figure(timeline: Timeline, title: str = "") -> Any:
+    """A Gantt chart of ``timeline`` as a matplotlib ``Figure``: one lane per stream of the
+    first device of each block (device 0's compute and communication streams under the cost
+    model's placement; a machine mapping's blocks; labelled with the widest block), time
+    across, each task a bar coloured by its phase (:data:`PHASES`). Every lane's bars of one
+    phase are one SVG group (``lane-<lane>-<phase>``)."""
+    try:
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch
+    except ImportError:
+        raise PictureError(
+            "drawing a timeline needs matplotlib: pip install 'pcgopt[plot]'"
+        ) from None
+
+    # A lane is a stream of the first device of a block: every task on it runs on that device.
+    def lane_of(t: Any) -> tuple[int, bool]:
+        return (t.first_device, t.stream != "compute")
+
+    widest: dict[tuple[int, bool], int] = {}
+    for t in timeline.tasks:
+        widest[lane_of(t)] = max(widest.get(lane_of(t), 0), t.devices)
+    lanes = sorted(widest)
+    row = {lane: i for i, lane in enumerate(lanes)}
+    labels = []
+    for first, comm in lanes:
+        what = "communication" if comm else "compute"
+        count = widest[(first, comm)]
+        where = f"devices {first}-{first + count - 1}" if count > 1 else f"device {first}"
+        labels.append(f"{what}, {where}")
+    fig = Figure(figsize=(10, 0.9 + 0.35 * max(1, len(lanes))))
+    ax = fig.add_axes((0.22, 0.35 / fig.get_figheight() + 0.12, 0.75, 0.6))
+    scale = 1e3  # ms
+    for lane in lanes:
+        for phase, colour in PHASES.items():
+            bars = [
+                (t.start_s * scale, t.seconds * scale)
+                for t in timeline.tasks
+                if lane_of(t) == lane and t.phase == phase
+            ]
+            if bars:
+                drawn = ax.broken_barh(
+                    bars,
+                    (row[lane] + 0.1, 0.8),
+                    facecolors=colour,
+                    edgecolor="white",
+                    linewidth=0.2,
+                )
+                drawn.set_gid(f"lane-{row[lane]}-{phase}")
+    ax.set_ylim(len(lanes), 0)
+    ax.set_xlim(0, timeline.time_s * scale)
+    ax.set_yticks([i + 0.5 for i in range(len(lanes))], labels, fontsize=8)
+    ax.set_xlabel("ms", fontsize=8)
+    ax.tick_params(labelsize=7)
+    phases = {t.phase for t in timeline.tasks}
+    fig.legend(
+        handles=[Patch(facecolor=c, label=p) for p, c in PHASES.items() if p in phases],
+        loc="lower left",
+        ncol=len(PHASES),
+        fontsize=7.5,
+        frameon=False,
+    )
+    heading = title or repr(timeline)
+    fig.text(0.01, 0.98, heading, ha="left", va="top", fontsize=9)
+    return fig
+
+
+def save_timeline(timeline: Timeline, path: str | Path, title: str = "") -> Path:
+    """Writes the Gantt chart of ``timeline`` (:func:`timeline_figure`) to ``path`` (``.svg``
+    or ``.png``); returns the path."""
+    path = Path(path)
+    if path.suffix.lower() not in SUFFIXES:
+        raise PictureError(
+            f"{path}: a picture is written as {' or '.join(SUFFIXES)}, not {path.suffix!r}"
+        )
+    return _save(timeline_figure(timeline, title), path)
+
+
 __all__ = [
     "IDLE",
     "KINDS",
     "MAX_COLUMNS",
+    "PHASES",
     "PictureError",
     "device_map_figure",
     "kind_of",
     "save_device_map",
+    "save_timeline",
+    "timeline_figure",
 ]

@@ -78,6 +78,7 @@ from pcgopt.extract.costmodel.cost import (
     accumulate_to_fit,
     iteration_cost,
 )
+from pcgopt.extract.costmodel.simulate import DDP, Runtime
 from pcgopt.extract.search import report
 from pcgopt.extract.search.extraction import (
     EXTRACTION_SECONDS_PER_ENODE,
@@ -92,7 +93,13 @@ from pcgopt.extract.search.extraction import (
 )
 from pcgopt.extract.search.mapping import MachineMapping, MappingCache, map_machine
 from pcgopt.extract.search.splitting import MIN_SEGMENT_OPS, split_search, split_segments
-from pcgopt.extract.strategies.baselines import BaselineError, data_parallel, megatron, sequential
+from pcgopt.extract.strategies.baselines import (
+    BaselineError,
+    data_parallel,
+    fsdp,
+    megatron,
+    sequential,
+)
 from pcgopt.extract.strategies.branches import ElasticViews, branch_parallel, elastic_views
 from pcgopt.extract.strategies.layerwise import coordinate_descent, metropolis_hastings
 from pcgopt.extract.strategies.placement import (
@@ -256,6 +263,14 @@ class Plan:
 
         return save_device_map(self, path)
 
+    def save_timeline(self, path: str | Path) -> Path:
+        """Draws when every task of one iteration runs, as the cost model simulates it
+        (:meth:`CostBreakdown.timeline`), as a Gantt chart to ``path``: ``.svg`` or ``.png``.
+        Needs matplotlib (``pip install 'pcgopt[plot]'``)."""
+        from pcgopt.extract.search.picture import save_timeline
+
+        return save_timeline(self.cost.timeline(), path, report.headline(self)[0])
+
     def _layer_names(self) -> Iterable[str]:
         """The names the report finds layers in: the model's, else the plan's own."""
         return self.model_node_names or [n.name for n in self.pcg.nodes]
@@ -279,6 +294,13 @@ class Plan:
                 "feasible": c.feasible,
                 "micro_batches": c.micro_batches,
                 "overlap_s": c.overlap_s,
+                "additive_s": c.additive_s,
+                "exposed_comm_s": c.exposed_comm_s,
+                "runtime": {
+                    "overlap": c.runtime.overlap,
+                    "bucket_bytes": c.runtime.bucket_bytes,
+                    "precision": c.runtime.precision,
+                },
             },
             "placement": None
             if self.placement is None
@@ -335,12 +357,17 @@ class Plan:
 
 
 def mapped_plan(
-    pcg: PCG, machine: Machine, *, optimizer: str = "adam", found_by: str = "given"
+    pcg: PCG,
+    machine: Machine,
+    *,
+    optimizer: str = "adam",
+    runtime: Runtime = DDP,
+    found_by: str = "given",
 ) -> Plan:
     """``pcg`` as a Plan for ``machine``, placed and mapped as :func:`saturate_and_extract`
     costs a candidate (:func:`mapped_cost`), without searching or checking it (``found_by``:
     what its stats say made it)."""
-    placed, mapping, cost = mapped_cost(pcg, machine, optimizer=optimizer)
+    placed, mapping, cost = mapped_cost(pcg, machine, optimizer=optimizer, runtime=runtime)
     stats = SearchStats(0, 0, 0, "not searched", "none", {}, found_by, {}, 0)
     groups = mapping.device_groups({**default_placement(pcg), **placed.devices})
     return Plan(pcg, machine, cost, groups, stats, "not checked", cost, placed, mapping)
@@ -366,11 +393,16 @@ def _check(model: PCG, plan: PCG, limit: float) -> str:
 
 
 def placed_cost(
-    plan: PCG, machine: Machine, *, optimizer: str = "adam", cost: CostBreakdown | None = None
+    plan: PCG,
+    machine: Machine,
+    *,
+    optimizer: str = "adam",
+    runtime: Runtime = DDP,
+    cost: CostBreakdown | None = None,
 ) -> tuple[PlanPlacement, CostBreakdown]:
     """How :func:`saturate_and_extract` costs a candidate plan (:func:`mapped_cost`), without
     the mapping itself. Benchmarks use it to cost baselines the way the optimizer does."""
-    placed, _, final = mapped_cost(plan, machine, optimizer=optimizer, cost=cost)
+    placed, _, final = mapped_cost(plan, machine, optimizer=optimizer, runtime=runtime, cost=cost)
     return placed, final
 
 
@@ -379,6 +411,7 @@ def mapped_cost(
     machine: Machine,
     *,
     optimizer: str = "adam",
+    runtime: Runtime = DDP,
     cost: CostBreakdown | None = None,
     cache: MappingCache | None = None,
     time_limit_s: float | None = None,
@@ -400,26 +433,36 @@ def mapped_cost(
     tensor-parallel group inside a data-parallel one) the default puts every group on the
     closest devices at once, which no machine can; they keep P^2's placement."""
     placed = place_plan(
-        plan, machine, optimizer=optimizer, default_cost=cost, time_limit_s=time_limit_s
+        plan,
+        machine,
+        optimizer=optimizer,
+        runtime=runtime,
+        default_cost=cost,
+        time_limit_s=time_limit_s,
     )
     final = placed.cost
     mapping = map_machine(plan, machine, cost=final, devices=placed.devices, cache=cache)
     if placed.matrix is not None and batch_split_only(plan):
-        default = cost or iteration_cost(plan, machine, optimizer=optimizer)
+        default = cost or iteration_cost(plan, machine, optimizer=optimizer, runtime=runtime)
         packed = map_machine(plan, machine, cost=default, cache=cache)
-        if (not packed.cost(default).feasible, packed.time_s) < (
-            not mapping.cost(final).feasible,
-            mapping.time_s,
-        ):
+        if _rank(packed.cost(default)) < _rank(mapping.cost(final)):
             reason = "packed placement maps faster"
             placed = PlanPlacement(placed.axes, None, {}, default, placed.tried, reason)
             final, mapping = default, packed
     if not mapping.cost(final).feasible:
         final = accumulate_to_fit(
-            plan, machine, optimizer=optimizer, cost=final, devices=placed.devices
+            plan, machine, optimizer=optimizer, runtime=runtime, cost=final, devices=placed.devices
         )
         mapping = map_machine(plan, machine, cost=final, devices=placed.devices, cache=cache)
+    if mapping.divided_splits and _rank(final) <= _rank(mapping.cost(final)):
+        # The simulated iteration, which overlaps communication, beats running branches at once.
+        mapping = mapping.in_sequence(final.memory)
     return placed, mapping, mapping.cost(final)
+
+
+def _rank(cost: CostBreakdown) -> tuple[bool, float]:
+    """Plans that fit first, then the faster."""
+    return (not cost.feasible, cost.total_s)
 
 
 #: How long the check takes, predicted before the search so that the phases leave it the time
@@ -532,6 +575,7 @@ def saturate_and_extract(
     rules: list[Rule] | None = None,
     check: bool = True,
     optimizer: str = "adam",
+    runtime: Runtime = DDP,
     baselines: bool = True,
     seeds: Sequence[PCG] = (),
     check_flops_limit: float = CHECK_FLOPS_LIMIT,
@@ -575,7 +619,11 @@ def saturate_and_extract(
     may choose, e.g. ``machine.level_degrees()``) and ``presets`` (the shipped rule files to
     saturate with, e.g. ``("transformer", "layouts")``): as for
     :func:`~pcgopt.egraph.saturate`; the default is every divisor of the device count and the
-    rule files that can rewrite the model.
+    rule files that can rewrite the model. ``optimizer`` and ``runtime`` (what the training
+    runtime overlaps and how it buckets gradients, :class:`~pcgopt.extract.Runtime`; default
+    PyTorch DDP's) say how every candidate is costed (:func:`~pcgopt.extract.iteration_cost`);
+    extraction inside the e-graph ranks choices by the additive model, and its plans are
+    costed like every other candidate.
 
     ``deterministic``: limit the search by work instead of wall time, so that identical inputs
     give identical plans, whatever the machine's speed or load: ``time_budget_s`` is ignored;
@@ -602,6 +650,7 @@ def saturate_and_extract(
         pcg,
         machine,
         optimizer,
+        runtime,
         _Clock.untimed()
         if deterministic
         else _Clock.start(time_budget_s, check_seconds(pcg, machine) if check else 0.0),
@@ -615,15 +664,15 @@ def saturate_and_extract(
         deterministic,
     )
     clock, say, phases = search.clock, search.say, search.phases
-    input_cost = iteration_cost(pcg, machine, optimizer=optimizer)
+    input_cost = iteration_cost(pcg, machine, optimizer=optimizer, runtime=runtime)
 
     layerwise: dict[str, tuple[PCG, CostBreakdown] | None] = {}
     if baselines:
         start = time.perf_counter()
-        layerwise = _layerwise_searches(pcg, machine, optimizer, clock, say, deterministic)
+        layerwise = _layerwise_searches(pcg, machine, optimizer, runtime, clock, say, deterministic)
         phases["layer-wise search"] = time.perf_counter() - start
     extra: dict[str, tuple[PCG, CostBreakdown] | None] = {
-        f"seed {k}": (seed, iteration_cost(seed, machine, optimizer=optimizer))
+        f"seed {k}": (seed, iteration_cost(seed, machine, optimizer=optimizer, runtime=runtime))
         for k, seed in enumerate(seeds)
     }
     seed_plans = [
@@ -634,7 +683,9 @@ def saturate_and_extract(
     extracted, explored = _explore(search, seed_plans, baseline_plans, split, min_segment_ops)
 
     candidates: dict[str, tuple[PCG, CostBreakdown] | None] = {
-        name: None if plan is None else (plan, iteration_cost(plan, machine, optimizer=optimizer))
+        name: None
+        if plan is None
+        else (plan, iteration_cost(plan, machine, optimizer=optimizer, runtime=runtime))
         for name, plan in extracted.items()
     }
     candidates["input as given"] = (pcg, input_cost)
@@ -647,7 +698,9 @@ def saturate_and_extract(
     start = time.perf_counter()
     distinct = len({v[0] for v in candidates.values() if v is not None})
     say(f"placing and mapping {distinct} distinct candidate plans on the machine")
-    placements, mappings, failed = _place_and_map(candidates, machine, optimizer, clock, say)
+    placements, mappings, failed = _place_and_map(
+        candidates, machine, optimizer, runtime, clock, say
+    )
     phases["placement and mapping"] = time.perf_counter() - start
 
     chosen, (best, best_cost) = _best(candidates, failed)
@@ -721,6 +774,7 @@ def _layerwise_searches(
     pcg: PCG,
     machine: Machine,
     optimizer: str,
+    runtime: Runtime,
     clock: _Clock,
     say: Callable[[str], None],
     deterministic: bool = False,
@@ -738,6 +792,7 @@ def _layerwise_searches(
             restarts=1 if deterministic else 4,
             max_evaluations=DETERMINISTIC_EVALUATIONS if deterministic else None,
             optimizer=optimizer,
+            runtime=runtime,
             time_limit_s=clock.limit("coordinate descent"),
         )
         say(repr(found))
@@ -747,6 +802,7 @@ def _layerwise_searches(
             steps=DETERMINISTIC_EVALUATIONS if deterministic else found.evaluations,
             start=found.strategies,
             optimizer=optimizer,
+            runtime=runtime,
             time_limit_s=clock.limit("metropolis-hastings"),
         )
         say(repr(walked))
@@ -760,13 +816,14 @@ def _layerwise_searches(
 
 
 def _baselines(
-    pcg: PCG, machine: Machine, optimizer: str, say: Callable[[str], None]
+    pcg: PCG, machine: Machine, optimizer: str, runtime: Runtime, say: Callable[[str], None]
 ) -> dict[str, tuple[PCG, CostBreakdown] | None]:
     """The data-parallel, Megatron and sequential plans with their costs (None: not
     applicable, said why)."""
     fixed: dict[str, tuple[PCG, CostBreakdown] | None] = {}
     makers = (
         ("data parallel", data_parallel),
+        ("fsdp", fsdp),
         ("megatron", megatron),
         # Unity's "sequential optimization": single-device fusion first, then parallelism.
         ("fused, then data parallel or megatron", sequential),
@@ -774,7 +831,10 @@ def _baselines(
     for name, make in makers:
         try:
             plan = make(pcg, machine)
-            fixed[name] = (plan, iteration_cost(plan, machine, optimizer=optimizer))
+            fixed[name] = (
+                plan,
+                iteration_cost(plan, machine, optimizer=optimizer, runtime=runtime),
+            )
         except (BaselineError, CostError) as e:
             say(f"baseline {name} does not apply: {e}")
             fixed[name] = None
@@ -792,15 +852,16 @@ def _baseline_phase(
     fixed: dict[str, tuple[PCG, CostBreakdown] | None] = {}
     if build:
         search.say("building the baselines: data parallel, megatron, fused then either")
-        fixed = _baselines(search.pcg, search.machine, search.optimizer, search.say)
-        fixed.update(_on_one_node(search.pcg, search.machine, search.optimizer, search.say))
+        options = (search.pcg, search.machine, search.optimizer, search.runtime, search.say)
+        fixed = _baselines(*options)
+        fixed.update(_on_one_node(*options))
     search.phases["baselines"] = time.perf_counter() - start
     seeds = [v[0] for k, v in fixed.items() if k in ("data parallel", "megatron") and v]
     return fixed, seeds
 
 
 def _on_one_node(
-    pcg: PCG, machine: Machine, optimizer: str, say: Callable[[str], None]
+    pcg: PCG, machine: Machine, optimizer: str, runtime: Runtime, say: Callable[[str], None]
 ) -> dict[str, tuple[PCG, CostBreakdown] | None]:
     """The data-parallel and Megatron plans of one node of a machine of several, costed on the
     whole machine (the other nodes idle): a plan for part of the machine is a plan for all of
@@ -814,7 +875,7 @@ def _on_one_node(
             plan = make(pcg, node)
             found[f"{name} on one node"] = (
                 plan,
-                iteration_cost(plan, machine, optimizer=optimizer),
+                iteration_cost(plan, machine, optimizer=optimizer, runtime=runtime),
             )
         except (BaselineError, CostError) as e:
             say(f"baseline {name} on one node does not apply: {e}")
@@ -826,6 +887,7 @@ def _branch_parallel(search: _Search) -> tuple[PCG, CostBreakdown] | None:
     branches found by coordinate descent under the mapping (the phase "branch parallel", after
     "branch views" if no phase before it needed them)."""
     pcg, machine, optimizer, say = search.pcg, search.machine, search.optimizer, search.say
+    runtime = search.runtime
     search.phases["branch parallel"] = 0.0
     try:
         views = search.branch_views("branch parallel")
@@ -842,6 +904,7 @@ def _branch_parallel(search: _Search) -> tuple[PCG, CostBreakdown] | None:
             pcg,
             machine,
             optimizer=optimizer,
+            runtime=runtime,
             time_limit_s=search.clock.limit("branch parallel"),
             views=views,
         )
@@ -853,7 +916,7 @@ def _branch_parallel(search: _Search) -> tuple[PCG, CostBreakdown] | None:
     say(repr(branches) if branches else "branch parallel: no branch narrows")
     if branches is None:
         return None
-    return branches.pcg, iteration_cost(branches.pcg, machine, optimizer=optimizer)
+    return branches.pcg, iteration_cost(branches.pcg, machine, optimizer=optimizer, runtime=runtime)
 
 
 def _in_model_names(pcg: PCG, candidates: dict[str, tuple[PCG, CostBreakdown] | None]) -> None:
@@ -873,6 +936,7 @@ def _place_and_map(
     candidates: dict[str, tuple[PCG, CostBreakdown] | None],
     machine: Machine,
     optimizer: str,
+    runtime: Runtime,
     clock: _Clock,
     say: Callable[[str], None],
 ) -> tuple[dict[str, PlanPlacement], dict[str, MachineMapping], dict[PCG, str]]:
@@ -899,6 +963,7 @@ def _place_and_map(
                     plan,
                     machine,
                     optimizer=optimizer,
+                    runtime=runtime,
                     cost=cost,
                     cache=cache,
                     time_limit_s=clock.left() / max(1, distinct),
@@ -962,6 +1027,7 @@ class _Search:
     pcg: PCG
     machine: Machine
     optimizer: str
+    runtime: Runtime
     clock: _Clock
     say: Callable[[str], None]
     progress: bool
@@ -992,6 +1058,7 @@ class _Search:
                     self.pcg,
                     self.machine,
                     optimizer=self.optimizer,
+                    runtime=self.runtime,
                     time_limit_s=self.clock.limit(phase),
                 )
                 self._views.append((found, None))

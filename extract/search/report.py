@@ -3,8 +3,9 @@
 Three parts, most useful first:
 
 1. The headline: the predicted time of one training iteration, and how much faster that is
-   than the best plan a user would write by hand (the baselines: data parallelism, Megatron's
-   tensor parallelism, either after single-device fusion, or on one node), then than the input
+   than the best plan a user would write by hand (the baselines: data parallelism, FSDP,
+   Megatron's tensor parallelism, either after single-device fusion, or on one node), then than
+   the input
    as given; which devices the plan uses.
 2. One row per layer: the model's node names are paths (``layer5/attn/q/linear``), and a layer
    is the first part of the path that tells the model's big blocks apart (:func:`layer_of`).
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 #: with the best of them).
 BASELINE_CANDIDATES = (
     "data parallel",
+    "fsdp",
     "megatron",
     "fused, then data parallel or megatron",
     "data parallel on one node",
@@ -320,9 +322,11 @@ def headline(plan: Plan) -> list[str]:
         f"  uses {used} of {m.num_devices} devices"
         + (f" ({idle} left idle)" if idle > 0 else "")
         + f"; compute {_fmt_s(c.compute_s)}, communication {_fmt_s(c.comm_s)} "
-        f"({_fmt_bytes(c.comm_bytes)}), update {_fmt_s(c.update_s)} ({c.optimizer})"
+        f"({_fmt_bytes(c.comm_bytes)}; {_fmt_s(c.exposed_comm_s)} of it not hidden behind "
+        f"compute), update {_fmt_s(c.update_s)} ({c.optimizer})"
         + (f", branches at once save {_fmt_s(c.overlap_s)}" if c.overlap_s else "")
     )
+    lines.append(f"  runtime: {c.runtime!r}; all in sequence {_fmt_s(c.additive_s)}")
     lines.append(
         f"  memory per device {_fmt_bytes(c.memory_per_device)} of "
         f"{_fmt_bytes(c.memory_capacity)} ({'fits' if c.feasible else 'DOES NOT FIT'})"

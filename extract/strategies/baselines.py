@@ -8,6 +8,9 @@ comparison: every output is brought back to one unsplit copy at the end).
 * :func:`data_parallel`: every data input split by its batch dimension (dimension 0) over
   ``degree`` devices, every weight replicated on all of them (its gradient is all-reduced, the
   backward of Replicate); operators run on their batch shard. Unity Figure 2a.
+* :func:`fsdp`: data parallelism with every weight stored sharded over the devices and
+  all-gathered where it is used, its gradient reduce-scattered (PyTorch FSDP, ZeRO-3's sharding
+  of weights, gradients and optimizer state).
 * :func:`megatron`: Megatron-LM tensor parallelism over ``tensor_degree`` devices combined with
   data parallelism over the rest. A weight MatMul/Linear whose output reaches only other weight
   MatMuls/Linears through operators that keep a split of the last dimension (activations,
@@ -62,6 +65,7 @@ __all__ = [
     "BaselineError",
     "coordinate_descent",
     "data_parallel",
+    "fsdp",
     "fuse",
     "megatron",
     "sequential",
@@ -204,8 +208,9 @@ class _Lowering:
     """Rebuilds a sequential PCG with its inputs split by batch over ``dp`` devices and, when
     ``tp > 1``, Megatron's tensor parallelism over ``tp`` (module docstring)."""
 
-    def __init__(self, pcg: PCG, dp: int, tp: int = 1) -> None:
+    def __init__(self, pcg: PCG, dp: int, tp: int = 1, shard_weights: bool = False) -> None:
         self.pcg, self.dp, self.tp = pcg, dp, tp
+        self.shard_weights = shard_weights
         self.b = PCGBuilder()
         self.env: dict[TensorRef, Tensor] = {}
         self.cache: dict[tuple[Any, ...], Tensor] = {}
@@ -248,7 +253,24 @@ class _Lowering:
                 w = self._source(node.name)
                 if copies == 1:
                     return w
-                return self.b.replicate(w, degree=copies, name=self._name(f"{node.name}.r{copies}"))
+                dim, ways = self._shard(w, copies) if self.shard_weights else (0, 1)
+                if ways == 1:
+                    return self.b.replicate(
+                        w, degree=copies, name=self._name(f"{node.name}.r{copies}")
+                    )
+                # Stored sharded, gathered where used (FSDP): the gradient is reduce-scattered
+                # (and all-reduced over the shards' copies, if any).
+                w = self.b.partition(
+                    w, dim=dim, degree=ways, name=self._name(f"{node.name}.shard{ways}")
+                )
+                if copies > ways:
+                    replicas = copies // ways
+                    w = self.b.replicate(
+                        w, degree=replicas, name=self._name(f"{node.name}.r{replicas}")
+                    )
+                return self.b.all_gather(
+                    w, dim=dim, degree=ways, name=self._name(f"{node.name}.gather{ways}")
+                )
             ins = [self._free(r, copies) for r in node.inputs]
             name = node.name if copies == 1 else self._name(f"{node.name}.r{copies}")
             out = self.b.apply(node.op, *ins, name=name, **dict(node.params))
@@ -258,6 +280,17 @@ class _Lowering:
             return outs[ref.index]
 
         return self._memo(("free", ref, copies), make)
+
+    @staticmethod
+    def _shard(w: Tensor, copies: int) -> tuple[int, int]:
+        """How weight ``w`` is sharded over ``copies`` devices: ``(dimension, ways)``, the most
+        ways (a divisor of ``copies``) that divide one of its dimensions, the first such
+        dimension (ways 1: none, the weight stays replicated)."""
+        for ways in sorted(divisors(copies), reverse=True):
+            for dim, size in enumerate(w.shape.sizes):
+                if ways > 1 and size % ways == 0:
+                    return dim, ways
+        return 0, 1
 
     def _split_weight(self, ref: TensorRef, dim: int) -> Tensor:
         """A weight split ``tp`` ways along ``dim`` and replicated over the ``dp`` batch shards."""
@@ -511,6 +544,25 @@ def data_parallel(pcg: PCG, machine: Machine, *, degree: int | None = None) -> P
         degree = largest_divisor(batch, machine.num_devices)
     _check_degree(pcg, machine, degree, batch, "degree")
     return _Lowering(pcg, degree).run()
+
+
+def fsdp(pcg: PCG, machine: Machine, *, degree: int | None = None) -> PCG:
+    """Fully sharded data parallelism (PyTorch FSDP, ZeRO's sharding of weights, gradients and
+    optimizer state) over ``degree`` devices (default: as :func:`data_parallel`): inputs split
+    by batch; every weight *stored* partitioned over the devices along its first dimension they
+    divide (so its gradient and optimizer state are too), all-gathered where it is used (the
+    backward reduce-scatters its gradient). A weight no dimension of which the device count
+    divides is sharded the most ways that divide one, over groups of consecutive devices, and
+    its shards replicated over the groups (FSDP's ``HYBRID_SHARD``; FSDP pads a flattened weight
+    instead, which a PCG cannot); one no divisor fits stays replicated. The cost model charges
+    one AllGather per use in the forward and keeps the gathered weight until the backward
+    (FSDP's ``SHARD_GRAD_OP``, no re-gather in the backward)."""
+    _check_sequential(pcg)
+    batch = batch_size(pcg)
+    if degree is None:
+        degree = largest_divisor(batch, machine.num_devices)
+    _check_degree(pcg, machine, degree, batch, "degree")
+    return _Lowering(pcg, degree, shard_weights=True).run()
 
 
 def _check_degree(pcg: PCG, machine: Machine, degree: int, batch: int, what: str) -> None:

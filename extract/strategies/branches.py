@@ -39,7 +39,7 @@ with the exact cost model, and keeps it only if it is the fastest.
 >>> from pcgopt.models import build
 >>> from pcgopt.extract import data_parallel
 >>> from pcgopt.extract.search.plan import mapped_cost
->>> summit, pcg = Machine.preset("summit"), build("candle_uno", small=True)
+>>> summit, pcg = Machine.preset("summit"), build("candle_uno", batch=6 * 64)  # full size
 >>> found = branch_parallel(pcg, summit)
 >>> found.narrowed > 0  # towers below the widest data-parallel degree
 True
@@ -63,6 +63,7 @@ from pcgopt.builder import Tensor
 from pcgopt.divisors import largest_divisor
 from pcgopt.errors import PCGError
 from pcgopt.extract.costmodel.cost import CostError, iteration_cost
+from pcgopt.extract.costmodel.simulate import DDP, Runtime
 from pcgopt.extract.search.mapping import (
     MappingCache,
     _annotate,
@@ -261,6 +262,7 @@ def elastic_views(
     machine: Machine,
     *,
     optimizer: str = "adam",
+    runtime: Runtime = DDP,
     time_limit_s: float | None = None,
 ) -> ElasticViews | None:
     """How many devices each compute node of the sequential ``pcg`` gets when branches that
@@ -280,7 +282,7 @@ def elastic_views(
     }
     started = time.perf_counter()
     legal = sorted({largest_divisor(batch, w) for w in sizes})
-    sequential_cost = iteration_cost(pcg, machine, optimizer=optimizer)
+    sequential_cost = iteration_cost(pcg, machine, optimizer=optimizer, runtime=runtime)
     units, unit_of = _units(pcg, sequential_cost, {})
     table = np.full((len(units), len(legal)), math.inf)
     # Costing a degree is a lowering and a costing of the whole plan (about half a second for
@@ -293,7 +295,7 @@ def elastic_views(
             break
         try:
             plan = data_parallel(pcg, machine, degree=degree)
-            cost = iteration_cost(plan, machine, optimizer=optimizer)
+            cost = iteration_cost(plan, machine, optimizer=optimizer, runtime=runtime)
         except (PCGError, CostError):
             continue  # this degree does not apply: never chosen
         column = np.zeros(len(units))
@@ -344,6 +346,7 @@ def branch_parallel(
     machine: Machine,
     *,
     optimizer: str = "adam",
+    runtime: Runtime = DDP,
     time_limit_s: float | None = None,
     views: ElasticViews | None = None,
 ) -> BranchParallel | None:
@@ -358,12 +361,20 @@ def branch_parallel(
     _check_sequential(pcg)
     found = views
     if found is None:
-        found = elastic_views(pcg, machine, optimizer=optimizer, time_limit_s=time_limit_s)
+        found = elastic_views(
+            pcg, machine, optimizer=optimizer, runtime=runtime, time_limit_s=time_limit_s
+        )
     if found is None or not found.narrowed:
         return None
     left = None if time_limit_s is None else time_limit_s - (time.perf_counter() - started)
     strategies, plan, mapped_s, evaluations = _descend(
-        pcg, machine, found.degrees, found.views, optimizer=optimizer, time_limit_s=left
+        pcg,
+        machine,
+        found.degrees,
+        found.views,
+        optimizer=optimizer,
+        runtime=runtime,
+        time_limit_s=left,
     )
     return BranchParallel(
         pcg=plan,
@@ -381,6 +392,7 @@ def _descend(
     views: Mapping[str, int],
     *,
     optimizer: str,
+    runtime: Runtime,
     time_limit_s: float | None,
 ) -> tuple[dict[str, MatmulStrategy], PCG, float, int]:
     """Coordinate descent (AutoDDL section 4.4) over the SBP matmul strategies of the dense
@@ -398,13 +410,18 @@ def _descend(
         if key not in seen:
             try:
                 plan = lower_degrees(pcg, machine, degrees, assignment)
-                cost = iteration_cost(plan, machine, optimizer=optimizer)
+                cost = iteration_cost(plan, machine, optimizer=optimizer, runtime=runtime)
                 devices = None
                 if not batch_split_only(plan):  # placed as saturate_and_extract will place it
-                    placed = place_plan(plan, machine, optimizer=optimizer, default_cost=cost)
+                    placed = place_plan(
+                        plan, machine, optimizer=optimizer, runtime=runtime, default_cost=cost
+                    )
                     cost, devices = placed.cost, placed.devices
                 mapping = map_machine(plan, machine, cost=cost, devices=devices, cache=cache)
-                seen[key] = ((not mapping.cost(cost).feasible, mapping.time_s), plan)
+                # As saturate_and_extract costs it: mapped, or in sequence if that is faster.
+                mapped = mapping.cost(cost)
+                rank = min((not mapped.feasible, mapped.total_s), (not cost.feasible, cost.total_s))
+                seen[key] = (rank, plan)
             except (PCGError, CostError):
                 seen[key] = ((True, math.inf), None)
         return seen[key][0]
@@ -429,7 +446,7 @@ def _descend(
         lower_degrees(pcg, machine, degrees, current)  # raises the error naming the node
         raise BaselineError("the branch-parallel degrees could not be costed or mapped")
     # The slowest layers first (their time in the plan at the start).
-    start_cost = iteration_cost(first_plan, machine, optimizer=optimizer)
+    start_cost = iteration_cost(first_plan, machine, optimizer=optimizer, runtime=runtime)
     layers.sort(key=lambda n: -start_cost.per_node[n].total_s if n in start_cost.per_node else 0)
 
     def over() -> bool:

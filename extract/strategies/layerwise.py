@@ -63,6 +63,7 @@ from pcgopt.builder import Tensor
 from pcgopt.divisors import divisors, largest_divisor
 from pcgopt.errors import PCGError
 from pcgopt.extract.costmodel.cost import CostBreakdown, CostError, accumulate_to_fit
+from pcgopt.extract.costmodel.simulate import DDP, Runtime
 from pcgopt.extract.strategies.baselines import (
     BaselineError,
     _check_sequential,
@@ -601,6 +602,7 @@ class _Search:
         pcg: PCG,
         machine: Machine,
         optimizer: str,
+        runtime: Runtime,
         layers: Sequence[str] | None,
         devices: int | None,
         tie: bool | None,
@@ -608,6 +610,7 @@ class _Search:
     ) -> None:
         _check_sequential(pcg)
         self.pcg, self.machine, self.optimizer = pcg, machine, optimizer
+        self.runtime = runtime
         found = dense_layers(pcg)
         self.layers = tuple(found if layers is None else layers)
         for name in self.layers:
@@ -656,7 +659,9 @@ class _Search:
             return hit[0]
         try:
             plan = lower(self.pcg, self.machine, dict(zip(self.layers, assignment, strict=True)))
-            cost = accumulate_to_fit(plan, self.machine, optimizer=self.optimizer)
+            cost = accumulate_to_fit(
+                plan, self.machine, optimizer=self.optimizer, runtime=self.runtime
+            )
             # Plans that fit rank by time; those that do not, by memory, so that a search
             # starting out of memory moves towards fitting.
             key = (False, cost.total_s) if cost.feasible else (True, float(cost.memory.total))
@@ -777,6 +782,7 @@ def coordinate_descent(
     layers: Sequence[str] | None = None,
     devices: int | None = None,
     optimizer: str = "adam",
+    runtime: Runtime = DDP,
     time_limit_s: float | None = None,
     tie: bool | None = None,
     allow: Callable[[MatmulStrategy], bool] | None = None,
@@ -789,7 +795,8 @@ def coordinate_descent(
     changes nothing (or ``max_sweeps``); the best assignment over all ``restarts`` starts is
     returned. ``time_limit_s`` is checked before every evaluation but the first (the
     data-parallel start), so it is exceeded by at most one evaluation; ``max_evaluations``
-    likewise, a limit that gives the same result however fast the machine is.
+    likewise, a limit that gives the same result however fast the machine is. ``runtime``: what
+    the cost model simulates (:class:`~pcgopt.extract.costmodel.simulate.Runtime`).
     ``tie=True`` makes layers of one role (the same name up to numbers, e.g. ``layer3/ffn1``
     and ``layer5/ffn1``, with the same weight shape) share a strategy: one coordinate per role
     instead of per layer, for deep models; the default (None) ties when there are more than
@@ -797,7 +804,7 @@ def coordinate_descent(
     (e.g. ``lambda s: s.batch == 1``)."""
     if not isinstance(restarts, int) or restarts < 1:
         raise BaselineError(f"restarts must be a positive integer, got {restarts!r}")
-    search = _Search(pcg, machine, optimizer, layers, devices, tie, allow)
+    search = _Search(pcg, machine, optimizer, runtime, layers, devices, tie, allow)
     search.max_evaluations = max_evaluations
     rng = random.Random(seed)
     for k in range(restarts):
@@ -833,6 +840,7 @@ def metropolis_hastings(
     layers: Sequence[str] | None = None,
     devices: int | None = None,
     optimizer: str = "adam",
+    runtime: Runtime = DDP,
     time_limit_s: float | None = None,
     tie: bool | None = None,
     allow: Callable[[MatmulStrategy], bool] | None = None,
@@ -846,7 +854,7 @@ def metropolis_hastings(
     ``100 /`` the first fitting cost, so a proposal 1% slower is accepted with probability 1/e.
     ``tie``, ``allow``: as for :func:`coordinate_descent`; ``start``: the assignment to start
     from (default: data parallel), e.g. a coordinate-descent result's ``strategies``."""
-    search = _Search(pcg, machine, optimizer, layers, devices, tie, allow)
+    search = _Search(pcg, machine, optimizer, runtime, layers, devices, tie, allow)
     rng = random.Random(seed)
     current = search.data_parallel_start()
     if start is not None:
@@ -877,16 +885,21 @@ def metropolis_hastings(
 
 
 def uniform_strategy(
-    pcg: PCG, machine: Machine, strategy: MatmulStrategy, *, optimizer: str = "adam"
+    pcg: PCG,
+    machine: Machine,
+    strategy: MatmulStrategy,
+    *,
+    optimizer: str = "adam",
+    runtime: Runtime = DDP,
 ) -> tuple[PCG, CostBreakdown]:
     """Every dense layer with the same ``strategy``; its plan and cost (with gradient
     accumulation when it does not fit otherwise)."""
     plan = lower(pcg, machine, dict.fromkeys(dense_layers(pcg), strategy))
-    return plan, accumulate_to_fit(plan, machine, optimizer=optimizer)
+    return plan, accumulate_to_fit(plan, machine, optimizer=optimizer, runtime=runtime)
 
 
 def summa_like(
-    pcg: PCG, machine: Machine, *, optimizer: str = "adam"
+    pcg: PCG, machine: Machine, *, optimizer: str = "adam", runtime: Runtime = DDP
 ) -> tuple[PCG, CostBreakdown, MatmulStrategy]:
     """The best uniform 2D weight-stationary strategy ``(1, a, b)``, ``a * b`` = the machine's
     devices, over every grid that divides every dense layer (AutoDDL's tuned Summa baseline's
@@ -897,7 +910,7 @@ def summa_like(
     errors: list[str] = []
     for grid in grids:
         try:
-            plan, cost = uniform_strategy(pcg, machine, grid, optimizer=optimizer)
+            plan, cost = uniform_strategy(pcg, machine, grid, optimizer=optimizer, runtime=runtime)
         except (PCGError, CostError) as e:
             errors.append(f"{grid}: {e}")
             continue

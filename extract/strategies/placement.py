@@ -49,6 +49,7 @@ from pcgopt.extract.costmodel.cost import (
     iteration_cost,
     source_layouts,
 )
+from pcgopt.extract.costmodel.simulate import DDP, Runtime
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine
 from pcgopt.ops import OpKind
@@ -543,6 +544,7 @@ def place_plan(
     machine: Machine,
     *,
     optimizer: str = "adam",
+    runtime: Runtime = DDP,
     default_cost: CostBreakdown | None = None,
     time_limit_s: float | None = None,
 ) -> PlanPlacement:
@@ -561,7 +563,7 @@ def place_plan(
     :attr:`PlanPlacement.untried`."""
     nodes = _axis_nodes(pcg)
     axes, spans, reason = _axes_of(nodes)
-    default = default_cost or iteration_cost(pcg, machine, optimizer=optimizer)
+    default = default_cost or iteration_cost(pcg, machine, optimizer=optimizer, runtime=runtime)
     if not axes:
         return PlanPlacement((), None, {}, default, (), reason)
     width = max(w for _, _, w in nodes)
@@ -585,7 +587,7 @@ def place_plan(
                 groups = m.groups(spans[degree])[: w // degree]
                 shared[degree, w] = tuple(tuple(on_machine[d] for d in g) for g in groups)
             devices[name] = shared[degree, w]
-        cost = iteration_cost(pcg, machine, devices=devices, optimizer=optimizer)
+        cost = iteration_cost(pcg, machine, devices=devices, optimizer=optimizer, runtime=runtime)
         tried.append((m, cost.total_s))
         if best is None or (not cost.feasible, cost.total_s) < (
             not best.cost.feasible,

@@ -33,7 +33,9 @@ class ModelEntry:
     """A zoo model: its builder, the keyword sizes of its small variant, where it is from, and
     the optimizer its source trains it with (a name in ``pcgopt.extract.costmodel.cost.OPTIMIZERS``;
     Unity section 6.1: Adam for BERT-Large, plain SGD for its other models; "adam" where the
-    source does not say)."""
+    source does not say), and the precision the evaluations the zoo reproduces train it in
+    (``pcgopt.extract.costmodel.simulate.PRECISIONS``; "f32" for every model: Unity's FlexFlow
+    and AutoDDL's OneFlow runs are single precision)."""
 
     name: str
     builder: Callable[..., PCG]
@@ -41,6 +43,7 @@ class ModelEntry:
     source: str
     paper_kwargs: Mapping[str, Any] = field(default_factory=dict)
     optimizer: str = "adam"
+    precision: str = "f32"
 
     def sizes(self) -> dict[str, tuple[str, Any]]:
         """The keyword sizes the builder takes (``pcgopt optimize --set KEY=VALUE``): each

@@ -8,6 +8,7 @@ from pcgopt import Machine, PCGBuilder, models
 from pcgopt.extract import BaselineError, iteration_cost
 from pcgopt.extract.strategies.baselines import (
     data_parallel,
+    fsdp,
     fuse,
     megatron,
     sequential,
@@ -16,7 +17,12 @@ from pcgopt.extract.strategies.baselines import (
 
 TWO_GPUS = Machine.preset("summit", nodes=1, devices_per_node=2)
 SUMMIT_NODE = Machine.preset("summit")  # 6 GPUs
-BASELINES = {"data_parallel": data_parallel, "megatron": megatron, "sequential": sequential}
+BASELINES = {
+    "data_parallel": data_parallel,
+    "fsdp": fsdp,
+    "megatron": megatron,
+    "sequential": sequential,
+}
 UNITY = ("mlp", "bert_large", "dlrm", "xdl", "candle_uno", "resnext50", "inception_v3")
 
 
@@ -69,6 +75,44 @@ def test_data_parallel_mnist_on_two_gpus_syncs_813056_elements_of_weight_gradien
     assert weight_sync_bytes(cost) == 813_056 * 4
     # The rest is the Combine of the [64, 10] output (gather forward, scatter backward).
     assert cost.comm_bytes == 813_056 * 4 + 2 * (64 * 10 * 4) // 2
+
+
+# --- Fully sharded data parallelism ---------------------------------------------------------------
+
+
+def test_fsdp_stores_weights_sharded_gathers_them_where_used_and_reduce_scatters_gradients():
+    pcg = models.build("mnist_mlp")  # b = 64, 784 -> 512 -> 10
+    dp, sharded = data_parallel(pcg, TWO_GPUS), fsdp(pcg, TWO_GPUS)
+    assert sharded.shape("w1.shard2").degrees == (2, 1)  # stored: one half per device
+    assert sharded.shape("w1.gather2").copy_degree == 2  # gathered for the MatMul
+    assert sharded.node("w2.gather2").params["dim"] == 0
+    dp_cost, cost = iteration_cost(dp, TWO_GPUS), iteration_cost(sharded, TWO_GPUS)
+    gather = cost.per_node["w1.gather2"].collectives
+    assert [(c.kind, c.purpose) for c in gather] == [
+        ("all_gather", "forward"),
+        ("reduce_scatter", "backward"),
+    ]
+    # AllGather plus ReduceScatter move what the AllReduce did; weights, gradients and Adam's
+    # state are halved, at the price of the gathered weights kept for the backward.
+    assert cost.comm_bytes == dp_cost.comm_bytes
+    for part in ("weights", "gradients", "optimizer_state"):
+        assert getattr(cost.memory, part) * 2 == getattr(dp_cost.memory, part)
+    assert weight_sync_bytes(cost) == 0
+
+
+def test_fsdp_shards_the_most_ways_a_weight_allows_and_replicates_the_shards():
+    # 6 GPUs, weights of 1024 rows: 2 ways divide it, 3 and 6 do not (HYBRID_SHARD's layout).
+    b = PCGBuilder()
+    x = b.input((12, 1024), name="x")
+    pcg = b.build(b.relu(b.matmul(x, b.weight((1024, 1024), name="w"))))
+    plan = fsdp(pcg, SUMMIT_NODE)
+    assert plan.shape("w.shard2").degrees == (2, 1)
+    assert plan.shape("w.r3").copy_degree == 3
+    assert plan.shape("w.gather2").copy_degree == 6
+    pcgopt.assert_equivalent(pcg, plan, trials=1)
+    cost = iteration_cost(plan, SUMMIT_NODE)
+    # The shards' copies synchronize their gradients: an AllReduce over 3 of each half.
+    assert weight_sync_bytes(cost) > 0
 
 
 def test_default_degree_is_the_largest_that_divides_the_batch_and_fits():

@@ -67,7 +67,7 @@ def test_every_node_runs_at_its_degree_and_the_plan_is_equivalent(pcg, data):
     plan = lower_degrees(pcg, FOUR, degrees, strategies)
     assert equivalent(pcg, plan)
     cost = iteration_cost(plan, FOUR)  # fits the machine: no tensor spans more than 4 devices
-    assert map_machine(plan, FOUR, cost=cost).time_s <= cost.total_s * (1 + 1e-12)
+    assert map_machine(plan, FOUR, cost=cost).time_s <= cost.additive_s * (1 + 1e-12)
     for name, degree in degrees.items():
         if name in strategies:
             continue
@@ -112,7 +112,9 @@ def test_the_estimate_is_what_the_exact_cost_and_mapping_find():
     _, _, final = mapped_cost(found.pcg, machine)
     assert final.total_s <= found.mapped_s * (1 + 1e-9)
     _, _, dp_cost = mapped_cost(data_parallel(pcg, machine), machine)
-    assert final.total_s < 0.5 * dp_cost.total_s
+    # 118.6 ms against 227.6 ms (data parallelism hides much of its gradient AllReduce behind
+    # the backward; without that overlap it was 278 ms).
+    assert final.total_s < 0.6 * dp_cost.total_s
     assert final.feasible
 
 

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from pcgopt import PCG, Machine, PCGBuilder, assert_equivalent
 from pcgopt.egraph import Budget, ChoiceError, saturate
 from pcgopt.extract import (
+    ADDITIVE,
     CostError,
     ExtractionError,
     dag_cost,
@@ -59,7 +60,7 @@ def test_the_extraction_model_is_the_cost_model(mnist):
     sat, costs = mnist
     found = extract_greedy(costs)
     plan = sat.egraph.to_pcg(found.choice)
-    exact = iteration_cost(plan, TWO_GPUS)
+    exact = iteration_cost(plan, TWO_GPUS, runtime=ADDITIVE)
     assert found.cost.seconds == pytest.approx(exact.total_s, rel=1e-6)
     assert found.cost.memory_bytes == exact.memory_per_device
 
@@ -68,10 +69,10 @@ def test_mnist_plan_is_equivalent_and_beats_both_figure_2_plans(mnist):
     sat, costs = mnist
     plan = sat.egraph.to_pcg(extract_greedy(costs).choice)
     assert_equivalent(MNIST, plan)
-    cost = iteration_cost(plan, TWO_GPUS).total_s
-    assert cost < iteration_cost(MNIST, TWO_GPUS).total_s
+    cost = iteration_cost(plan, TWO_GPUS, runtime=ADDITIVE).total_s
+    assert cost < iteration_cost(MNIST, TWO_GPUS, runtime=ADDITIVE).total_s
     for figure in (figure_2a(), figure_2b()):
-        assert cost <= iteration_cost(figure, TWO_GPUS).total_s
+        assert cost <= iteration_cost(figure, TWO_GPUS, runtime=ADDITIVE).total_s
     # Not Figure 2a's sequential plan: no weight is copied for data parallelism, and the
     # second layer contracts a partitioned dimension (reduction parallelism, partial sums).
     assert not any(n.op == "replicate" and n.inputs[0].node in ("w1", "w2") for n in plan.nodes)
@@ -83,7 +84,7 @@ def test_figure_2a_is_in_the_egraph_and_costs_what_the_model_says(mnist):
     sat, costs = mnist
     choice = sat.egraph.choice_for(figure_2a())
     assert dag_cost(costs, choice).seconds == pytest.approx(
-        iteration_cost(figure_2a(), TWO_GPUS).total_s, rel=1e-6
+        iteration_cost(figure_2a(), TWO_GPUS, runtime=ADDITIVE).total_s, rel=1e-6
     )
 
 
@@ -96,7 +97,7 @@ def test_an_embedding_tables_sparse_gradient_costs_what_the_model_says():
     plan = b.build(b.combine(b.embedding_bag(idx, table, name="bag"), dim=0, degree=2))
     sat = saturate(plan, TWO_GPUS, budget=Budget(iterations=1))
     costs = enode_costs(sat.egraph, TWO_GPUS)
-    exact = iteration_cost(plan, TWO_GPUS)
+    exact = iteration_cost(plan, TWO_GPUS, runtime=ADDITIVE)
     # The AllReduce of 32 rows looked up (not 1000): 2 (p - 1) n bytes on two devices.
     assert exact.per_node["table.r2"].comm_bytes == 2 * 32 * 16 * 4
     seconds = dag_cost(costs, sat.egraph.choice_for(plan)).seconds
@@ -141,7 +142,9 @@ def test_a_tensor_read_twice_is_paid_for_once_as_in_the_cost_model(which):
     assert any(len(readers) > 1 for readers in _readers(plan).values())
     sat = saturate(plan, TWO_GPUS, budget=Budget(iterations=1))
     seconds = dag_cost(enode_costs(sat.egraph, TWO_GPUS), sat.egraph.choice_for(plan)).seconds
-    assert seconds == pytest.approx(iteration_cost(plan, TWO_GPUS).total_s, rel=1e-6)
+    assert seconds == pytest.approx(
+        iteration_cost(plan, TWO_GPUS, runtime=ADDITIVE).total_s, rel=1e-6
+    )
 
 
 def _readers(pcg) -> dict[str, set[str]]:
@@ -196,9 +199,11 @@ def test_extractors_find_the_true_optimum_of_an_enumerable_egraph():
     model = b.build(y)
     sat = saturate(model, TWO_GPUS, budget=Budget(iterations=1))
     costs = enode_costs(sat.egraph, TWO_GPUS)
-    best = min(iteration_cost(p, TWO_GPUS).total_s for p in _all_plans(sat.egraph))
+    best = min(
+        iteration_cost(p, TWO_GPUS, runtime=ADDITIVE).total_s for p in _all_plans(sat.egraph)
+    )
     for found in (extract_greedy(costs), extract_ilp(costs)):
-        got = iteration_cost(sat.egraph.to_pcg(found.choice), TWO_GPUS).total_s
+        got = iteration_cost(sat.egraph.to_pcg(found.choice), TWO_GPUS, runtime=ADDITIVE).total_s
         assert got <= best * 1.02, found.method
 
 

@@ -4,7 +4,6 @@ at once, every unit starts after its producers, the makespan is the time it clai
 not change when a unit moves to other devices of the same shape; the memo table is shared
 across candidates."""
 
-import dataclasses
 import math
 from unittest.mock import patch
 
@@ -93,7 +92,7 @@ def check_schedule(pcg, machine, mapping, cost):
     assert makespan == pytest.approx(mapping.time_s, rel=1e-9, abs=1e-15)
     # Bounds: no worse than in sequence, no better than the longest unit or the work spread
     # evenly over the machine.
-    assert mapping.sequential_s == pytest.approx(cost.total_s, rel=1e-9)
+    assert mapping.sequential_s == pytest.approx(cost.additive_s, rel=1e-9)
     assert mapping.time_s <= mapping.sequential_s * (1 + 1e-12)
     longest = max(u.end_s - u.start_s for u in mapped)
     work = sum((u.end_s - u.start_s) * u.block.size for u in mapped)
@@ -105,16 +104,14 @@ def test_a_chain_runs_in_sequence_on_the_first_devices():
     pcg = data_parallel(build("mnist_mlp", small=True), MACHINES[2])
     cost = iteration_cost(pcg, MACHINES[2])
     mapping = map_machine(pcg, MACHINES[2], cost=cost)
-    assert mapping.time_s == pytest.approx(cost.total_s)
+    assert mapping.time_s == pytest.approx(cost.additive_s)
     assert mapping.divided_splits == 0
     assert set(mapping.offsets.values()) == {0}
     assert mapping.cost(cost).overlap_s == pytest.approx(0, abs=1e-15)
     assert mapping.memory == cost.memory  # every unit on device 0: the cost model's memory
     check_schedule(pcg, MACHINES[2], mapping, cost)
-    # The DP's sum may differ from the sequential one by rounding: no saving is reported then.
-    rounded = dataclasses.replace(mapping, time_s=mapping.sequential_s * (1 - 2e-16))
-    assert rounded.cost(cost).overlap_s == 0.0
-    assert rounded.cost(cost).total_s == mapping.sequential_s
+    # Nothing runs at once: the simulated iteration (which overlaps communication) stands.
+    assert mapping.cost(cost).total_s == cost.total_s < cost.additive_s
 
 
 def test_two_towers_run_at_once_and_pay_for_the_transfers():
@@ -130,12 +127,15 @@ def test_two_towers_run_at_once_and_pay_for_the_transfers():
     assert mapping.transfer_s == pytest.approx(3 * one)
     moved = {n for u in mapping.units if u.block.start == 1 for n in u.nodes}
     assert moved in ({"w1_0", "m1_0", "t1_0"}, {"w0_0", "m0_0", "t0_0"})
-    assert mapping.time_s == pytest.approx(cost.total_s - tower_s(cost, 1) + 3 * one)
+    assert mapping.time_s == pytest.approx(cost.additive_s - tower_s(cost, 1) + 3 * one)
     check_schedule(pcg, machine, mapping, cost)
     mapped = mapping.cost(cost)
     assert mapped.total_s == mapping.time_s
-    assert mapped.overlap_s == pytest.approx(cost.total_s - mapping.time_s)
-    assert "overlap" in repr(mapped) and "branches at once" in mapped.summary()
+    assert mapped.overlap_s == pytest.approx(cost.additive_s - mapping.time_s)
+    # The schedule does not overlap communication inside a unit: all of it counts as exposed.
+    assert mapped.exposed_comm_s == cost.comm_s
+    assert {t.first_device for t in mapped.timeline().tasks} == {0, 1}
+    assert "branches at once" in repr(mapped) and "branches at once" in mapped.summary()
 
 
 def test_more_nodes_never_map_slower_than_one_node_of_them():
@@ -161,7 +161,7 @@ def test_identical_towers_spread_evenly_when_moving_is_free(k, devices, rounds):
     mapping = map_machine(pcg, machine, cost=cost)
     # k towers in `rounds` rounds on `devices` devices: k - rounds towers' time is saved.
     saved = (k - rounds) * tower_s(cost, 0)
-    assert mapping.time_s == pytest.approx(cost.total_s - saved, rel=1e-6)
+    assert mapping.time_s == pytest.approx(cost.additive_s - saved, rel=1e-6)
     check_schedule(pcg, machine, mapping, cost)
 
 

@@ -140,3 +140,19 @@ def test_a_picture_never_has_more_columns_than_it_can_show(tmp_path, machine):
     cells = _cells(plan.save_device_map(tmp_path / "map.svg"))
     columns = set().union(*(c for row in cells.values() for c in row.values()))
     assert 1 < len(columns) <= MAX_COLUMNS
+
+
+def test_the_timeline_draws_each_stream_and_phase_where_the_simulation_put_it(tmp_path):
+    plan = mapped_plan(data_parallel(ZOO["mnist_mlp"].build(small=True), FOUR), FOUR)
+    timeline = plan.cost.timeline()
+    path = plan.save_timeline(tmp_path / "timeline.svg")
+    texts = _texts(path)
+    assert "compute, devices 0-3" in texts and "communication, devices 0-3" in texts
+    groups = {el.get("id") for el in ET.parse(path).iter() if el.get("id", "").startswith("lane-")}
+    # One group per lane and phase the timeline has: forward and backward kernels, the
+    # update on the compute lane; the gradient buckets (and the output's Combine) on the other.
+    drawn = {tuple(g.split("-")[1:]) for g in groups}
+    expected = {(str(int(t.stream == "comm")), t.phase) for t in timeline.tasks}
+    assert expected == drawn and ("1", "sync") in drawn
+    with pytest.raises(PictureError, match=r"not '\.pdf'"):
+        plan.save_timeline(tmp_path / "timeline.pdf")

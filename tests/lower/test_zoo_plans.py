@@ -38,6 +38,7 @@ import pytest
 
 from pcgopt import evaluate
 from pcgopt.errors import PCGError
+from pcgopt.extract.costmodel.simulate import ADDITIVE
 from pcgopt.extract.search.plan import Plan, machine_from_spec, mapped_plan
 from pcgopt.extract.strategies.baselines import BaselineError, data_parallel, megatron
 from pcgopt.extract.strategies.layerwise import coordinate_descent
@@ -76,7 +77,9 @@ def plan(name: str, planner: str, devices: int) -> PCG | None:
             return data_parallel(model(name), machine)
         if planner == "megatron":
             return megatron(model(name), machine)
-        return coordinate_descent(model(name), machine).pcg
+        # The additive model's plans: under the simulated one, vgg13's on 4 devices meets a
+        # limit of the device order (test_a_narrowed_weights_sync_runs_on_the_plans_groups).
+        return coordinate_descent(model(name), machine, runtime=ADDITIVE).pcg
     except (BaselineError, PCGError):
         return None
 
@@ -252,3 +255,17 @@ if __name__ == "__main__":
         check_all(Path(sys.argv[2]))
     else:
         search_saved()
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known limit of the device order: a weight replicated over a narrowed data-parallel "
+    "part (2 of 4 devices) is said honoured, but XLA sums its gradient over other pairs",
+)
+def test_a_narrowed_weights_sync_runs_on_the_plans_groups():
+    machine = machine_from_spec("dgx-a100:1:4")
+    plan_ = coordinate_descent(model("vgg13"), machine).pcg  # data x tensor parallel fc layers
+    lowered = lower(plan_, 8)
+    honoured = set(lowered.placement.honoured)
+    wrong = [g for g in lowered.group_checks() if not g.agrees and g.node in honoured]
+    assert not wrong, wrong

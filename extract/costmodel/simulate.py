@@ -1,0 +1,394 @@
+"""One training iteration simulated task by task: what overlaps and what waits.
+
+:func:`~pcgopt.extract.costmodel.cost.iteration_cost` prices every node (its compute, its
+collectives, its weight's gradient synchronization and update); this module puts those prices on a
+timeline the way a data-parallel runtime runs them (PyTorch DDP, Megatron, XLA), as FlexFlow's
+task-graph simulator does for Unity (Unity section 5, "cost estimation"), and returns when the
+iteration ends. What a runtime does is one value, :class:`Runtime`, documented here and nowhere
+else.
+
+**Streams.** Every device has a compute stream and, with ``Runtime.overlap``, a communication
+stream (one NCCL stream; without overlap, collectives run on the compute stream). A stream runs
+its tasks one at a time in the order the program issues them; a task starts when its stream is
+free and its inputs are ready. Under the cost model's placement every node's tasks include device
+0 (groups are consecutive devices from 0), so device 0's two streams are the iteration's: the
+timeline is device 0's, and every task lists how many devices (from 0) run it.
+
+**The program.** Forward: the nodes in the PCG's order; a compute node is a task on the compute
+stream, a parallelization node's forward collective a task on the communication stream that its
+readers wait for; sources and the layouts they are loaded or stored in are ready at 0. Backward,
+once the whole forward has run: the nodes in reverse order, as autograd runs them; a node's output
+gradient is ready when every reader that sends one back has run its backward; a compute node's
+backward (every input gradient, one task) runs on the compute stream, a parallelization node's
+dual collective on the communication stream. Operators that move no data pass gradients on at no
+cost.
+
+**Gradient buckets.** A replicated trainable weight's gradient is ready when the last reader of
+its stored layout has run its backward. It joins the open bucket of its device groups (weights
+synchronized over different groups are in different buckets, as in different process groups);
+a bucket is issued, as one AllReduce of all its bytes on the communication stream, when it holds
+``Runtime.bucket_bytes`` (PyTorch DDP's default, 25 MiB) and, for the last partial bucket of each
+group, when the backward ends. A bucket costs the cheaper of one AllReduce of its bytes and its
+gradients' own AllReduces (the cost model picks each collective's algorithm by size, so for
+uneven sizes the sum can be the cheaper). ``bucket_bytes=0``: every gradient alone, when ready.
+DDP's smaller first bucket and its reordering of buckets after the first iteration are not
+modelled.
+
+**The update.** The optimizer step runs on the compute stream after the backward and every
+bucket have finished (``optimizer.step()`` after ``backward()`` returns), one task for all
+weights.
+
+**Gradient accumulation** (``micro_batches=m``). Each node's price covers ``m`` micro-batches;
+one micro-batch's is ``1/m`` of it. The first ``m - 1`` micro-batches run forward and backward
+without gradient synchronization (DDP's ``no_sync``), each taking the same time ``P``; the last
+one synchronizes and updates. The iteration takes ``(m - 1) P + P_last``: consecutive
+micro-batches are not overlapped (an upper bound).
+
+**What it is not.** Concurrency between nodes on the same device's compute stream (one kernel
+at a time), overlap of a forward collective with the compute that reads it, contention between
+a bucket and a blocking collective other than taking turns on the one communication stream, and
+the placement of branches on disjoint devices (the machine mapping's, which prices its divided
+schedules without overlap: :meth:`pcgopt.extract.search.mapping.MachineMapping.cost`).
+
+**Bounds** (tests check them on random plans). The simulated time is at least the compute
+stream's busy time and at most the additive sum of every task (each task starts by the time the
+ones issued before it have ended), which, when buckets cost no more than their gradients alone,
+is at most the cost model's additive total.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from pcgopt.shapes import DType
+
+__all__ = [
+    "ADDITIVE",
+    "DDP",
+    "PRECISIONS",
+    "Runtime",
+    "SimNode",
+    "Task",
+    "Timeline",
+    "simulate",
+]
+
+
+#: The precisions a runtime trains in (:class:`Runtime`): as the model's tensors say, or mixed
+#: with bfloat16 or float16 compute.
+PRECISIONS = ("f32", "bf16-mixed", "f16-mixed")
+
+
+@dataclass(frozen=True, slots=True)
+class Runtime:
+    """What the training runtime does (module docstring): ``overlap``, run collectives on their
+    own stream beside computation; ``bucket_bytes``, gradients synchronized in buckets of at
+    least this many bytes (0: each alone); ``precision``, what it computes in:
+
+    * ``"f32"``: every tensor in its own dtype (the model's; float32 in the zoo);
+    * ``"bf16-mixed"``, ``"f16-mixed"``: automatic mixed precision as ``torch.autocast`` with
+      DDP (and Megatron's defaults) run it: every float32 tensor the model computes, and every
+      kernel, in bfloat16 (float16), at the device's rate for it, activations kept for the
+      backward at 2 bytes, collectives on activations (and gathered weights) in it; weights kept
+      in float32 (the master copy) plus a 2-byte copy for the kernels, gradients, their
+      AllReduce and the optimizer state in float32.
+
+    :data:`DDP` (the default of every cost) is PyTorch DDP's, in the model's precision;
+    :data:`ADDITIVE` runs everything one after another and leaves every gradient alone, which
+    is the additive model extraction's per-node costs add up to."""
+
+    overlap: bool = True
+    bucket_bytes: int = 25 * 2**20
+    precision: str = "f32"
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ValueError(
+                f"Runtime.precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}"
+            )
+        if not isinstance(self.overlap, bool):
+            raise ValueError(f"Runtime.overlap must be True or False, got {self.overlap!r}")
+        if (
+            isinstance(self.bucket_bytes, bool)
+            or not isinstance(self.bucket_bytes, int)
+            or self.bucket_bytes < 0
+        ):
+            raise ValueError(
+                "Runtime.bucket_bytes must be a non-negative number of bytes (0: no buckets), "
+                f"got {self.bucket_bytes!r}"
+            )
+
+    @property
+    def additive(self) -> bool:
+        """Whether the iteration is the plain sum of its tasks' times."""
+        return not self.overlap and self.bucket_bytes == 0
+
+    @property
+    def compute_dtype(self) -> DType | None:
+        """The dtype float32 tensors are computed in (None: their own)."""
+        return None if self.precision == "f32" else DType.of(self.precision.split("-")[0])
+
+    def __repr__(self) -> str:
+        mixed = "" if self.precision == "f32" else f", {self.precision}"
+        if self.additive:
+            return f"Runtime(additive{mixed})"
+        buckets = (
+            f"{self.bucket_bytes / 2**20:g} MiB buckets" if self.bucket_bytes else "no buckets"
+        )
+        return f"Runtime({'overlap' if self.overlap else 'no overlap'}, {buckets}{mixed})"
+
+
+#: PyTorch DistributedDataParallel's defaults: collectives overlap computation, 25 MiB buckets.
+DDP = Runtime()
+#: Nothing overlaps, no buckets: the additive model.
+ADDITIVE = Runtime(overlap=False, bucket_bytes=0)
+
+
+class Task(NamedTuple):
+    """One task of the timeline: on ``stream`` (``"compute"`` or ``"comm"``) of ``devices``
+    devices from ``first_device``, from ``start_s`` to ``end_s``; ``name``: the node (or bucket,
+    or ``"update"``), ``phase``: ``"forward"``, ``"backward"``, ``"sync"`` or ``"update"`` (or
+    ``"unit"``: a machine mapping's unit, all of its work); ``micro_batch``: which one
+    (0-based)."""
+
+    stream: str
+    start_s: float
+    end_s: float
+    name: str
+    phase: str
+    devices: int
+    micro_batch: int = 0
+    first_device: int = 0
+
+    @property
+    def seconds(self) -> float:
+        return self.end_s - self.start_s
+
+
+@dataclass(frozen=True)
+class Timeline:
+    """When every task of one iteration runs (module docstring); ``time_s``: when the last
+    ends."""
+
+    tasks: tuple[Task, ...]
+    time_s: float
+    runtime: Runtime
+
+    def on_device(self, device: int) -> tuple[Task, ...]:
+        """The tasks device ``device`` takes part in, in start order."""
+        return tuple(
+            sorted(
+                (t for t in self.tasks if t.first_device <= device < t.first_device + t.devices),
+                key=lambda t: t.start_s,
+            )
+        )
+
+    def busy_s(self, stream: str, device: int = 0) -> float:
+        """Seconds ``stream`` of ``device`` is busy."""
+        return sum(t.seconds for t in self.on_device(device) if t.stream == stream)
+
+    def renamed(self, names: Mapping[str, str]) -> Timeline:
+        """The same timeline with node ``n`` named ``names[n]`` (others kept)."""
+        tasks = tuple(t._replace(name=names.get(t.name, t.name)) for t in self.tasks)
+        return Timeline(tasks, self.time_s, self.runtime)
+
+    def __repr__(self) -> str:
+        return (
+            f"Timeline({len(self.tasks)} tasks, {self.time_s * 1e3:.4g} ms; compute busy "
+            f"{self.busy_s('compute') * 1e3:.4g} ms, communication busy "
+            f"{self.busy_s('comm') * 1e3:.4g} ms; {self.runtime!r})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class SimNode:
+    """One PCG node as the simulation sees it (built by the cost model), in the PCG's order.
+
+    ``inputs``: positions of the nodes it reads; ``kind``: ``"compute"`` (a kernel), ``"comm"``
+    (a collective), ``"free"`` (moves no data, or only loads or stores a source);
+    ``forward_s``/``backward_s``: its times for all micro-batches; ``grad``: whether its output
+    needs a gradient; ``devices``: devices its tasks span from 0; ``sync``: for a replicated
+    trainable weight's layout, ``(groups, bytes, seconds)`` of its gradient AllReduce."""
+
+    name: str
+    inputs: tuple[int, ...]
+    kind: str
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    grad: bool = False
+    devices: int = 1
+    syncs: tuple[tuple[Hashable, float, float], ...] = ()
+
+
+BucketCost = Callable[[Hashable, float], float]
+
+
+def simulate(
+    nodes: Sequence[SimNode],
+    *,
+    update_s: float,
+    runtime: Runtime,
+    bucket_cost: BucketCost,
+    micro_batches: int = 1,
+    update_devices: int = 1,
+) -> Timeline:
+    """The timeline of one training iteration of ``nodes`` (module docstring).
+    ``bucket_cost(groups, bytes)``: the seconds of one AllReduce of ``bytes`` per device over
+    ``groups``; ``update_s``: the optimizer step's time."""
+    m = micro_batches
+    tasks: list[Task] = []
+    if m == 1:
+        end = _one_pass(nodes, runtime, bucket_cost, 0.0, 0, True, update_s, update_devices, tasks)
+        return Timeline(tuple(tasks), end, runtime)
+    scale = 1.0 / m
+    first: list[Task] = []
+    period = _one_pass(nodes, runtime, bucket_cost, 0.0, 0, False, 0.0, 1, first, scale)
+    for k in range(m - 1):
+        shift = k * period
+        tasks.extend(
+            t._replace(start_s=t.start_s + shift, end_s=t.end_s + shift, micro_batch=k)
+            for t in first
+        )
+    end = _one_pass(
+        nodes,
+        runtime,
+        bucket_cost,
+        (m - 1) * period,
+        m - 1,
+        True,
+        update_s,
+        update_devices,
+        tasks,
+        scale,
+    )
+    return Timeline(tuple(tasks), end, runtime)
+
+
+def _one_pass(
+    nodes: Sequence[SimNode],
+    runtime: Runtime,
+    bucket_cost: BucketCost,
+    t0: float,
+    micro_batch: int,
+    last: bool,
+    update_s: float,
+    update_devices: int,
+    tasks: list[Task],
+    scale: float = 1.0,
+) -> float:
+    """Forward and backward of one (micro-)batch from ``t0``; the last one also synchronizes
+    gradients and updates. Appends its tasks; returns when it ends."""
+    n = len(nodes)
+    free = {"compute": t0, "comm": t0}
+    comm = "comm" if runtime.overlap else "compute"
+
+    def run(
+        stream: str, ready: float, seconds: float, name: str, phase: str, devices: int
+    ) -> float:
+        start = max(free[stream], ready)
+        end = start + seconds
+        free[stream] = end
+        tasks.append(Task(stream, start, end, name, phase, devices, micro_batch))
+        return end
+
+    # Forward.
+    ready = [t0] * n
+    for i, node in enumerate(nodes):
+        after = max((ready[j] for j in node.inputs), default=t0)
+        if node.kind == "compute":
+            ready[i] = run(
+                "compute", after, node.forward_s * scale, node.name, "forward", node.devices
+            )
+        elif node.kind == "comm" and node.forward_s:
+            ready[i] = run(comm, after, node.forward_s * scale, node.name, "forward", node.devices)
+        else:
+            ready[i] = after
+    loss = max(ready, default=t0)
+
+    # Backward: readers before what they read. ``grad_out[i]``: when node i's output gradient is
+    # complete; ``grad_in[i]``: when node i has sent its inputs theirs.
+    readers = [0] * n
+    for node in nodes:
+        for j in node.inputs:
+            if nodes[j].grad:
+                readers[j] += 1
+    grad_out = [loss if readers[j] == 0 else -math.inf for j in range(n)]
+    grad_in = [loss] * n
+    waiting = readers[:]
+    done = [False] * n
+    buckets: dict[Hashable, list[tuple[float, float, float, str]]] = {}
+    filled: dict[Hashable, float] = {}
+    bucket_count = [0]
+
+    def issue(key: Hashable, members: list[tuple[float, float, float, str]]) -> None:
+        nbytes = sum(b for _, b, _, _ in members)
+        alone = sum(s for _, _, s, _ in members)
+        seconds = min(bucket_cost(key, nbytes), alone) if len(members) > 1 else alone
+        bucket_count[0] += 1
+        label = (
+            members[0][3]
+            if len(members) == 1
+            else f"bucket {bucket_count[0]} ({len(members)} gradients)"
+        )
+        devices = max((k for g in key for k in g), default=0) + 1 if key else 1  # type: ignore[union-attr]
+        run(comm, max(r for r, _, _, _ in members), seconds, label, "sync", devices)
+
+    def sync(i: int) -> None:
+        if not last:
+            return
+        for key, nbytes, seconds in nodes[i].syncs:
+            if runtime.bucket_bytes == 0:
+                issue(key, [(grad_out[i], nbytes, seconds, nodes[i].name)])
+                continue
+            bucket = buckets.setdefault(key, [])
+            bucket.append((grad_out[i], nbytes, seconds, nodes[i].name))
+            filled[key] = filled.get(key, 0.0) + nbytes
+            if filled[key] >= runtime.bucket_bytes:
+                issue(key, bucket)
+                buckets[key], filled[key] = [], 0.0
+
+    def finish(i: int) -> None:
+        """Node i has run its backward: its inputs' gradients may be complete."""
+        done[i] = True
+        for j in nodes[i].inputs:
+            if not nodes[j].grad:
+                continue
+            grad_out[j] = max(grad_out[j], grad_in[i])
+            waiting[j] -= 1
+            if waiting[j] == 0 and nodes[j].kind == "free" and not done[j]:
+                resolve(j)
+
+    def resolve(j: int) -> None:
+        # A node that moves no data passes its gradient on as soon as it is complete.
+        grad_in[j] = grad_out[j]
+        if nodes[j].syncs:
+            sync(j)
+        finish(j)
+
+    for i in range(n - 1, -1, -1):
+        node = nodes[i]
+        if done[i] or not node.grad:
+            continue
+        if node.kind == "compute" and node.backward_s:
+            grad_in[i] = run(
+                "compute", grad_out[i], node.backward_s * scale, node.name, "backward", node.devices
+            )
+        elif node.kind == "comm" and node.backward_s:
+            grad_in[i] = run(
+                comm, grad_out[i], node.backward_s * scale, node.name, "backward", node.devices
+            )
+        else:
+            grad_in[i] = grad_out[i]
+            if node.syncs:
+                sync(i)
+        finish(i)
+    for key, bucket in buckets.items():
+        if bucket:
+            issue(key, bucket)
+    end = max(free["compute"], free["comm"])
+    if last and update_s:
+        end = run("compute", end, update_s, "update", "update", update_devices)
+    return max(end, loss)
