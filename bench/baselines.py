@@ -40,17 +40,32 @@ def per_gpu_batch(name: str) -> int:
 
 
 def layout(plan: PCG) -> str:
-    """``dpD`` and ``tpT``: the batch split of the inputs and the largest weight split."""
-    dp = tp = 1
+    """``dpD``, ``tpT`` and ``shardS``: the batch split of the inputs, the largest weight split
+    the computation reads split, and the largest split of weights stored split and all-gathered
+    where used (FSDP)."""
+    dp = tp = shard = 1
+    gathered = set()
+    for node in plan.nodes:
+        if node.op == "all_gather":
+            ref = node.inputs[0].node
+            while plan.node(ref).op in ("partition", "replicate"):
+                gathered.add(ref)
+                ref = plan.node(ref).inputs[0].node
     for node in plan.nodes:
         if node.op != "partition":
             continue
         source = plan.node(node.inputs[0].node).op
         if source == "input":
             dp = max(dp, node.params["degree"])
+        elif source == "weight" and node.name in gathered:
+            shard = max(shard, node.params["degree"])
         elif source == "weight":
             tp = max(tp, node.params["degree"])
-    return f"dp{dp}" + (f" x tp{tp}" if tp > 1 else "")
+    return (
+        f"dp{dp}"
+        + (f" x tp{tp}" if tp > 1 else "")
+        + (f", weights sharded {shard}" if shard > 1 else "")
+    )
 
 
 def human_bytes(n: float) -> str:

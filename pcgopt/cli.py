@@ -342,6 +342,34 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate(args: argparse.Namespace) -> int:
+    out = _output(args.out, "--out")
+    assert out is not None  # required
+    if args.measure:
+        from pcgopt.lower.run import host_devices
+
+        host_devices(args.devices)  # before JAX loads: N virtual devices on a CPU
+        from pcgopt.lower.measure import measure_machine
+
+        say = (lambda line: print(line, file=sys.stderr, flush=True)) if not args.quiet else None
+        measured = measure_machine(devices=args.devices, repeats=args.repeats, say=say)
+        machine = measured.machine
+        print(measured.summary())
+    else:
+        from pcgopt.extract.costmodel.calibrate import calibrated, fit_alpha_beta, load_csv
+        from pcgopt.extract.search.plan import machine_from_spec
+
+        if args.machine is None:
+            raise UsageError("--csv needs --machine: the machine whose links the fit replaces")
+        fits = fit_alpha_beta(load_csv(args.csv))
+        machine = calibrated(machine_from_spec(args.machine), fits)
+        for key, fit in fits.items():
+            print(f"{key}: {fit!r}")
+    write_atomically(out, json.dumps(machine.to_dict(), indent=2) + "\n")
+    print(f"wrote {out} (use it with --machine {out})")
+    return 0
+
+
 def _int_list(text: str, what: str) -> list[int]:
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -570,6 +598,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top", type=non_negative_int, default=3, help="programs to show per matrix")
     p.add_argument("--target", choices=("all_reduce", "reduce"), default="all_reduce")
     p.set_defaults(run=_reductions)
+
+    p = sub.add_parser(
+        "calibrate",
+        help="fit a machine file: measure the local devices with JAX, or fit collective timings",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument(
+        "--measure",
+        action="store_true",
+        help="time matmuls, convolutions, memory passes and collectives on the local JAX "
+        "devices (needs pcgopt[jax]; on a CPU, --devices virtual ones)",
+    )
+    source.add_argument(
+        "--csv",
+        metavar="FILE",
+        help="collective timings: collective,group_size,bytes,seconds[,level]",
+    )
+    p.add_argument("--out", required=True, metavar="OUT", help="the machine file to write (.json)")
+    p.add_argument("--devices", type=positive_int, default=8, help="devices to measure (default 8)")
+    p.add_argument(
+        "--repeats", type=positive_int, default=5, help="timings per measurement (default 5)"
+    )
+    p.add_argument(
+        "--machine",
+        metavar="PRESET[:NODES[:GPUS]]",
+        help="with --csv: the machine whose levels' links the fit replaces",
+    )
+    p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.set_defaults(run=_calibrate)
 
     p = sub.add_parser("models", help="list the model zoo, or show one model's sizes")
     p.add_argument("name", nargs="?", help="a zoo model: its sizes, for --set")

@@ -809,8 +809,10 @@ class CostBreakdown:
     ``exposed_comm_s``: how much of ``total_s`` the compute stream waits for communication, and
     :meth:`timeline` what runs when. A machine mapping
     (:meth:`pcgopt.extract.search.mapping.MachineMapping.cost`) that runs independent branches at
-    once on disjoint devices sets ``total_s`` to its schedule's time and ``overlap_s`` to what
-    running branches at once saves, net of moving tensors between them (0 otherwise).
+    once on disjoint devices sets ``total_s`` to its schedule's time, ``overlap_s`` to what that
+    saves over the simulated in-sequence iteration, net of moving tensors between them (0
+    otherwise), ``exposed_comm_s`` to all of ``comm_s`` (its schedule overlaps no communication
+    inside a branch: an upper bound) and the timeline to its units on their device blocks.
     ``comm_bytes``: bytes sent, summed over all devices; ``*_per_level``: by machine level,
     outermost first. ``memory_per_device``: bytes a device holds (``memory`` splits it),
     ``feasible``: whether that fits ``memory_capacity``. ``devices_used``: the most devices any node
@@ -909,10 +911,12 @@ class CostBreakdown:
                 f"    over {name:<{width}}  {_fmt_s(self.comm_s_per_level[name]):>10}  "
                 f"{_fmt_bytes(moved):>10}"
             )
-        lines.append(
-            f"  all in sequence {_fmt_s(self.additive_s):>9}  (the time above is simulated with "
-            f"{self.runtime!r})"
+        how = (
+            "the machine mapping's schedule, branches at once"
+            if self.overlap_s
+            else f"simulated with {self.runtime!r}"
         )
+        lines.append(f"  all in sequence {_fmt_s(self.additive_s):>9}  (the time above is {how})")
         m = self.memory
         lines.append(
             f"  memory per device {_fmt_bytes(m.total)} of {_fmt_bytes(self.memory_capacity)} "

@@ -10,9 +10,10 @@ else.
 **Streams.** Every device has a compute stream and, with ``Runtime.overlap``, a communication
 stream (one NCCL stream; without overlap, collectives run on the compute stream). A stream runs
 its tasks one at a time in the order the program issues them; a task starts when its stream is
-free and its inputs are ready. Under the cost model's placement every node's tasks include device
-0 (groups are consecutive devices from 0), so device 0's two streams are the iteration's: the
-timeline is device 0's, and every task lists how many devices (from 0) run it.
+free and its inputs are ready. Under the cost model's default placement every node's tasks
+include device 0 (groups are consecutive devices from 0), so device 0's two streams are the
+iteration's: the timeline is device 0's, and every task lists how many devices (from 0) run it
+(with explicit device groups, the devices up to the last one its groups name).
 
 **The program.** Forward: the nodes in the PCG's order; a compute node is a task on the compute
 stream, a parallelization node's forward collective a task on the communication stream that its
@@ -38,11 +39,12 @@ modelled.
 bucket have finished (``optimizer.step()`` after ``backward()`` returns), one task for all
 weights.
 
-**Gradient accumulation** (``micro_batches=m``). Each node's price covers ``m`` micro-batches;
-one micro-batch's is ``1/m`` of it. The first ``m - 1`` micro-batches run forward and backward
-without gradient synchronization (DDP's ``no_sync``), each taking the same time ``P``; the last
-one synchronizes and updates. The iteration takes ``(m - 1) P + P_last``: consecutive
-micro-batches are not overlapped (an upper bound).
+**Gradient accumulation** (``micro_batches=m``). Each node's price is the cost model's for the whole
+iteration (a node on the data path runs once per micro-batch; one computed from weights only is
+priced once); each micro-batch is charged ``1/m`` of it. The first ``m - 1`` micro-batches run
+forward and backward without gradient synchronization (DDP's ``no_sync``), each taking the same time
+``P``; the last one synchronizes and updates. The iteration takes ``(m - 1) P + P_last``:
+consecutive micro-batches are not overlapped (an upper bound).
 
 **What it is not.** Concurrency between nodes on the same device's compute stream (one kernel
 at a time), overlap of a forward collective with the compute that reads it, contention between
@@ -92,9 +94,11 @@ class Runtime:
     * ``"bf16-mixed"``, ``"f16-mixed"``: automatic mixed precision as ``torch.autocast`` with
       DDP (and Megatron's defaults) run it: every float32 tensor the model computes, and every
       kernel, in bfloat16 (float16), at the device's rate for it, activations kept for the
-      backward at 2 bytes, collectives on activations (and gathered weights) in it; weights kept
-      in float32 (the master copy) plus a 2-byte copy for the kernels, gradients, their
-      AllReduce and the optimizer state in float32.
+      backward at 2 bytes, collectives on activations in it; weights kept in float32 (the
+      master copy) plus a 2-byte copy for the kernels, gradients, their AllReduce and the
+      optimizer state in float32. A weight stored sharded and gathered where used (FSDP) is
+      gathered, and its gradient reduce-scattered, in the low precision (FSDP's
+      ``MixedPrecision`` default: gradients reduced in the parameters' dtype).
 
     :data:`DDP` (the default of every cost) is PyTorch DDP's, in the model's precision;
     :data:`ADDITIVE` runs everything one after another and leaves every gradient alone, which
@@ -192,7 +196,10 @@ class Timeline:
 
     def renamed(self, names: Mapping[str, str]) -> Timeline:
         """The same timeline with node ``n`` named ``names[n]`` (others kept)."""
-        tasks = tuple(t._replace(name=names.get(t.name, t.name)) for t in self.tasks)
+        tasks = tuple(
+            t._replace(name=names.get(t.name, t.name)) if _names_a_node(t) else t
+            for t in self.tasks
+        )
         return Timeline(tasks, self.time_s, self.runtime)
 
     def __repr__(self) -> str:
@@ -201,6 +208,13 @@ class Timeline:
             f"{self.busy_s('compute') * 1e3:.4g} ms, communication busy "
             f"{self.busy_s('comm') * 1e3:.4g} ms; {self.runtime!r})"
         )
+
+
+def _names_a_node(task: Task) -> bool:
+    """Whether ``task``'s name is a node's (not the update's or a bucket's)."""
+    if task.phase == "update":
+        return False
+    return not (task.phase == "sync" and task.name.startswith("bucket "))
 
 
 @dataclass(frozen=True, slots=True)

@@ -194,10 +194,11 @@ class MachineMapping:
     def cost(self, cost: CostBreakdown) -> CostBreakdown:
         """``cost`` (the cost model's, for the same PCG) under this mapping. A mapping that runs
         no branches at once leaves the cost model's simulated time as it is. One that does
-        takes its schedule's time: ``overlap_s`` is what running branches at once saves, net of
-        transfers, ``exposed_comm_s`` all of the communication (the schedule does not overlap a
-        unit's communication with computation, so this is an upper bound), the timeline is the
-        schedule's units, and the memory is the fullest device's under the mapping."""
+        takes its schedule's time: ``overlap_s`` is what that saves over the simulated
+        in-sequence iteration, net of transfers (negative if it costs more), ``exposed_comm_s``
+        all of the communication (the schedule does not overlap a unit's communication with
+        computation, so this is an upper bound), the timeline is the schedule's units, and the
+        memory is the fullest device's under the mapping."""
         if not self.divided_splits:
             return replace(cost, memory=self.memory)
         units = tuple(
@@ -207,16 +208,18 @@ class MachineMapping:
         return replace(
             cost,
             total_s=self.time_s,
-            overlap_s=self.sequential_s - self.time_s,
+            overlap_s=cost.total_s - self.time_s,
             exposed_comm_s=cost.comm_s,
             memory=self.memory,
             schedule=Timeline(units, self.time_s, cost.runtime),
         )
 
-    def in_sequence(self, memory: MemoryBreakdown) -> MachineMapping:
-        """The same units run one after another from device 0 (what the cost model simulates),
-        with ``memory`` (the cost model's): for when running branches at once is not faster
-        than the simulated iteration that overlaps communication instead."""
+    def in_sequence(self, cost: CostBreakdown) -> MachineMapping:
+        """The same units run one after another from device 0, as the cost model simulates
+        the iteration, whose time (``time_s``) and memory ``cost`` gives: for a plan that runs
+        no branches at once, or when running them at once is not faster than the simulated
+        iteration, which overlaps communication instead. The units keep their own times, one
+        after another (their sum, ``sequential_s``, is the additive time)."""
         t = 0.0
         units = []
         for u in self.units:
@@ -225,11 +228,11 @@ class MachineMapping:
             t += seconds
         return replace(
             self,
-            time_s=self.sequential_s,
+            time_s=cost.total_s,
             transfer_s=0.0,
             units=tuple(units),
             offsets=MappingProxyType(dict.fromkeys(self.offsets, 0)),
-            memory=memory,
+            memory=cost.memory,
             decomposition="every unit in sequence on the first devices",
             divided_splits=0,
         )

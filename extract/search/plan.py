@@ -264,9 +264,10 @@ class Plan:
         return save_device_map(self, path)
 
     def save_timeline(self, path: str | Path) -> Path:
-        """Draws when every task of one iteration runs, as the cost model simulates it
-        (:meth:`CostBreakdown.timeline`), as a Gantt chart to ``path``: ``.svg`` or ``.png``.
-        Needs matplotlib (``pip install 'pcgopt[plot]'``)."""
+        """Draws when every task of one iteration runs (:meth:`CostBreakdown.timeline`: the
+        simulated iteration's tasks, or, for a plan that runs branches at once, the machine
+        mapping's units on their device blocks) as a Gantt chart to ``path``: ``.svg`` or
+        ``.png``. Needs matplotlib (``pip install 'pcgopt[plot]'``)."""
         from pcgopt.extract.search.picture import save_timeline
 
         return save_timeline(self.cost.timeline(), path, report.headline(self)[0])
@@ -454,9 +455,10 @@ def mapped_cost(
             plan, machine, optimizer=optimizer, runtime=runtime, cost=final, devices=placed.devices
         )
         mapping = map_machine(plan, machine, cost=final, devices=placed.devices, cache=cache)
-    if mapping.divided_splits and _rank(final) <= _rank(mapping.cost(final)):
-        # The simulated iteration, which overlaps communication, beats running branches at once.
-        mapping = mapping.in_sequence(final.memory)
+    if not mapping.divided_splits or _rank(final) <= _rank(mapping.cost(final)):
+        # Nothing runs at once, or the simulated iteration, which overlaps communication,
+        # beats running branches at once: the plan runs in sequence, at the simulated time.
+        mapping = mapping.in_sequence(final)
     return placed, mapping, mapping.cost(final)
 
 
@@ -622,8 +624,8 @@ def saturate_and_extract(
     rule files that can rewrite the model. ``optimizer`` and ``runtime`` (what the training
     runtime overlaps and how it buckets gradients, :class:`~pcgopt.extract.Runtime`; default
     PyTorch DDP's) say how every candidate is costed (:func:`~pcgopt.extract.iteration_cost`);
-    extraction inside the e-graph ranks choices by the additive model, and its plans are
-    costed like every other candidate.
+    extraction inside the e-graph ranks choices by the additive model in the model's own
+    precision, and its plans are costed like every other candidate.
 
     ``deterministic``: limit the search by work instead of wall time, so that identical inputs
     give identical plans, whatever the machine's speed or load: ``time_budget_s`` is ignored;

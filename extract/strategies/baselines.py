@@ -555,8 +555,12 @@ def fsdp(pcg: PCG, machine: Machine, *, degree: int | None = None) -> PCG:
     divides is sharded the most ways that divide one, over groups of consecutive devices, and
     its shards replicated over the groups (FSDP's ``HYBRID_SHARD``; FSDP pads a flattened weight
     instead, which a PCG cannot); one no divisor fits stays replicated. The cost model charges
-    one AllGather per use in the forward and keeps the gathered weight until the backward
-    (FSDP's ``SHARD_GRAD_OP``, no re-gather in the backward)."""
+    one AllGather per weight in the forward (shared by its uses) and keeps the gathered weight
+    until the backward (FSDP's ``SHARD_GRAD_OP``, no re-gather in the backward). Under the cost
+    model's default placement, the gathers of a hybrid layout and the shards' gradient sync
+    both run on consecutive devices, which no machine can do at once (optimistic, as for
+    Megatron's hybrid plans); :func:`~pcgopt.extract.search.plan.saturate_and_extract` places
+    them on the hierarchy (P^2) before it compares plans."""
     _check_sequential(pcg)
     batch = batch_size(pcg)
     if degree is None:

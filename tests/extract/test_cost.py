@@ -539,15 +539,11 @@ def test_a_table_smaller_than_its_lookups_or_also_read_densely_syncs_whole():
     assert syncs == [("table.r2", "weight sync", "all_reduce", 1000 * 16 * 4)]
 
 
-def test_total_is_the_sum_of_its_parts():
+def test_the_additive_total_is_the_sum_of_its_parts():
     cost = iteration_cost(fig2b(), TWO_GPUS)
     nodes = cost.per_node.values()
     assert cost.additive_s == pytest.approx(cost.compute_s + cost.comm_s + cost.update_s)
-    # The simulated iteration lies between the compute stream's work and the additive sum.
-    busy = cost.compute_s + cost.update_s
-    assert busy * (1 - 1e-9) <= cost.total_s <= cost.additive_s * (1 + 1e-9)
-    assert cost.exposed_comm_s == pytest.approx(cost.total_s - busy, abs=1e-15)
-    assert cost.total_s == pytest.approx(sum(n.total_s for n in nodes))
+    assert cost.additive_s == pytest.approx(sum(n.total_s for n in nodes))
     assert cost.comm_bytes == sum(n.comm_bytes for n in nodes)
     assert sum(cost.comm_bytes_per_level.values()) == cost.comm_bytes
     assert sum(cost.comm_s_per_level.values()) == pytest.approx(cost.comm_s)

@@ -22,7 +22,13 @@ from pcgopt.testing.strategies import small_pcgs
 
 TWO_GPUS = Machine.preset("summit", nodes=1, devices_per_node=2)
 TWO_NODES = Machine.preset("summit", nodes=2)
-RUNTIMES = (DDP, Runtime(overlap=False), Runtime(bucket_bytes=0), ADDITIVE)
+RUNTIMES = (
+    DDP,
+    Runtime(overlap=False),
+    Runtime(bucket_bytes=0),
+    ADDITIVE,
+    Runtime(precision="bf16-mixed"),
+)
 
 
 def dense_chain(layers: int, width: int = 256, rows: int = 64, degree: int = 2):
@@ -128,6 +134,15 @@ def test_the_simulated_time_lies_between_the_compute_streams_work_and_the_additi
     assert costs[Runtime(overlap=False)].total_s <= costs[ADDITIVE].total_s * (1 + 1e-9)
     assert costs[DDP].total_s <= costs[Runtime(overlap=False)].total_s * (1 + 1e-9)
     assert costs[Runtime(bucket_bytes=0)].total_s <= costs[ADDITIVE].total_s * (1 + 1e-9)
+    # Gradient accumulation keeps the bounds, where the batch divides.
+    try:
+        two = iteration_cost(pcg, machine, micro_batches=2)
+    except CostError as e:
+        assert "micro-batches must divide" in str(e)
+        return
+    busy = two.compute_s + two.update_s
+    assert busy * (1 - 1e-9) <= two.total_s <= two.additive_s * (1 + 1e-9)
+    assert_valid(two.timeline())
 
 
 def test_the_timeline_says_what_each_device_runs():
