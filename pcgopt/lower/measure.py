@@ -4,9 +4,10 @@
 local device at once (so that devices sharing a host share it while they are measured, as they
 do when a plan runs):
 
-* **compute**: matrix products (``n x n`` by ``n x n``) and convolutions of several sizes; one
-  least-squares line ``seconds = flops / peak + launch`` gives the peak FLOP/s (float32) and the
-  launch overhead;
+* **compute**: matrix products (``n x n`` by ``n x n``) of several sizes, one least-squares
+  line ``seconds = flops / peak + launch`` giving the peak FLOP/s (float32) and the launch
+  overhead; convolutions of several sizes, whose best rate is reported beside the peak (the
+  cost model's roofline has one rate per dtype);
 * **memory**: an elementwise pass over arrays of several sizes (read and write), ``seconds =
   bytes / bandwidth + launch``;
 * **collectives**: AllReduce, AllGather, ReduceScatter and AllToAll at several message sizes in
@@ -20,7 +21,10 @@ the fitted rates and the host's memory divided among the devices. On this projec
 it calibrates ``N`` virtual CPU devices; on a GPU host the same call calibrates its GPUs (a
 machine of several hosts needs one level per host boundary: measure on one host, then edit the
 file's outer level, or fit a CSV of cluster timings with ``pcgopt.extract.costmodel.calibrate``).
-Each timing is the median of ``repeats`` runs after one warm-up (compilation).
+Each operation runs as the step of a loop inside one program, once and ``1 + LOOP`` times; the
+difference of the two programs' median times (``repeats`` runs each after one that compiles),
+divided by ``LOOP``, is one step's time, without the program's dispatch (a training step is one
+program of many kernels).
 """
 
 from __future__ import annotations
@@ -46,29 +50,34 @@ MATMUL_SIZES = (128, 256, 512, 768)
 COPY_SIZES = (2**14, 2**16, 2**18, 2**20)
 #: Bytes per device of the collectives' messages.
 MESSAGE_SIZES = (2**12, 2**15, 2**18, 2**20)
+#: Steps in the longer of the two programs each timing compares.
+LOOP = 8
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
 @dataclass(frozen=True)
 class MeasuredMachine:
     """What :func:`measure_machine` measured and fitted: the ``machine``; ``compute``: rows of
-    (FLOPs, seconds) per device; ``copies``: (bytes, seconds); ``collectives``: the
+    (FLOPs, seconds) per device of the matrix products (the fit), ``convolutions`` the same of
+    the convolutions; ``copies``: (bytes, seconds); ``collectives``: the
     :class:`~pcgopt.extract.costmodel.calibrate.Measurement` rows; ``link``: their fit."""
 
     machine: Machine
     compute: tuple[tuple[float, float], ...]
+    convolutions: tuple[tuple[float, float], ...]
     copies: tuple[tuple[float, float], ...]
     collectives: tuple[Measurement, ...]
     link: AlphaBeta
 
     def summary(self) -> str:
         d = self.machine.device
+        conv = max((f / s for f, s in self.convolutions if s > 0), default=0.0)
         return (
             f"{self.machine.num_devices} x {d.name}: peak {d.peak_flops['f32'] / 1e9:.4g} "
-            f"GFLOP/s, memory {d.memory_bandwidth_Bps / 1e9:.4g} GB/s, launch "
-            f"{d.launch_overhead_s * 1e6:.3g} µs; link {self.link!r} (from "
-            f"{len(self.compute)} compute, {len(self.copies)} memory and "
-            f"{len(self.collectives)} collective timings)"
+            f"GFLOP/s (matrix products; convolutions reach {conv / 1e9:.4g}), memory "
+            f"{d.memory_bandwidth_Bps / 1e9:.4g} GB/s, launch {d.launch_overhead_s * 1e6:.3g} "
+            f"µs; link {self.link!r} (from {len(self.compute) + len(self.convolutions)} "
+            f"compute, {len(self.copies)} memory and {len(self.collectives)} collective timings)"
         )
 
 
@@ -129,44 +138,56 @@ def measure_machine(
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise PCGError(f"repeats must be a positive integer, got {repeats!r}")
     flat = Mesh(np.array(have[:count]), ("d",))
-    spread = NamedSharding(flat, PartitionSpec("d"))
 
-    def on_every_device(fn: Callable[..., Any], *shapes: tuple[int, ...]) -> float:
-        """Seconds of ``fn`` run on every device at once on its own blocks of ``shapes``."""
-        args = [
-            jax.device_put(jnp.ones((count * s[0], *s[1:]), jnp.float32), spread) for s in shapes
-        ]
-        mapped = jax.jit(
-            shard_map(
-                fn,
-                mesh=flat,
-                in_specs=tuple(PartitionSpec("d") for _ in shapes),
-                out_specs=PartitionSpec("d"),
-            )
+    def per_step(step: Callable[[Any], Any], shape: tuple[int, ...], mesh: Any, spec: Any) -> float:
+        """Seconds of one ``step`` (a function of a per-device block of ``shape`` to one of
+        the same shape) run on every device at once: programs of 1 and 1 + LOOP steps in a
+        loop, timed, and the difference divided by LOOP, so that the program's dispatch
+        cancels out (a training step is one program of many kernels)."""
+        devices = mesh.devices.size
+        x = jax.device_put(
+            jnp.ones((devices * shape[0], *shape[1:]), jnp.float32), NamedSharding(mesh, spec)
         )
-        return _median_seconds(lambda: mapped(*args), repeats)
 
+        def program(k: int) -> Callable[[], Any]:
+            # Untyped (check_vma=False): a summed value, the same on every device of a group,
+            # is carried on as every device's own block.
+            body = shard_map(
+                lambda b: jax.lax.fori_loop(0, k, lambda _, v: step(v), b),
+                mesh=mesh,
+                in_specs=(spec,),
+                out_specs=spec,
+                check_vma=False,
+            )
+            run = jax.jit(body)
+            return lambda: run(x)
+
+        one, more = program(1), program(1 + LOOP)
+        return max(0.0, (_median_seconds(more, repeats) - _median_seconds(one, repeats)) / LOOP)
+
+    spec = PartitionSpec("d")
     say(f"timing matrix products and convolutions on {count} devices at once")
     compute = []
     for n in MATMUL_SIZES:
-        seconds = on_every_device(lambda a, b: a @ b, (n, n), (n, n))
-        compute.append((2.0 * n**3, seconds))
+        w = jnp.full((n, n), 1.0 / n, jnp.float32)
+        compute.append((2.0 * n**3, per_step(lambda v, w=w: v @ w, (n, n), flat, spec)))
+    convolutions = []
     for channels, size in ((16, 32), (32, 32), (32, 64)):
+        kernel = jnp.full((channels, channels, 3, 3), 1.0 / (9 * channels), jnp.float32)
 
-        def conv(x: Any, w: Any, channels: int = channels, size: int = size) -> Any:
-            x = x.reshape(1, channels, size, size)
-            w = w.reshape(channels, channels, 3, 3)
-            out = jax.lax.conv_general_dilated(x, w, (1, 1), "SAME")
-            return out.reshape(1, -1)
+        def conv(v: Any, kernel: Any = kernel) -> Any:
+            return jax.lax.conv_general_dilated(v, kernel, (1, 1), "SAME")
 
-        seconds = on_every_device(conv, (1, channels * size * size), (1, channels * channels * 9))
-        compute.append((2.0 * channels * channels * 9 * size * size, seconds))
-    per_flop, launch = _line([f for f, _ in compute], [s for _, s in compute], "compute")
+        flops = 2.0 * channels * channels * 9 * size * size
+        convolutions.append((flops, per_step(conv, (1, channels, size, size), flat, spec)))
+    # The peak is the matrix products' (the roofline's one rate); the convolutions' own rate is
+    # reported beside it, for a device where they run slower.
+    per_flop, launch = _line([f for f, _ in compute], [s for _, s in compute], "matmul")
 
     say("timing elementwise passes (memory bandwidth)")
     copies = []
     for n in COPY_SIZES:
-        seconds = on_every_device(lambda x: x * 2.0 + 1.0, (n,))
+        seconds = per_step(lambda v: v * 0.5 + 1.0, (n,), flat, spec)
         copies.append((2.0 * 4 * n, seconds))  # read and write, 4 bytes each
     per_byte, _ = _line([b for b, _ in copies], [s for _, s in copies], "memory")
 
@@ -176,17 +197,9 @@ def measure_machine(
         mesh = Mesh(np.array(have[:count]).reshape(count // group, group), ("g", "d"))
         for kind in COLLECTIVES:
             for nbytes in MESSAGE_SIZES:
-                rows.append(
-                    Measurement(
-                        kind,
-                        group,
-                        nbytes,
-                        _collective_seconds(
-                            jax, jnp, shard_map, mesh, kind, group, nbytes, repeats
-                        ),
-                        level="device",
-                    )
-                )
+                step, block = _collective_step(jax, jnp, kind, group, nbytes)
+                seconds = per_step(step, (block,), mesh, PartitionSpec(("g", "d")))
+                rows.append(Measurement(kind, group, nbytes, seconds, level="device"))
     if not rows:
         raise PCGError("calibration: one device has no collectives to time; use 2 or more")
     link = fit_alpha_beta(rows)["device"]
@@ -200,35 +213,30 @@ def measure_machine(
     machine = Machine(
         levels=(Level("device", count, link.link("switched")),), device=device, name=name
     )
-    return MeasuredMachine(machine, tuple(compute), tuple(copies), tuple(rows), link)
+    return MeasuredMachine(
+        machine, tuple(compute), tuple(convolutions), tuple(copies), tuple(rows), link
+    )
 
 
-def _collective_seconds(
-    jax: Any, jnp: Any, shard_map: Any, mesh: Any, kind: str, group: int, nbytes: int, repeats: int
-) -> float:
-    """One collective over the mesh's ``d`` axis (groups of ``group``), ``nbytes`` per device as
-    :func:`~pcgopt.extract.costmodel.cost.flat_coefficients` counts them."""
-    from jax.sharding import NamedSharding, PartitionSpec
-
+def _collective_step(jax: Any, jnp: Any, kind: str, group: int, nbytes: int) -> tuple[Any, int]:
+    """One collective over the mesh's ``d`` axis (groups of ``group``) as a loop step, and the
+    per-device block it carries: ``nbytes`` per device as
+    :func:`~pcgopt.extract.costmodel.cost.flat_coefficients` counts them. AllGather and
+    ReduceScatter change the block's size, so their steps also slice or tile it back (a memory
+    pass of the message, counted in their time)."""
     elements = max(group, nbytes // 4 // group * group)
     if kind == "all_reduce":
-        fn = lambda x: jax.lax.psum(x, "d")  # noqa: E731
-        block = elements
-    elif kind == "all_gather":  # the message is the gathered output
-        fn = lambda x: jax.lax.all_gather(x, "d", tiled=True)  # noqa: E731
+        return (lambda v: jax.lax.psum(v, "d") * (1.0 / group)), elements
+    if kind == "all_gather":  # the message is the gathered output
         block = elements // group
-    elif kind == "reduce_scatter":  # the message is the input
-        fn = lambda x: jax.lax.psum_scatter(x, "d", tiled=True)  # noqa: E731
-        block = elements
-    else:  # each device's buffer
-        fn = lambda x: jax.lax.all_to_all(x, "d", 0, 0, tiled=True)  # noqa: E731
-        block = elements
-    devices = mesh.devices.size
-    spec = PartitionSpec(("g", "d"))
-    x = jax.device_put(jnp.ones((devices * block,), jnp.float32), NamedSharding(mesh, spec))
-    out_spec = spec
-    mapped = jax.jit(shard_map(fn, mesh=mesh, in_specs=(spec,), out_specs=out_spec))
-    return _median_seconds(lambda: mapped(x), repeats)
+        return (lambda v: jax.lax.all_gather(v, "d", tiled=True)[:block]), block
+    if kind == "reduce_scatter":  # the message is the input
+
+        def scatter(v: Any) -> Any:
+            return jnp.tile(jax.lax.psum_scatter(v, "d", tiled=True), group) * (1.0 / group)
+
+        return scatter, elements
+    return (lambda v: jax.lax.all_to_all(v, "d", 0, 0, tiled=True)), elements  # each buffer
 
 
 def _host_memory() -> int:

@@ -128,6 +128,8 @@ def test_the_simulated_time_lies_between_the_compute_streams_work_and_the_additi
     for runtime, cost in costs.items():
         busy = cost.compute_s + cost.update_s
         assert busy * (1 - 1e-9) <= cost.total_s <= cost.additive_s * (1 + 1e-9), runtime
+        # Nor can it be shorter than the communication stream's work.
+        assert cost.timeline().busy_s("comm") <= cost.total_s * (1 + 1e-9)
         assert_valid(cost.timeline())
     assert costs[ADDITIVE].total_s == costs[ADDITIVE].additive_s
     # Buckets never make it slower than gradients alone, nor overlap than running in turn.

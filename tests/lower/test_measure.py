@@ -20,7 +20,7 @@ from pcgopt.lower.measure import COLLECTIVES, MESSAGE_SIZES, measure_machine
 
 @pytest.fixture(scope="module")
 def measured():
-    return measure_machine(devices=4, repeats=1)
+    return measure_machine(devices=4, repeats=2)
 
 
 def test_the_measured_machine_has_the_devices_and_fitted_rates(measured):
@@ -43,7 +43,7 @@ def test_the_measured_machine_has_the_devices_and_fitted_rates(measured):
 
 def test_calibrate_measure_writes_a_machine_file_the_cli_reads(tmp_path, capsys):
     out = tmp_path / "machine.json"
-    argv = ["calibrate", "--measure", "--devices", "2", "--repeats", "1", "--quiet"]
+    argv = ["calibrate", "--measure", "--devices", "2", "--repeats", "2", "--quiet"]
     assert main([*argv, "--out", str(out)]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     machine = Machine.load(out)
