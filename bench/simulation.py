@@ -8,10 +8,11 @@ Three tables:
 2. Search time with and without it: ``saturate_and_extract(..., deterministic=True)`` on
    BERT-Large and Inception-v3 on 2 Summit nodes with ``runtime=DDP`` and ``runtime=ADDITIVE``,
    each in its own process.
-3. The machine mapping against the simulation: for the data-parallel, Megatron and sequential
-   plans of Unity's seven models on 1, 2, 4 and 8 Summit nodes, how often the mapping DP
-   (which prices units additively) runs branches at once, and how often the simulated
-   in-sequence iteration, which overlaps communication instead, is faster and so replaces it.
+3. The additive estimates against the simulation: for the data-parallel, FSDP, Megatron and
+   sequential plans of Unity's seven models on 1, 2, 4 and 8 Summit nodes, how often the
+   mapping DP (which prices units additively) runs branches at once, how often the simulated
+   in-sequence iteration, which overlaps communication instead, is faster and so replaces it,
+   and how often the additive model picks the same baseline as the simulation.
 
     python bench/simulation.py [--no-write]
 """
@@ -28,7 +29,7 @@ from pcgopt import Machine, models
 from pcgopt.extract import ADDITIVE, BaselineError, CostError, iteration_cost
 from pcgopt.extract.costmodel import cost as cost_module
 from pcgopt.extract.search.mapping import map_machine
-from pcgopt.extract.strategies.baselines import data_parallel, megatron, sequential
+from pcgopt.extract.strategies.baselines import data_parallel, fsdp, megatron, sequential
 
 HEADING = "## The simulated iteration"
 UNITY_MODELS = ("mlp", "bert_large", "dlrm", "xdl", "candle_uno", "resnext50", "inception_v3")
@@ -139,14 +140,17 @@ def mapping_against_simulation() -> tuple[list[str], str]:
         "| model | nodes | plan | simulated in sequence | mapping DP (branches at once) | kept |",
         "|---|---|---|---|---|---|",
     ]
-    plans = divided = replaced = 0
+    plans = divided = replaced = rows_compared = same_best = 0
+    disagree = []
     for name in UNITY_MODELS:
         optimizer = models.ZOO[name].optimizer
         for nodes in (1, 2, 4, 8):
             machine = Machine.preset("summit", nodes=nodes)
             pcg = weak_scaled(name, machine)
+            ranked = {}
             for label, make in (
                 ("data parallel", data_parallel),
+                ("fsdp", fsdp),
                 ("megatron", megatron),
                 ("sequential", sequential),
             ):
@@ -155,6 +159,11 @@ def mapping_against_simulation() -> tuple[list[str], str]:
                     cost = iteration_cost(plan, machine, optimizer=optimizer)
                 except (BaselineError, CostError):
                     continue
+                # Which baseline each model would pick (feasible first).
+                ranked[label] = (
+                    (not cost.feasible, cost.additive_s),
+                    (not cost.feasible, cost.total_s),
+                )
                 plans += 1
                 mapping = map_machine(plan, machine, cost=cost)
                 if not mapping.divided_splits:
@@ -172,9 +181,19 @@ def mapping_against_simulation() -> tuple[list[str], str]:
                     f"{'in sequence' if sequence_wins else 'branches at once'} |"
                 )
                 print(rows[-1], flush=True)
+            if ranked:
+                rows_compared += 1
+                by_additive = min(ranked, key=lambda k: ranked[k][0])
+                by_simulation = min(ranked, key=lambda k: ranked[k][1])
+                same_best += by_additive == by_simulation
+                if by_additive != by_simulation:
+                    disagree.append(f"{name} on {nodes}: {by_additive} -> {by_simulation}")
     summary = (
         f"Of {plans} baseline plans, the mapping DP runs branches at once in {divided}; in "
-        f"{replaced} of those the simulated in-sequence iteration is faster and replaces it."
+        f"{replaced} of those the simulated in-sequence iteration is faster and replaces it. "
+        f"The additive model picks the baseline the simulation picks (of data parallel, FSDP, "
+        f"Megatron and sequential, each in sequence) on {same_best} of {rows_compared} rows"
+        + (f"; where not (additive's -> simulation's): {'; '.join(disagree)}." if disagree else ".")
     )
     return rows, summary
 

@@ -356,13 +356,21 @@ def _calibrate(args: argparse.Namespace) -> int:
         machine = measured.machine
         print(measured.summary())
     else:
-        from pcgopt.extract.costmodel.calibrate import calibrated, fit_alpha_beta, load_csv
+        from pcgopt.extract.costmodel.calibrate import (
+            CalibrationError,
+            calibrated,
+            fit_alpha_beta,
+            load_csv,
+        )
         from pcgopt.extract.search.plan import machine_from_spec
 
         if args.machine is None:
             raise UsageError("--csv needs --machine: the machine whose links the fit replaces")
-        fits = fit_alpha_beta(load_csv(args.csv))
-        machine = calibrated(machine_from_spec(args.machine), fits)
+        try:
+            fits = fit_alpha_beta(load_csv(args.csv))
+            machine = calibrated(machine_from_spec(args.machine), fits)
+        except CalibrationError as e:
+            raise UsageError(f"--csv {args.csv}: {e}") from None
         for key, fit in fits.items():
             print(f"{key}: {fit!r}")
     write_atomically(out, json.dumps(machine.to_dict(), indent=2) + "\n")

@@ -138,20 +138,37 @@ def node_layers(plan: PCG, model_names: Iterable[str]) -> dict[str, str]:
 
 def _weight_input(plan: PCG, node: Node) -> ParallelTensorShape | None:
     """The layout of the trainable weight ``node`` reads (through parallel operators), if any."""
+    found = _weight_layouts(plan, node)
+    return None if found is None else found[0]
+
+
+def _weight_layouts(
+    plan: PCG, node: Node
+) -> tuple[ParallelTensorShape, ParallelTensorShape | None] | None:
+    """The layout of the trainable weight ``node`` reads (through parallel operators), and, if
+    it is gathered on the way (FSDP), the split layout it is stored in; None if it reads none."""
     for r in node.inputs[1:]:
-        ref = r
+        ref, stored = r, None
         while plan.node(ref.node).spec.kind is OpKind.PARALLEL:
-            ref = plan.node(ref.node).inputs[0]
+            step = plan.node(ref.node)
+            if step.op == "all_gather":
+                stored = plan.shape(step.inputs[0])
+            ref = step.inputs[0]
         source = plan.node(ref.node)
         if source.op == "weight" and source.params["trainable"]:
-            return plan.shape(r)
+            return plan.shape(r), stored
     return None
 
 
-def strategy_words(out: ParallelTensorShape, weight: ParallelTensorShape | None) -> str:
+def strategy_words(
+    out: ParallelTensorShape,
+    weight: ParallelTensorShape | None,
+    stored: ParallelTensorShape | None = None,
+) -> str:
     """A node's parallelism in words, from the layout of its output and of the weight it reads:
     the batch dimension split is data parallelism, another split tensor parallelism, partial
-    sums reduction parallelism, copies replication."""
+    sums reduction parallelism, copies replication; ``stored``: the split layout a weight
+    gathered where it is used is kept in (FSDP)."""
     parts = []
     if out.rank and out.degrees[0] > 1:
         parts.append(f"data parallel x{out.degrees[0]}")
@@ -163,7 +180,10 @@ def strategy_words(out: ParallelTensorShape, weight: ParallelTensorShape | None)
     if out.copy_degree > 1:
         parts.append(f"replicated x{out.copy_degree}")
     text = ", ".join(parts) or "one device"
-    if weight is not None and weight.num_shards > 1:
+    if stored is not None and stored.num_shards > 1:
+        split = [f"dim {d} x{k}" for d, k in enumerate(stored.degrees) if k > 1]
+        text += f"; weights stored split {', '.join(split)}, gathered where used"
+    elif weight is not None and weight.num_shards > 1:
         split = [f"dim {d} x{k}" for d, k in enumerate(weight.degrees) if k > 1]
         text += "; weights " + (f"split {', '.join(split)}" if split else "copied")
     return text
@@ -213,9 +233,9 @@ def layer_rows(plan: Plan, model_names: Iterable[str]) -> list[LayerRow]:
             weighted = [n for n in compute if _weight_input(pcg, n) is not None]
             main = max(weighted, key=lambda n: cost.per_node[n.name].flops, default=heaviest)
             out = pcg.output_shapes(main.name)[0]
-            words = strategy_words(out, _weight_input(pcg, main))
+            words = strategy_words(out, *(_weight_layouts(pcg, main) or (None,)))
             kinds = Counter(
-                strategy_words(pcg.output_shapes(n.name)[0], _weight_input(pcg, n))
+                strategy_words(pcg.output_shapes(n.name)[0], *_weight_layouts(pcg, n))  # type: ignore[misc]
                 for n in weighted
             )
             if len(kinds) > 1:

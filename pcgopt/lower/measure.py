@@ -22,15 +22,15 @@ it calibrates ``N`` virtual CPU devices; on a GPU host the same call calibrates 
 machine of several hosts needs one level per host boundary: measure on one host, then edit the
 file's outer level, or fit a CSV of cluster timings with ``pcgopt.extract.costmodel.calibrate``).
 Each operation runs as the step of a loop inside one program, once and ``1 + LOOP`` times; the
-difference of the two programs' median times (``repeats`` runs each after one that compiles),
-divided by ``LOOP``, is one step's time, without the program's dispatch (a training step is one
-program of many kernels).
+difference of the two programs' fastest times (of ``repeats`` runs each after one that
+compiles), divided by ``LOOP``, is one step's time, without the program's dispatch (a training
+step is one program of many kernels). Where noise hides the steps, the loop is made 4 times
+longer once; then the measurement fails, saying so.
 """
 
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -39,7 +39,12 @@ from typing import Any
 import numpy as np
 
 from pcgopt.errors import PCGError
-from pcgopt.extract.costmodel.calibrate import AlphaBeta, Measurement, fit_alpha_beta
+from pcgopt.extract.costmodel.calibrate import (
+    AlphaBeta,
+    CalibrationError,
+    Measurement,
+    fit_alpha_beta,
+)
 from pcgopt.machine import DeviceSpec, Level, Machine
 
 __all__ = ["MeasuredMachine", "measure_machine"]
@@ -81,7 +86,9 @@ class MeasuredMachine:
         )
 
 
-def _median_seconds(run: Callable[[], Any], repeats: int) -> float:
+def _fastest_seconds(run: Callable[[], Any], repeats: int) -> float:
+    """The fastest of ``repeats`` timed runs, after one that compiles: the least disturbed by
+    whatever else the host runs."""
     run()  # compiles
     times = []
     for _ in range(repeats):
@@ -89,7 +96,7 @@ def _median_seconds(run: Callable[[], Any], repeats: int) -> float:
         out = run()
         _block(out)
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return min(times)
 
 
 def _block(out: Any) -> None:
@@ -162,8 +169,16 @@ def measure_machine(
             run = jax.jit(body)
             return lambda: run(x)
 
-        one, more = program(1), program(1 + LOOP)
-        return max(0.0, (_median_seconds(more, repeats) - _median_seconds(one, repeats)) / LOOP)
+        one = _fastest_seconds(program(1), repeats)
+        for steps in (LOOP, 4 * LOOP):  # a longer loop where noise hides the steps
+            seconds = (_fastest_seconds(program(1 + steps), repeats) - one) / steps
+            if seconds > 0:
+                return seconds
+        raise PCGError(
+            f"calibration: one step of a {shape} timing is lost in the host's noise (a program of "
+            f"{1 + 4 * LOOP} steps ran no slower than one of 1); measure again with more --repeats "
+            "or on a quieter host"
+        )
 
     spec = PartitionSpec("d")
     say(f"timing matrix products and convolutions on {count} devices at once")
@@ -202,7 +217,10 @@ def measure_machine(
                 rows.append(Measurement(kind, group, nbytes, seconds, level="device"))
     if not rows:
         raise PCGError("calibration: one device has no collectives to time; use 2 or more")
-    link = fit_alpha_beta(rows)["device"]
+    try:
+        link = fit_alpha_beta(rows)["device"]
+    except CalibrationError as e:
+        raise PCGError(f"calibration: the collective timings cannot be fitted: {e}") from None
     device = DeviceSpec(
         name=f"{have[0].platform} (measured)",
         peak_flops={"f32": 1.0 / per_flop},

@@ -46,6 +46,11 @@ def test_strategies_in_words():
     assert strategy_words(columns, ParallelTensorShape.of((512, 512), degrees=(1, 2))) == (
         "tensor parallel x2 (dim 1), replicated x2; weights split dim 1 x2"
     )
+    # FSDP: the weight is read whole (gathered) but stored split.
+    stored = ParallelTensorShape.of((512, 512), degrees=(4, 1))
+    assert strategy_words(batch_split, copied_weight, stored) == (
+        "data parallel x4; weights stored split dim 0 x4, gathered where used"
+    )
     partial = ParallelTensorShape.of((64, 512), sum_degree=2)
     assert strategy_words(partial, None) == "reduction parallel x2 (partial sums)"
     assert strategy_words(ParallelTensorShape.of((64, 512)), None) == "one device"

@@ -68,6 +68,9 @@ def test_calibrate_from_a_csv_replaces_the_links_of_the_named_levels(tmp_path, c
     assert gpu.link.bandwidth_Bps == pytest.approx(50e9)
     assert main(["calibrate", "--csv", str(csv), "--out", str(out)]) == 2
     assert "--csv needs --machine" in capsys.readouterr().err
+    csv.write_text("collective,group_size,bytes,seconds\nall_reduce,2,1000,-1\n")
+    assert main(argv) == 2
+    assert "column 'seconds'" in capsys.readouterr().err
 
 
 def test_measuring_more_devices_than_jax_has_is_refused():
