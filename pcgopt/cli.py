@@ -371,6 +371,9 @@ def _calibrate(args: argparse.Namespace) -> int:
             machine = calibrated(machine_from_spec(args.machine), fits)
         except CalibrationError as e:
             raise UsageError(f"--csv {args.csv}: {e}") from None
+        except (OSError, UnicodeDecodeError) as e:
+            why = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise UsageError(f"--csv {args.csv}: cannot read it: {why}") from None
         for key, fit in fits.items():
             print(f"{key}: {fit!r}")
     write_atomically(out, json.dumps(machine.to_dict(), indent=2) + "\n")

@@ -875,7 +875,7 @@ class CostBreakdown:
             f"CostBreakdown({_fmt_s(self.total_s)}: compute {_fmt_s(self.compute_s)}, comm "
             f"{_fmt_s(self.comm_s)} (exposed {_fmt_s(self.exposed_comm_s)}), update "
             f"{_fmt_s(self.update_s)}"
-            + (f", branches at once save {_fmt_s(self.overlap_s)}" if self.overlap_s else "")
+            + branches_words(self.overlap_s)
             + f"; moves {_fmt_bytes(self.comm_bytes)}; {_fmt_bytes(self.memory_per_device)} "
             "per device of "
             f"{_fmt_bytes(self.memory_capacity)}, {fits})"
@@ -902,8 +902,10 @@ class CostBreakdown:
         ]
         if self.overlap_s:
             lines.append(
-                f"  branches at once  -{_fmt_s(self.overlap_s):>7}  (machine mapping: "
-                "independent branches on disjoint devices, net of transfers)"
+                f"  branches at once {-self.overlap_s * 1e3:+8.4g} ms  (machine mapping: "
+                "independent branches on disjoint devices, net of transfers"
+                + (", kept to fit memory" if self.overlap_s < 0 else "")
+                + ")"
             )
         width = max(len(name) for name in self.comm_bytes_per_level)
         for name, moved in self.comm_bytes_per_level.items():
@@ -1575,6 +1577,15 @@ def accumulate_to_fit(
 
 
 # --- Readable numbers -----------------------------------------------------------------------------
+
+
+def branches_words(overlap_s: float) -> str:
+    """What running branches at once changes, in a sentence's tail ("" if nothing)."""
+    if overlap_s > 0:
+        return f", branches at once save {_fmt_s(overlap_s)}"
+    if overlap_s < 0:
+        return f", branches at once (to fit memory) cost {_fmt_s(-overlap_s)} more"
+    return ""
 
 
 def _fmt_s(value: float) -> str:

@@ -147,8 +147,10 @@ class MappedUnit:
 class MachineMapping:
     """Where and when every part of a PCG runs (module docstring).
 
-    ``time_s``: the iteration's critical path under the mapping; ``sequential_s``: the same
-    units run one after another (the cost model's total); ``transfer_s``: seconds of tensor
+    ``time_s``: the iteration's critical path under the mapping (for a mapping that runs every
+    unit in sequence, :meth:`in_sequence`: the simulated iteration's time, which overlaps
+    communication, so its units' own times add up to more); ``sequential_s``: the same units
+    run one after another, each at its additive cost; ``transfer_s``: seconds of tensor
     moves between branches in the schedule; ``units``: the schedule; ``offsets``: every node's
     first device; ``memory``: what the fullest device holds under the mapping;
     ``decomposition``: the splits, readable; ``subproblems``/``cache_hits``: the DP's work.

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from pcgopt.extract.costmodel.cost import branches_words
 from pcgopt.graph import PCG, Node
 from pcgopt.machine import Machine
 from pcgopt.ops import OpKind
@@ -343,8 +344,7 @@ def headline(plan: Plan) -> list[str]:
         + (f" ({idle} left idle)" if idle > 0 else "")
         + f"; compute {_fmt_s(c.compute_s)}, communication {_fmt_s(c.comm_s)} "
         f"({_fmt_bytes(c.comm_bytes)}; {_fmt_s(c.exposed_comm_s)} of it not hidden behind "
-        f"compute), update {_fmt_s(c.update_s)} ({c.optimizer})"
-        + (f", branches at once save {_fmt_s(c.overlap_s)}" if c.overlap_s else "")
+        f"compute), update {_fmt_s(c.update_s)} ({c.optimizer})" + branches_words(c.overlap_s)
     )
     lines.append(f"  runtime: {c.runtime!r}; all in sequence {_fmt_s(c.additive_s)}")
     lines.append(

@@ -89,7 +89,7 @@ class MeasuredMachine:
 def _fastest_seconds(run: Callable[[], Any], repeats: int) -> float:
     """The fastest of ``repeats`` timed runs, after one that compiles: the least disturbed by
     whatever else the host runs."""
-    run()  # compiles
+    _block(run())  # compiles, and is done before the clock starts
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
@@ -144,6 +144,8 @@ def measure_machine(
         )
     if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
         raise PCGError(f"repeats must be a positive integer, got {repeats!r}")
+    if count < 2:
+        raise PCGError("calibration times collectives, which need 2 or more devices; got 1")
     flat = Mesh(np.array(have[:count]), ("d",))
 
     def per_step(step: Callable[[Any], Any], shape: tuple[int, ...], mesh: Any, spec: Any) -> float:
@@ -215,8 +217,6 @@ def measure_machine(
                 step, block = _collective_step(jax, jnp, kind, group, nbytes)
                 seconds = per_step(step, (block,), mesh, PartitionSpec(("g", "d")))
                 rows.append(Measurement(kind, group, nbytes, seconds, level="device"))
-    if not rows:
-        raise PCGError("calibration: one device has no collectives to time; use 2 or more")
     try:
         link = fit_alpha_beta(rows)["device"]
     except CalibrationError as e:
@@ -239,9 +239,11 @@ def measure_machine(
 def _collective_step(jax: Any, jnp: Any, kind: str, group: int, nbytes: int) -> tuple[Any, int]:
     """One collective over the mesh's ``d`` axis (groups of ``group``) as a loop step, and the
     per-device block it carries: ``nbytes`` per device as
-    :func:`~pcgopt.extract.costmodel.cost.flat_coefficients` counts them. AllGather and
-    ReduceScatter change the block's size, so their steps also slice or tile it back (a memory
-    pass of the message, counted in their time)."""
+    :func:`~pcgopt.extract.costmodel.cost.flat_coefficients` counts them. Each step keeps its
+    values bounded and its block's size, with one elementwise pass counted in its time (more
+    so where the link is memory, as between virtual CPU devices): AllReduce scales the sum
+    back, AllGather slices its output, ReduceScatter tiles and scales its output; AllToAll
+    needs none."""
     elements = max(group, nbytes // 4 // group * group)
     if kind == "all_reduce":
         return (lambda v: jax.lax.psum(v, "d") * (1.0 / group)), elements

@@ -18,9 +18,20 @@ pytest.importorskip("jax", reason="measuring needs the optional extra pcgopt[jax
 from pcgopt.lower.measure import COLLECTIVES, MESSAGE_SIZES, measure_machine
 
 
+def _measured_twice(measure):
+    """``measure()``, tried again once if the host's load hid what it timed (the suite runs
+    beside other work; what is checked here is the pipeline, not the host's quiet)."""
+    try:
+        return measure()
+    except PCGError as e:
+        if "noise" not in str(e) and "do not grow" not in str(e):
+            raise
+        return measure()
+
+
 @pytest.fixture(scope="module")
 def measured():
-    return measure_machine(devices=4, repeats=2)
+    return _measured_twice(lambda: measure_machine(devices=4, repeats=3))
 
 
 def test_the_measured_machine_has_the_devices_and_fitted_rates(measured):
@@ -43,8 +54,11 @@ def test_the_measured_machine_has_the_devices_and_fitted_rates(measured):
 
 def test_calibrate_measure_writes_a_machine_file_the_cli_reads(tmp_path, capsys):
     out = tmp_path / "machine.json"
-    argv = ["calibrate", "--measure", "--devices", "2", "--repeats", "2", "--quiet"]
-    assert main([*argv, "--out", str(out)]) == 0
+    argv = ["calibrate", "--measure", "--devices", "2", "--repeats", "3", "--quiet"]
+    code = main([*argv, "--out", str(out)])
+    if code != 0 and "noise" in capsys.readouterr().err:
+        code = main([*argv, "--out", str(out)])  # as _measured_twice
+    assert code == 0
     assert f"wrote {out}" in capsys.readouterr().out
     machine = Machine.load(out)
     assert machine.num_devices == 2 and json.loads(out.read_text())["name"] == "measured"
@@ -71,6 +85,9 @@ def test_calibrate_from_a_csv_replaces_the_links_of_the_named_levels(tmp_path, c
     csv.write_text("collective,group_size,bytes,seconds\nall_reduce,2,1000,-1\n")
     assert main(argv) == 2
     assert "column 'seconds'" in capsys.readouterr().err
+    missing = ["calibrate", "--csv", str(tmp_path / "none.csv"), "--machine", "dgx-a100"]
+    assert main([*missing, "--out", str(out)]) == 2
+    assert "cannot read it: No such file or directory" in capsys.readouterr().err
 
 
 def test_measuring_more_devices_than_jax_has_is_refused():
@@ -78,3 +95,5 @@ def test_measuring_more_devices_than_jax_has_is_refused():
         measure_machine(devices=64)
     with pytest.raises(PCGError, match="repeats must be a positive integer"):
         measure_machine(devices=2, repeats=0)
+    with pytest.raises(PCGError, match="need 2 or more devices; got 1"):
+        measure_machine(devices=1)
