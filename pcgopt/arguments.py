@@ -28,23 +28,24 @@ def non_negative_int(text: str) -> int:
     return _integer(text, 0, "an integer >= 0")
 
 
-def positive_number(text: str) -> float:
-    """A finite number > 0 (not NaN, not infinity)."""
+def _number(text: str, zero: bool) -> float:
+    """A finite number > 0, or >= 0 when ``zero`` is allowed."""
+    valid = "a number >= 0" if zero else "a positive number"
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive, finite number, got {text}")
+        raise argparse.ArgumentTypeError(f"expected {valid}, got {text!r}") from None
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        finite = "a finite number >= 0" if zero else "a positive, finite number"
+        raise argparse.ArgumentTypeError(f"expected {finite}, got {text}")
     return value
+
+
+def positive_number(text: str) -> float:
+    """A finite number > 0 (not NaN, not infinity)."""
+    return _number(text, zero=False)
 
 
 def non_negative_number(text: str) -> float:
     """A finite number >= 0."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
-    if not math.isfinite(value) or value < 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text}")
-    return value
+    return _number(text, zero=True)

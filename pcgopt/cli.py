@@ -453,11 +453,8 @@ def _dims_option(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pcgopt", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--version", action="version", version=f"pcgopt {_version()}")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_summary(sub: argparse._SubParsersAction) -> None:
+    """`pcgopt summary`: a PCG's summary."""
     p = sub.add_parser("summary", help="build or load a PCG and print its summary")
     p.add_argument("model", help="zoo name, PCG JSON file or ONNX file")
     _dims_option(p)
@@ -476,6 +473,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dot", metavar="OUT", help="also write a Graphviz picture description")
     p.set_defaults(run=_summary)
 
+
+def _add_optimize(sub: argparse._SubParsersAction) -> None:
+    """`pcgopt optimize`: the search, its budget, runtime and outputs."""
     p = sub.add_parser(
         "optimize", help="find a fast equivalent parallel plan for a model on a machine"
     )
@@ -563,6 +563,9 @@ def build_parser() -> argparse.ArgumentParser:
     _run_options(p)
     p.set_defaults(run=_optimize)
 
+
+def _add_run(sub: argparse._SubParsersAction) -> None:
+    """`pcgopt run`: a plan's training steps on JAX."""
     p = sub.add_parser(
         "run",
         help="run a plan's training steps on JAX devices, checked against the unsharded model",
@@ -593,6 +596,9 @@ def build_parser() -> argparse.ArgumentParser:
     _run_options(p)
     p.set_defaults(run=_run)
 
+
+def _add_reductions(sub: argparse._SubParsersAction) -> None:
+    """`pcgopt reductions`: P^2's placements and reduction programs."""
     p = sub.add_parser(
         "reductions",
         help="placements of parallelism axes and the best reduction programs for them (P^2)",
@@ -610,6 +616,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", choices=("all_reduce", "reduce"), default="all_reduce")
     p.set_defaults(run=_reductions)
 
+
+def _add_calibrate(sub: argparse._SubParsersAction) -> None:
+    """`pcgopt calibrate`: a machine file, measured or fitted."""
     p = sub.add_parser(
         "calibrate",
         help="fit a machine file: measure the local devices with JAX, or fit collective timings",
@@ -639,6 +648,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=_calibrate)
 
+
+def _add_listings(sub: argparse._SubParsersAction) -> None:
+    """`pcgopt models`, `ops` and `equivalent`: the zoo, the operators, two PCGs compared."""
     p = sub.add_parser("models", help="list the model zoo, or show one model's sizes")
     p.add_argument("name", nargs="?", help="a zoo model: its sizes, for --set")
     p.set_defaults(run=_models)
@@ -655,6 +667,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--trials", type=int, default=3)
     p.set_defaults(run=_equivalent)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="pcgopt", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"pcgopt {_version()}")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_summary(sub)
+    _add_optimize(sub)
+    _add_run(sub)
+    _add_reductions(sub)
+    _add_calibrate(sub)
+    _add_listings(sub)
     return parser
 
 

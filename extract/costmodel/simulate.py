@@ -156,7 +156,7 @@ class Task(NamedTuple):
     devices from ``first_device``, from ``start_s`` to ``end_s``; ``name``: the node (or bucket,
     or ``"update"``), ``phase``: ``"forward"``, ``"backward"``, ``"sync"`` or ``"update"`` (or
     ``"unit"``: a machine mapping's unit, all of its work); ``micro_batch``: which one
-    (0-based)."""
+    (0-based); ``of_node``: whether ``name`` is a node's (not a bucket's or the update's)."""
 
     stream: str
     start_s: float
@@ -166,6 +166,7 @@ class Task(NamedTuple):
     devices: int
     micro_batch: int = 0
     first_device: int = 0
+    of_node: bool = True
 
     @property
     def seconds(self) -> float:
@@ -197,8 +198,7 @@ class Timeline:
     def renamed(self, names: Mapping[str, str]) -> Timeline:
         """The same timeline with node ``n`` named ``names[n]`` (others kept)."""
         tasks = tuple(
-            t._replace(name=names.get(t.name, t.name)) if _names_a_node(t) else t
-            for t in self.tasks
+            t._replace(name=names.get(t.name, t.name)) if t.of_node else t for t in self.tasks
         )
         return Timeline(tasks, self.time_s, self.runtime)
 
@@ -208,13 +208,6 @@ class Timeline:
             f"{self.busy_s('compute') * 1e3:.4g} ms, communication busy "
             f"{self.busy_s('comm') * 1e3:.4g} ms; {self.runtime!r})"
         )
-
-
-def _names_a_node(task: Task) -> bool:
-    """Whether ``task``'s name is a node's (not the update's or a bucket's)."""
-    if task.phase == "update":
-        return False
-    return not (task.phase == "sync" and task.name.startswith("bucket "))
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,12 +293,18 @@ def _one_pass(
     comm = "comm" if runtime.overlap else "compute"
 
     def run(
-        stream: str, ready: float, seconds: float, name: str, phase: str, devices: int
+        stream: str,
+        ready: float,
+        seconds: float,
+        name: str,
+        phase: str,
+        devices: int,
+        of_node: bool = True,
     ) -> float:
         start = max(free[stream], ready)
         end = start + seconds
         free[stream] = end
-        tasks.append(Task(stream, start, end, name, phase, devices, micro_batch))
+        tasks.append(Task(stream, start, end, name, phase, devices, micro_batch, 0, of_node))
         return end
 
     # Forward.
@@ -348,7 +347,8 @@ def _one_pass(
             else f"bucket {bucket_count[0]} ({len(members)} gradients)"
         )
         devices = max((k for g in key for k in g), default=0) + 1 if key else 1  # type: ignore[union-attr]
-        run(comm, max(r for r, _, _, _ in members), seconds, label, "sync", devices)
+        ready = max(r for r, _, _, _ in members)
+        run(comm, ready, seconds, label, "sync", devices, of_node=len(members) == 1)
 
     def sync(i: int) -> None:
         if not last:
@@ -404,5 +404,5 @@ def _one_pass(
             issue(key, bucket)
     end = max(free["compute"], free["comm"])
     if last and update_s:
-        end = run("compute", end, update_s, "update", "update", update_devices)
+        end = run("compute", end, update_s, "update", "update", update_devices, of_node=False)
     return max(end, loss)

@@ -455,11 +455,13 @@ def mapped_cost(
             plan, machine, optimizer=optimizer, runtime=runtime, cost=final, devices=placed.devices
         )
         mapping = map_machine(plan, machine, cost=final, devices=placed.devices, cache=cache)
-    if not mapping.divided_splits or _rank(final) <= _rank(mapping.cost(final)):
+    mapped = mapping.cost(final)
+    if not mapping.divided_splits or _rank(final) <= _rank(mapped):
         # Nothing runs at once, or the simulated iteration, which overlaps communication,
         # beats running branches at once: the plan runs in sequence, at the simulated time.
         mapping = mapping.in_sequence(final)
-    return placed, mapping, mapping.cost(final)
+        mapped = mapping.cost(final)
+    return placed, mapping, mapped
 
 
 def _rank(cost: CostBreakdown) -> tuple[bool, float]:
@@ -666,28 +668,17 @@ def saturate_and_extract(
         deterministic,
     )
     clock, say, phases = search.clock, search.say, search.phases
-    input_cost = iteration_cost(pcg, machine, optimizer=optimizer, runtime=runtime)
+    input_cost = search.cost(pcg)
 
-    layerwise: dict[str, tuple[PCG, CostBreakdown] | None] = {}
-    if baselines:
-        start = time.perf_counter()
-        layerwise = _layerwise_searches(pcg, machine, optimizer, runtime, clock, say, deterministic)
-        phases["layer-wise search"] = time.perf_counter() - start
-    extra: dict[str, tuple[PCG, CostBreakdown] | None] = {
-        f"seed {k}": (seed, iteration_cost(seed, machine, optimizer=optimizer, runtime=runtime))
-        for k, seed in enumerate(seeds)
-    }
+    layerwise, extra = _seed_phase(search, baselines, seeds)
     seed_plans = [
         v[0] for v in (*layerwise.values(), *extra.values()) if v is not None and v[0] != pcg
     ]
-
     fixed, baseline_plans = _baseline_phase(search, baselines)
     extracted, explored = _explore(search, seed_plans, baseline_plans, split, min_segment_ops)
 
     candidates: dict[str, tuple[PCG, CostBreakdown] | None] = {
-        name: None
-        if plan is None
-        else (plan, iteration_cost(plan, machine, optimizer=optimizer, runtime=runtime))
+        name: None if plan is None else (plan, search.cost(plan))
         for name, plan in extracted.items()
     }
     candidates["input as given"] = (pcg, input_cost)
@@ -707,11 +698,7 @@ def saturate_and_extract(
 
     chosen, (best, best_cost) = _best(candidates, failed)
     say(f"chose {chosen}: {best_cost.total_s * 1e3:.4g} ms per iteration")
-    start = time.perf_counter()
-    if check:
-        say("checking the plan against the input with the reference evaluator")
-    verdict = _check(pcg, best, check_flops_limit) if check else "not checked (check=False)"
-    phases["check"] = time.perf_counter() - start
+    verdict = _check_phase(search, best, check, check_flops_limit)
     stats = explored.stats(candidates, chosen, phases)
     return Plan(
         pcg=best,
@@ -727,6 +714,40 @@ def saturate_and_extract(
         machine_mapping=mappings[chosen],
         model_node_names=frozenset(n.name for n in pcg.nodes),
     )
+
+
+def _seed_phase(
+    search: _Search, baselines: bool, seeds: Sequence[PCG]
+) -> tuple[dict[str, tuple[PCG, CostBreakdown] | None], dict[str, tuple[PCG, CostBreakdown]]]:
+    """The seeds phase: the layer-wise searches' plans (if ``baselines``) and the caller's
+    ``seeds``, each with its cost; they are candidates and seed the e-graph."""
+    layerwise: dict[str, tuple[PCG, CostBreakdown] | None] = {}
+    if baselines:
+        start = time.perf_counter()
+        layerwise = _layerwise_searches(
+            search.pcg,
+            search.machine,
+            search.optimizer,
+            search.runtime,
+            search.clock,
+            search.say,
+            search.deterministic,
+        )
+        search.phases["layer-wise search"] = time.perf_counter() - start
+    extra = {f"seed {k}": (seed, search.cost(seed)) for k, seed in enumerate(seeds)}
+    return layerwise, extra
+
+
+def _check_phase(search: _Search, best: PCG, check: bool, flops_limit: float) -> str:
+    """The check phase: ``best`` verified against the input by the reference evaluator (if
+    ``check``); what was found."""
+    start = time.perf_counter()
+    verdict = "not checked (check=False)"
+    if check:
+        search.say("checking the plan against the input with the reference evaluator")
+        verdict = _check(search.pcg, best, flops_limit)
+    search.phases["check"] = time.perf_counter() - start
+    return verdict
 
 
 def _checked_arguments(
@@ -769,7 +790,7 @@ def _best(
             "no candidate plan could be placed and mapped: "
             + "; ".join(dict.fromkeys(failed.values()))
         )
-    return min(left, key=lambda item: (not item[1][1].feasible, item[1][1].total_s))
+    return min(left, key=lambda item: _rank(item[1][1]))
 
 
 def _layerwise_searches(
@@ -918,7 +939,7 @@ def _branch_parallel(search: _Search) -> tuple[PCG, CostBreakdown] | None:
     say(repr(branches) if branches else "branch parallel: no branch narrows")
     if branches is None:
         return None
-    return branches.pcg, iteration_cost(branches.pcg, machine, optimizer=optimizer, runtime=runtime)
+    return branches.pcg, search.cost(branches.pcg)
 
 
 def _in_model_names(pcg: PCG, candidates: dict[str, tuple[PCG, CostBreakdown] | None]) -> None:
@@ -1042,6 +1063,10 @@ class _Search:
     phases: dict[str, float] = field(default_factory=dict)
     # branch_views' answer (or why there is none), once computed.
     _views: list[tuple[ElasticViews | None, PCGError | None]] = field(default_factory=list)
+
+    def cost(self, plan: PCG) -> CostBreakdown:
+        """``plan``'s cost under the search's optimizer and runtime."""
+        return iteration_cost(plan, self.machine, optimizer=self.optimizer, runtime=self.runtime)
 
     @property
     def rewrite_options(self) -> dict[str, Any]:

@@ -538,12 +538,18 @@ def _prune(pcg: PCG) -> PCG:
 def data_parallel(pcg: PCG, machine: Machine, *, degree: int | None = None) -> PCG:
     """Data parallelism over ``degree`` devices (default: the largest that divides the batch
     and fits the machine): inputs split by batch, weights replicated, outputs combined."""
+    return _data_parallel(pcg, machine, degree, shard_weights=False)
+
+
+def _data_parallel(pcg: PCG, machine: Machine, degree: int | None, *, shard_weights: bool) -> PCG:
+    """Data parallelism over ``degree`` devices (default: the largest that divides the batch
+    and fits the machine), weights replicated or (``shard_weights``) stored sharded."""
     _check_sequential(pcg)
     batch = batch_size(pcg)
     if degree is None:
         degree = largest_divisor(batch, machine.num_devices)
     _check_degree(pcg, machine, degree, batch, "degree")
-    return _Lowering(pcg, degree).run()
+    return _Lowering(pcg, degree, shard_weights=shard_weights).run()
 
 
 def fsdp(pcg: PCG, machine: Machine, *, degree: int | None = None) -> PCG:
@@ -561,12 +567,7 @@ def fsdp(pcg: PCG, machine: Machine, *, degree: int | None = None) -> PCG:
     both run on consecutive devices, which no machine can do at once (optimistic, as for
     Megatron's hybrid plans); :func:`~pcgopt.extract.search.plan.saturate_and_extract` places
     them on the hierarchy (P^2) before it compares plans."""
-    _check_sequential(pcg)
-    batch = batch_size(pcg)
-    if degree is None:
-        degree = largest_divisor(batch, machine.num_devices)
-    _check_degree(pcg, machine, degree, batch, "degree")
-    return _Lowering(pcg, degree, shard_weights=True).run()
+    return _data_parallel(pcg, machine, degree, shard_weights=True)
 
 
 def _check_degree(pcg: PCG, machine: Machine, degree: int, batch: int, what: str) -> None:
