@@ -241,6 +241,7 @@ def _optimize(args: argparse.Namespace) -> int:
         overlap=not args.no_overlap,
         bucket_bytes=round(args.bucket_mb * 2**20),
         precision=precision,
+        zero_stage=args.zero_stage,
     )
     machine = machine_from_spec(args.machine) if args.machine is not None else default_machine()
     pcg = load_model(args.model, small=args.small, overrides=args.set, dims=args.dims)
@@ -532,6 +533,15 @@ def _add_optimize(sub: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="what training computes in: f32, bf16-mixed or f16-mixed (automatic mixed "
         "precision, float32 master weights; default: the zoo model's, f32 for files)",
+    )
+    p.add_argument(
+        "--zero-stage",
+        type=int,
+        choices=(0, 1, 2),
+        default=0,
+        help="shard the optimizer state (1) and also the gradients (2) of every weight kept in "
+        "copies over its copies, as ZeRO does, for every plan (default 0: the search also tries "
+        "ZeRO-1 and ZeRO-2 on the data-parallel plan)",
     )
     p.add_argument("--small", action="store_true", help="the zoo model's small test variant")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")

@@ -128,7 +128,12 @@ def test_optimize_takes_the_runtime_it_costs_plans_for_and_draws_its_timeline(tm
     )
     assert "runtime: Runtime(additive, f16-mixed)" in capsys.readouterr().out
     cost = json.loads(j.read_text())["cost"]
-    assert cost["runtime"] == {"overlap": False, "bucket_bytes": 0, "precision": "f16-mixed"}
+    assert cost["runtime"] == {
+        "overlap": False,
+        "bucket_bytes": 0,
+        "precision": "f16-mixed",
+        "zero_stage": 0,
+    }
     assert cost["total_s"] == cost["additive_s"]
     assert 'id="lane-0-forward"' in t.read_text()
     assert main([*argv, "--precision", "bf16-mixed", "--quiet"]) == 2  # V100s have no bf16
@@ -137,6 +142,13 @@ def test_optimize_takes_the_runtime_it_costs_plans_for_and_draws_its_timeline(tm
     assert "--precision: unknown 'fp8'" in capsys.readouterr().err
     assert main([*argv, "--timeline", str(tmp_path / "t.pdf")]) == 2
     assert "--timeline" in capsys.readouterr().err
+    z = tmp_path / "zero.json"
+    assert main([*argv, "--quiet", "--no-check", "--json", str(z), "--zero-stage", "2"]) == 0
+    assert ", ZeRO-2)" in capsys.readouterr().out
+    assert json.loads(z.read_text())["cost"]["runtime"]["zero_stage"] == 2
+    with pytest.raises(SystemExit):
+        main([*argv, "--zero-stage", "3"])
+    assert "invalid choice: 3" in capsys.readouterr().err
 
 
 def test_optimize_deterministic_writes_the_same_plan_twice(tmp_path, capsys):

@@ -997,8 +997,11 @@ class _Acc:
     grad_inputs: int = 0
     devices: int = 1
     collectives: list[CollectiveCost] = field(default_factory=list)
-    # A replicated trainable weight's gradient AllReduces, for the simulation's buckets.
-    syncs: list[tuple[tuple[tuple[int, ...], ...], float, float]] = field(default_factory=list)
+    # A replicated trainable weight's gradient synchronizations (groups, bytes, seconds, and
+    # under ZeRO its gathered update's seconds), for the simulation's buckets.
+    syncs: list[tuple[tuple[tuple[int, ...], ...], float, float, float]] = field(
+        default_factory=list
+    )
 
     def add(self, cost: CollectiveCost, purpose: str) -> None:
         self.collectives.append(replace(cost, purpose=purpose))
@@ -1251,6 +1254,8 @@ class _Iteration:
         self.source_of, self.stored_below = source_layouts(pcg)
         self.consumers = pcg.consumers()
         self._gradient_rows: dict[str, int | None] = {}
+        # Under ZeRO: how many ways the optimizer of a weight layout stored in copies is sharded.
+        self.zero_ways: dict[str, int] = {}
 
     def computed(self, shape: ParallelTensorShape) -> ParallelTensorShape:
         """``shape`` in the dtype the runtime computes it in (mixed precision: float32 in
@@ -1357,14 +1362,22 @@ class _Iteration:
             for kind, purpose in parallel_collectives(n.op, self.needs_grad[n.inputs[0].node]):
                 a.add(self.collective(kind, groups, nbytes, n.name), purpose)
         elif n.op == "replicate" and self.needs_grad[n.name]:
-            # A replicated trainable weight: every copy must receive the summed gradient.
+            # A replicated trainable weight: every copy must receive the summed gradient (under
+            # ZeRO-2 its shard of it), and under ZeRO its updated weight is gathered.
+            zero = self.runtime.zero_stage
             for layout in self.stored_below[n.name]:
                 shape = pcg.shape(layout)
                 groups = placement.groups(n, degree, shape.num_shards)
                 touched = self.touched_bytes(self.source_of[n.name], shape)
-                sync = self.collective("all_reduce", groups, touched)
+                sync = self.collective(self.runtime.sync_collective, groups, touched)
                 a.add(sync, "weight sync")
-                a.syncs.append((groups, touched, sync.seconds))
+                gather = 0.0
+                if zero:
+                    gathered = self.collective("all_gather", groups, touched)
+                    a.add(gathered, "weight sync")
+                    gather = gathered.seconds
+                    self.zero_ways[layout] = len(groups[0])
+                a.syncs.append((groups, touched, sync.seconds, gather))
         else:
             placement.groups(n, degree, width)  # still on the machine
         return width
@@ -1389,11 +1402,16 @@ class _Iteration:
                 weights += size + copy
                 acc[n.name].memory_bytes += size + copy
                 if trainable:
-                    gradients += size
-                    states += opt.states * size
-                    acc[n.name].memory_bytes += (1 + opt.states) * size
+                    # ZeRO (Runtime.zero_stage): each copy keeps 1/ways of the optimizer state
+                    # (and of the gradient, from stage 2) and updates that part.
+                    ways = self.zero_ways.get(layout, 1)
+                    gradient = -(-size // ways) if self.runtime.zero_stage >= 2 else size
+                    state = opt.states * -(-size // ways)
+                    gradients += gradient
+                    states += state
+                    acc[n.name].memory_bytes += gradient + state
                     touched = self.touched_bytes(n.name, pcg.shape(layout))
-                    acc[n.name].update_s += update_s(touched, opt, device)
+                    acc[n.name].update_s += update_s(-(-touched // ways), opt, device)
         kept: dict[TensorRef, None] = {}
         for n in pcg.nodes:
             if acc[n.name].grad_inputs:
@@ -1491,8 +1509,8 @@ class _Iteration:
                 )
             )
 
-        def bucket_cost(groups, nbytes: float) -> float:
-            return self.collective("all_reduce", groups, nbytes).seconds
+        def bucket_cost(groups, nbytes: float, kind: str) -> float:
+            return self.collective(kind, groups, nbytes).seconds
 
         return simulate(
             sim,

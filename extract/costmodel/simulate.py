@@ -37,7 +37,9 @@ modelled.
 
 **The update.** The optimizer step runs on the compute stream after the backward and every
 bucket have finished (``optimizer.step()`` after ``backward()`` returns), one task for all
-weights.
+weights. Under ZeRO (``Runtime.zero_stage``) each device updates its shard of every weight
+stored in copies, and the updated weights are then all-gathered on the communication stream, one
+task per gradient bucket, the cheaper of one all-gather of its bytes and its weights' own.
 
 **Gradient accumulation** (``micro_batches=m``). Each node's price is the cost model's for the whole
 iteration (a node on the data path runs once per micro-batch; one computed from weights only is
@@ -71,6 +73,7 @@ __all__ = [
     "ADDITIVE",
     "DDP",
     "PRECISIONS",
+    "ZERO_STAGES",
     "Runtime",
     "SimNode",
     "Task",
@@ -82,6 +85,8 @@ __all__ = [
 #: The precisions a runtime trains in (:class:`Runtime`): as the model's tensors say, or mixed
 #: with bfloat16 or float16 compute.
 PRECISIONS = ("f32", "bf16-mixed", "f16-mixed")
+#: The optimizer shardings a runtime can apply (:class:`Runtime`): none, ZeRO-1, ZeRO-2.
+ZERO_STAGES = (0, 1, 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +105,23 @@ class Runtime:
       gathered, and its gradient reduce-scattered, in the low precision (FSDP's
       ``MixedPrecision`` default: gradients reduced in the parameters' dtype).
 
+    ``zero_stage``: how the optimizer of a weight stored in identical copies (one whose
+    gradient is synchronized) is sharded over the copies, as ZeRO does (weights sharded too,
+    ZeRO-3, is a layout, not a runtime option: :func:`~pcgopt.extract.strategies.baselines.fsdp`):
+
+    * ``0``: every copy keeps the whole optimizer state and gradient and updates the whole
+      weight (DDP);
+    * ``1``: ZeRO-1 (PyTorch's ``ZeroRedundancyOptimizer`` with DDP): each copy keeps and
+      updates ``1/p`` of the optimizer state (``p`` the copies), the gradients are all-reduced
+      in buckets as DDP does, and after the update the updated weights are all-gathered, in the
+      same buckets, in the weights' dtype (float32: with autocast the parameters are the master
+      copy);
+    * ``2``: ZeRO-2 (DeepSpeed stage 2 with ``overlap_comm``): also gradients kept for the
+      shard only, each bucket reduce-scattered instead of all-reduced; the same update and
+      all-gather.
+
+    The gathers run on the communication stream after the update (the next forward needs
+    them); the buffer of a bucket in flight is not counted in memory.
     :data:`DDP` (the default of every cost) is PyTorch DDP's, in the model's precision;
     :data:`ADDITIVE` runs everything one after another and leaves every gradient alone, which
     is the additive model extraction's per-node costs add up to."""
@@ -107,6 +129,7 @@ class Runtime:
     overlap: bool = True
     bucket_bytes: int = 25 * 2**20
     precision: str = "f32"
+    zero_stage: int = 0
 
     def __post_init__(self) -> None:
         if self.precision not in PRECISIONS:
@@ -124,6 +147,11 @@ class Runtime:
                 "Runtime.bucket_bytes must be a non-negative number of bytes (0: no buckets), "
                 f"got {self.bucket_bytes!r}"
             )
+        if isinstance(self.zero_stage, bool) or self.zero_stage not in ZERO_STAGES:
+            raise ValueError(
+                f"Runtime.zero_stage must be one of {', '.join(map(str, ZERO_STAGES))} (ZeRO-3 "
+                f"is the fsdp layout), got {self.zero_stage!r}"
+            )
 
     @property
     def additive(self) -> bool:
@@ -135,8 +163,15 @@ class Runtime:
         """The dtype float32 tensors are computed in (None: their own)."""
         return None if self.precision == "f32" else DType.of(self.precision.split("-")[0])
 
+    @property
+    def sync_collective(self) -> str:
+        """The collective a bucket of gradients is synchronized with."""
+        return "reduce_scatter" if self.zero_stage >= 2 else "all_reduce"
+
     def __repr__(self) -> str:
         mixed = "" if self.precision == "f32" else f", {self.precision}"
+        if self.zero_stage:
+            mixed += f", ZeRO-{self.zero_stage}"
         if self.additive:
             return f"Runtime(additive{mixed})"
         buckets = (
@@ -217,8 +252,10 @@ class SimNode:
     ``inputs``: positions of the nodes it reads; ``kind``: ``"compute"`` (a kernel), ``"comm"``
     (a collective), ``"free"`` (moves no data, or only loads or stores a source);
     ``forward_s``/``backward_s``: its times for all micro-batches; ``grad``: whether its output
-    needs a gradient; ``devices``: devices its tasks span from 0; ``sync``: for a replicated
-    trainable weight's layout, ``(groups, bytes, seconds)`` of its gradient AllReduce."""
+    needs a gradient; ``devices``: devices its tasks span from 0; ``syncs``: for a replicated
+    trainable weight's layout, ``(groups, bytes, seconds, gather_seconds)``: its gradient's
+    synchronization (:attr:`Runtime.sync_collective`) alone, and, under ZeRO, the all-gather of
+    its updated weight alone (0 without)."""
 
     name: str
     inputs: tuple[int, ...]
@@ -227,10 +264,13 @@ class SimNode:
     backward_s: float = 0.0
     grad: bool = False
     devices: int = 1
-    syncs: tuple[tuple[Hashable, float, float], ...] = ()
+    syncs: tuple[tuple[Hashable, float, float, float], ...] = ()
 
 
-BucketCost = Callable[[Hashable, float], float]
+#: ``bucket_cost(groups, bytes, collective)``: the seconds of one ``collective``
+#: (``"all_reduce"``, ``"reduce_scatter"``, ``"all_gather"``) of ``bytes`` per device over
+#: ``groups``.
+BucketCost = Callable[[Hashable, float, str], float]
 
 
 def simulate(
@@ -243,8 +283,8 @@ def simulate(
     update_devices: int = 1,
 ) -> Timeline:
     """The timeline of one training iteration of ``nodes`` (module docstring).
-    ``bucket_cost(groups, bytes)``: the seconds of one AllReduce of ``bytes`` per device over
-    ``groups``; ``update_s``: the optimizer step's time."""
+    ``bucket_cost``: a bucket's collective (:data:`BucketCost`); ``update_s``: the optimizer
+    step's time."""
     m = micro_batches
     tasks: list[Task] = []
     if m == 1:
@@ -332,33 +372,41 @@ def _one_pass(
     grad_in = [loss] * n
     waiting = readers[:]
     done = [False] * n
-    buckets: dict[Hashable, list[tuple[float, float, float, str]]] = {}
+    # A bucket's member: (ready, bytes, sync seconds alone, gather seconds alone, node name).
+    Member = tuple[float, float, float, float, str]
+    buckets: dict[Hashable, list[Member]] = {}
     filled: dict[Hashable, float] = {}
-    bucket_count = [0]
+    issued: list[tuple[Hashable, list[Member]]] = []
 
-    def issue(key: Hashable, members: list[tuple[float, float, float, str]]) -> None:
-        nbytes = sum(b for _, b, _, _ in members)
-        alone = sum(s for _, _, s, _ in members)
-        seconds = min(bucket_cost(key, nbytes), alone) if len(members) > 1 else alone
-        bucket_count[0] += 1
-        label = (
-            members[0][3]
-            if len(members) == 1
-            else f"bucket {bucket_count[0]} ({len(members)} gradients)"
-        )
+    def bucket_task(
+        key: Hashable, members: list[Member], kind: str, alone: float, ready: float, label: str
+    ) -> None:
+        """One collective over a bucket: the cheaper of one of all its bytes and its members'
+        own; named by its node if it has one member, else ``label``."""
+        nbytes = sum(m[1] for m in members)
+        seconds = min(bucket_cost(key, nbytes, kind), alone) if len(members) > 1 else alone
+        if len(members) == 1:
+            label = members[0][4]
         devices = max((k for g in key for k in g), default=0) + 1 if key else 1  # type: ignore[union-attr]
-        ready = max(r for r, _, _, _ in members)
         run(comm, ready, seconds, label, "sync", devices, of_node=len(members) == 1)
+
+    def issue(key: Hashable, members: list[Member]) -> None:
+        issued.append((key, members))
+        alone = sum(m[2] for m in members)
+        ready = max(m[0] for m in members)
+        label = f"bucket {len(issued)} ({len(members)} gradients)"
+        bucket_task(key, members, runtime.sync_collective, alone, ready, label)
 
     def sync(i: int) -> None:
         if not last:
             return
-        for key, nbytes, seconds in nodes[i].syncs:
+        for key, nbytes, seconds, gather in nodes[i].syncs:
+            member = (grad_out[i], nbytes, seconds, gather, nodes[i].name)
             if runtime.bucket_bytes == 0:
-                issue(key, [(grad_out[i], nbytes, seconds, nodes[i].name)])
+                issue(key, [member])
                 continue
             bucket = buckets.setdefault(key, [])
-            bucket.append((grad_out[i], nbytes, seconds, nodes[i].name))
+            bucket.append(member)
             filled[key] = filled.get(key, 0.0) + nbytes
             if filled[key] >= runtime.bucket_bytes:
                 issue(key, bucket)
@@ -405,4 +453,12 @@ def _one_pass(
     end = max(free["compute"], free["comm"])
     if last and update_s:
         end = run("compute", end, update_s, "update", "update", update_devices, of_node=False)
+    if last and runtime.zero_stage:
+        # ZeRO: every copy updated its shard; the updated weights are gathered, bucket by bucket.
+        for k, (key, members) in enumerate(issued, 1):
+            alone = sum(m[3] for m in members)
+            if alone:
+                label = f"gather {k} ({len(members)} weights)"
+                bucket_task(key, members, "all_gather", alone, end, label)
+        end = max(end, free["comm"], free["compute"])
     return max(end, loss)

@@ -193,6 +193,8 @@ class SearchStats:
     #: Segments the graph was split into (1: saturated whole); e-node and e-class counts are
     #: then the sums over the distinct segments (saturated together: the iterations are theirs).
     segments: int = 1
+    #: The candidates that do not fit device memory (ranked after every one that does).
+    infeasible: frozenset[str] = frozenset()
 
     @property
     def seconds(self) -> float:
@@ -210,6 +212,7 @@ class SearchStats:
             "phase_seconds": dict(self.phase_seconds),
             "peak_rss_bytes": self.peak_rss_bytes,
             "segments": self.segments,
+            "infeasible": sorted(self.infeasible),
         }
 
 
@@ -301,6 +304,7 @@ class Plan:
                     "overlap": c.runtime.overlap,
                     "bucket_bytes": c.runtime.bucket_bytes,
                     "precision": c.runtime.precision,
+                    "zero_stage": c.runtime.zero_stage,
                 },
             },
             "placement": None
@@ -691,9 +695,7 @@ def saturate_and_extract(
     start = time.perf_counter()
     distinct = len({v[0] for v in candidates.values() if v is not None})
     say(f"placing and mapping {distinct} distinct candidate plans on the machine")
-    placements, mappings, failed = _place_and_map(
-        candidates, machine, optimizer, runtime, clock, say
-    )
+    placements, mappings, failed = _place_and_map(candidates, machine, optimizer, clock, say)
     phases["placement and mapping"] = time.perf_counter() - start
 
     chosen, (best, best_cost) = _best(candidates, failed)
@@ -781,7 +783,7 @@ def _checked_arguments(
 
 
 def _best(
-    candidates: Mapping[str, tuple[PCG, CostBreakdown] | None], failed: Mapping[PCG, str]
+    candidates: Mapping[str, tuple[PCG, CostBreakdown] | None], failed: Mapping[Any, str]
 ) -> tuple[str, tuple[PCG, CostBreakdown]]:
     """The fastest candidate that fits in memory (else the fastest), with its name."""
     left = [(k, v) for k, v in candidates.items() if v is not None]
@@ -861,7 +863,36 @@ def _baselines(
         except (BaselineError, CostError) as e:
             say(f"baseline {name} does not apply: {e}")
             fixed[name] = None
+    fixed.update(_zero_baselines(fixed.get("data parallel"), machine, optimizer, runtime, say))
     return fixed
+
+
+def _zero_baselines(
+    data_parallel_plan: tuple[PCG, CostBreakdown] | None,
+    machine: Machine,
+    optimizer: str,
+    runtime: Runtime,
+    say: Callable[[str], None],
+) -> dict[str, tuple[PCG, CostBreakdown] | None]:
+    """ZeRO-1 and ZeRO-2: the data-parallel plan with its optimizer state (and gradients) sharded
+    over the copies of each weight, a runtime option its cost carries
+    (:attr:`~pcgopt.extract.Runtime.zero_stage`); none if the runtime already shards, or
+    there is no data-parallel plan."""
+    if data_parallel_plan is None or runtime.zero_stage:
+        return {}
+    plan = data_parallel_plan[0]
+    found: dict[str, tuple[PCG, CostBreakdown] | None] = {}
+    for stage in (1, 2):
+        try:
+            cost = iteration_cost(
+                plan, machine, optimizer=optimizer, runtime=replace(runtime, zero_stage=stage)
+            )
+        except CostError as e:
+            say(f"baseline zero-{stage} does not apply: {e}")
+            found[f"zero-{stage}"] = None
+            continue
+        found[f"zero-{stage}"] = (plan, cost)
+    return found
 
 
 def _baseline_phase(
@@ -959,50 +990,53 @@ def _place_and_map(
     candidates: dict[str, tuple[PCG, CostBreakdown] | None],
     machine: Machine,
     optimizer: str,
-    runtime: Runtime,
     clock: _Clock,
     say: Callable[[str], None],
-) -> tuple[dict[str, PlanPlacement], dict[str, MachineMapping], dict[PCG, str]]:
+) -> tuple[dict[str, PlanPlacement], dict[str, MachineMapping], dict[tuple[PCG, Runtime], str]]:
     """Places every candidate's parallelism axes on the hierarchy (P^2's parallelism matrices,
     reductions priced with synthesized programs), then maps each onto the machine (branches at
     once on disjoint devices where faster), with one memo table: candidates share most
-    sub-graphs. Each candidate's cost becomes its placed and mapped cost; one that fails is
-    left out (None). Returns the placements, the mappings and why plans failed."""
+    sub-graphs. Each candidate's cost becomes its placed and mapped cost, under the runtime its
+    cost carries; one that fails is left out (None). Returns the placements, the mappings and
+    why plans failed."""
     placements: dict[str, PlanPlacement] = {}
     mappings: dict[str, MachineMapping] = {}
     cache = MappingCache(machine)
     # Searches often agree (metropolis-hastings keeps coordinate descent's plan): one
     # placement per distinct plan.
-    done: dict[PCG, tuple[PlanPlacement, MachineMapping, CostBreakdown]] = {}
+    # A candidate is costed under the runtime its cost carries (ZeRO's baselines carry their
+    # own); a plan and runtime is placed once.
+    done: dict[tuple[PCG, Runtime], tuple[PlanPlacement, MachineMapping, CostBreakdown]] = {}
     pending = [name for name, value in candidates.items() if value is not None]
-    failed: dict[PCG, str] = {}
+    failed: dict[tuple[PCG, Runtime], str] = {}
     for k, name in enumerate(pending):
         plan, cost = candidates[name]  # type: ignore[misc]
-        if plan not in done and plan not in failed:
+        key = (plan, cost.runtime)
+        if key not in done and key not in failed:
             # What is left of the budget, shared by the plans still to place.
-            distinct = len({candidates[n][0] for n in pending[k:]} - done.keys())  # type: ignore[index]
+            left = {(candidates[n][0], candidates[n][1].runtime) for n in pending[k:]}  # type: ignore[index]
             try:
-                done[plan] = mapped_cost(
+                done[key] = mapped_cost(
                     plan,
                     machine,
                     optimizer=optimizer,
-                    runtime=runtime,
+                    runtime=cost.runtime,
                     cost=cost,
                     cache=cache,
-                    time_limit_s=clock.left() / max(1, distinct),
+                    time_limit_s=clock.left() / max(1, len(left - done.keys())),
                 )
             except CostError as e:  # a bug, but the other candidates still stand
-                failed[plan] = str(e)
+                failed[key] = str(e)
                 warnings.warn(
                     f"saturate_and_extract: the {name} plan could not be placed and mapped, "
                     f"so it was left out: {e}",
                     stacklevel=3,
                 )
-        if plan in failed:
-            say(f"{name}: left out, placing and mapping it failed: {failed[plan]}")
+        if key in failed:
+            say(f"{name}: left out, placing and mapping it failed: {failed[key]}")
             candidates[name] = None
             continue
-        placements[name], mappings[name], final = done[plan]
+        placements[name], mappings[name], final = done[key]
         candidates[name] = (plan, final)
     return placements, mappings, failed
 
@@ -1038,6 +1072,9 @@ class _Explored:
             phase_seconds=phases,
             peak_rss_bytes=self.peak_rss_bytes,
             segments=self.segments,
+            infeasible=frozenset(
+                k for k, v in candidates.items() if v is not None and not v[1].feasible
+            ),
         )
 
 

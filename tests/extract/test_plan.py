@@ -39,6 +39,8 @@ def test_the_plan_is_never_worse_than_a_baseline_and_is_checked(mnist_plan):
         "coordinate descent",
         "metropolis-hastings",
         "branch parallel",
+        "zero-1",
+        "zero-2",
     } <= set(plan.stats.candidates)
     assert plan.cost.total_s == min(costs)
     assert plan.cost.feasible
@@ -392,3 +394,31 @@ def test_the_rewrite_options_of_saturate_are_options_of_the_search(monkeypatch):
         saturate_and_extract(MNIST, machine, time_budget_s=4, degrees=(3,))
     with pytest.raises(ValueError, match="no shipped rule file 'nope'"):
         saturate_and_extract(MNIST, machine, time_budget_s=4, presets=("nope",))
+
+
+def test_a_candidate_is_placed_and_mapped_under_the_runtime_its_cost_carries():
+    from dataclasses import replace
+
+    from pcgopt.extract import DDP, data_parallel, iteration_cost
+
+    plan = data_parallel(MNIST, TWO_GPUS)
+    # Device memory between what ZeRO-2 and what plain data parallelism needs.
+    ddp, zero = (iteration_cost(plan, TWO_GPUS, runtime=replace(DDP, zero_stage=k)) for k in (0, 2))
+    capacity = (ddp.memory_per_device + zero.memory_per_device) // 2
+    small = Machine(TWO_GPUS.levels, replace(TWO_GPUS.device, memory_bytes=capacity), TWO_GPUS.name)
+    candidates = {
+        name: (plan, iteration_cost(plan, small, runtime=replace(DDP, zero_stage=k)))
+        for name, k in (("data parallel", 0), ("zero-2", 2))
+    }
+    _, mappings, failed = plan_module._place_and_map(
+        candidates, small, "adam", plan_module._Clock.untimed(), lambda _: None
+    )
+    assert not failed and set(mappings) == {"data parallel", "zero-2"}
+    assert candidates["zero-2"][1].runtime.zero_stage == 2
+    assert candidates["zero-2"][1].feasible
+    # Data parallelism fits only by accumulating gradients over micro-batches.
+    assert candidates["data parallel"][1].runtime.zero_stage == 0
+    assert (
+        candidates["data parallel"][1].micro_batches > 1
+        or not candidates["data parallel"][1].feasible
+    )

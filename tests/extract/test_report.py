@@ -139,3 +139,20 @@ def test_branches_run_at_once_count_every_device_they_use():
     used = {offsets.get(n.name, 0) for n in model.nodes if n.op not in ("input", "weight")}
     assert plan.cost.devices_used == 1 and len(used) > 1
     assert f"uses {len(used)} of 6 devices ({6 - len(used)} left idle)" in plan.explain()
+
+
+def test_the_headline_compares_with_the_fastest_baseline_that_fits():
+    from dataclasses import replace
+
+    from pcgopt.extract.search.report import headline
+
+    plan = mapped_plan(data_parallel(ZOO["mlp"].build(small=True), FOUR), FOUR)
+    time = plan.cost.total_s
+    candidates = {"data parallel": time / 2, "zero-2": time, "input as given": time}
+    stats = replace(plan.stats, candidates=candidates, infeasible=frozenset({"data parallel"}))
+    line = headline(replace(plan, stats=stats))[1]
+    assert "1x the best baseline (zero-2," in line, line
+    # With nothing that fits, the fastest, said not to fit.
+    stats = replace(stats, infeasible=frozenset({"data parallel", "zero-2"}))
+    line = headline(replace(plan, stats=stats))[1]
+    assert "(data parallel, " in line and "does not fit)" in line, line

@@ -28,6 +28,8 @@ RUNTIMES = (
     Runtime(bucket_bytes=0),
     ADDITIVE,
     Runtime(precision="bf16-mixed"),
+    Runtime(zero_stage=1),
+    Runtime(zero_stage=2, bucket_bytes=0),
 )
 
 
@@ -165,6 +167,10 @@ def test_the_timeline_says_what_each_device_runs():
 def test_runtime_options_are_checked():
     with pytest.raises(ValueError, match="bucket_bytes must be a non-negative"):
         Runtime(bucket_bytes=-1)
+    with pytest.raises(ValueError, match=r"zero_stage must be one of 0, 1, 2 \(ZeRO-3 is the fsdp"):
+        Runtime(zero_stage=3)
+    with pytest.raises(ValueError, match="zero_stage must be one of"):
+        Runtime(zero_stage=True)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="overlap must be True or False"):
         Runtime(overlap="yes")  # type: ignore[arg-type]
     with pytest.raises(CostError, match=r"runtime must be a pcgopt\.extract\.Runtime"):
@@ -176,6 +182,51 @@ def test_runtime_options_are_checked():
 # --- Mixed precision ------------------------------------------------------------------------------
 
 A100S = Machine.preset("dgx-a100", nodes=1, devices_per_node=2)
+
+
+def test_zero_shards_the_optimizer_state_then_the_gradients_over_the_copies():
+    pcg = dense_chain(3, degree=4)
+    machine = Machine.preset("dgx-a100", nodes=1, devices_per_node=4)
+    ddp, one, two = (iteration_cost(pcg, machine, runtime=Runtime(zero_stage=k)) for k in (0, 1, 2))
+    w = 3 * 256 * 256 * 4  # three float32 weights, each kept whole on every copy
+    assert ddp.memory.weights == one.memory.weights == two.memory.weights == w
+    assert ddp.memory.optimizer_state == 2 * w  # Adam's two moments
+    assert one.memory.optimizer_state == two.memory.optimizer_state == 2 * w // 4
+    assert ddp.memory.gradients == one.memory.gradients == w
+    assert two.memory.gradients == w // 4
+    # Each copy updates its quarter; the update's launches stay.
+    assert one.update_s == two.update_s < ddp.update_s
+
+
+def test_zero_gathers_the_updated_weights_after_the_update():
+    pcg = dense_chain(3, degree=4)
+    machine = Machine.preset("dgx-a100", nodes=1, devices_per_node=4)
+    ddp = iteration_cost(pcg, machine, runtime=Runtime(bucket_bytes=0))
+    two = iteration_cost(pcg, machine, runtime=Runtime(zero_stage=2, bucket_bytes=0))
+    one = iteration_cost(pcg, machine, runtime=Runtime(zero_stage=1, bucket_bytes=0))
+    kinds = [c.kind for c in two.per_node["w0.copies"].collectives]
+    assert kinds == ["reduce_scatter", "all_gather"]
+    assert [c.kind for c in one.per_node["w0.copies"].collectives] == ["all_reduce", "all_gather"]
+    # A reduce-scatter and an all-gather move what one all-reduce does.
+    assert two.comm_bytes == pytest.approx(ddp.comm_bytes)
+    # ZeRO-1 gathers on top of the all-reduce: half as much again.
+    syncs = [f"w{i}.copies" for i in range(3)]
+    assert sum(one.per_node[n].comm_bytes for n in syncs) == pytest.approx(
+        1.5 * sum(ddp.per_node[n].comm_bytes for n in syncs)
+    )
+    tasks = two.timeline().tasks
+    update = next(t for t in tasks if t.phase == "update")
+    gathers = [t for t in tasks if t.phase == "sync" and t.start_s >= update.end_s]
+    assert len(gathers) == 3 and all(t.stream == "comm" for t in gathers)
+    assert two.total_s == pytest.approx(max(t.end_s for t in gathers))
+    assert "ZeRO-2" in repr(two.runtime)
+
+
+def test_zero_buckets_its_gathers_as_its_gradients():
+    pcg = dense_chain(6, width=64)
+    bucketed = iteration_cost(pcg, TWO_NODES, runtime=Runtime(zero_stage=1))
+    names = [t.name for t in bucketed.timeline().tasks if t.phase == "sync"]
+    assert names == ["bucket 1 (6 gradients)", "gather 1 (6 weights)"]
 
 
 def test_mixed_precision_computes_in_bf16_and_keeps_float32_master_weights():
