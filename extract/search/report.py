@@ -42,6 +42,7 @@ BASELINE_CANDIDATES = (
     "data parallel",
     "fsdp",
     "megatron",
+    "megatron-sp",
     "fused, then data parallel or megatron",
     "zero-1",
     "zero-2",

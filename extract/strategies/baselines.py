@@ -22,6 +22,12 @@ comparison: every output is brought back to one unsplit copy at the end).
   attention (Q, K, V column-parallel, heads split, output projection row-parallel) and MLP
   (FFN1 column, FFN2 row). Other models get the same rule on their Linear pairs (an MLP's
   layers alternate column/row); a model without such a pair is data parallel.
+  ``sequence_parallel=True`` adds Megatron-LM's sequence parallelism (Korthikanti et al. 2022):
+  a row-parallel layer ends in a ReduceScatter along the sequence (dimension 1, or the tokens,
+  dimension 0, of a rank-2 activation) instead of the AllReduce, the operators up to the next
+  column-parallel layer (bias, dropout, residual, LayerNorm) run on that shard, and that layer
+  all-gathers it: the same bytes moved, those activations stored once over the group instead
+  of on every device. A layer whose sequence does not divide by the degree keeps its AllReduce.
 * :func:`unity_figure_2b`: Unity's Figure 2b plan (section 2) on every two-layer feed-forward
   block (a MatMul or Linear read only, directly or through an activation, by a MatMul or an
   activation-free Linear), nothing else parallel: the first layer's activation is *not* fused,
@@ -60,6 +66,7 @@ from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.machine import Level, Machine
 from pcgopt.ops import OPERATORS, OpKind
 from pcgopt.ops.linalg import ACTIVATIONS
+from pcgopt.shapes import ParallelTensorShape
 
 __all__ = [
     "BaselineError",
@@ -199,6 +206,25 @@ def _column_parallel(pcg: PCG, degree: int) -> set[str]:
     return chosen
 
 
+def _sequence_dim(shape: ParallelTensorShape, degree: int) -> int | None:
+    """The dimension Megatron-LM's sequence parallelism splits ``degree`` more ways in an
+    activation of this shape: the sequence (dimension 1) of ``[batch, seq, ...]``, the tokens
+    (dimension 0, already split by batch) of ``[tokens, hidden]``; None when the activation has
+    neither or its current block of that dimension does not divide by ``degree``.
+
+    >>> _sequence_dim(ParallelTensorShape.of((2, 512, 1024)), 4)
+    1
+    >>> _sequence_dim(ParallelTensorShape.of((16, 1024), degrees=(2, 1)), 4)  # blocks of 8
+    0
+    >>> _sequence_dim(ParallelTensorShape.of((2, 6, 1024)), 4) is None
+    True
+    """
+    if shape.rank < 2:
+        return None
+    dim = 1 if shape.rank >= 3 else 0
+    return dim if shape.dims[dim].block % degree == 0 else None
+
+
 # ----------------------------------------------------------------------------------------------
 # lowering
 # ----------------------------------------------------------------------------------------------
@@ -206,11 +232,21 @@ def _column_parallel(pcg: PCG, degree: int) -> set[str]:
 
 class _Lowering:
     """Rebuilds a sequential PCG with its inputs split by batch over ``dp`` devices and, when
-    ``tp > 1``, Megatron's tensor parallelism over ``tp`` (module docstring)."""
+    ``tp > 1``, Megatron's tensor parallelism over ``tp``, with its sequence parallelism when
+    ``sequence_parallel`` (module docstring)."""
 
-    def __init__(self, pcg: PCG, dp: int, tp: int = 1, shard_weights: bool = False) -> None:
+    def __init__(
+        self,
+        pcg: PCG,
+        dp: int,
+        tp: int = 1,
+        shard_weights: bool = False,
+        *,
+        sequence_parallel: bool = False,
+    ) -> None:
         self.pcg, self.dp, self.tp = pcg, dp, tp
         self.shard_weights = shard_weights
+        self.sequence_parallel = sequence_parallel and tp > 1
         self.b = PCGBuilder()
         self.env: dict[TensorRef, Tensor] = {}
         self.cache: dict[tuple[Any, ...], Tensor] = {}
@@ -317,13 +353,20 @@ class _Lowering:
 
     def _gather(self, ref: TensorRef, t: Tensor) -> Tensor:
         """Undoes tensor-parallel splits: sums partial sums and all-gathers every split dimension
-        but the batch (dimension 0), leaving copies."""
+        but the batch (dimension 0), and the tokens of a sequence-split ``[tokens, hidden]``,
+        leaving copies."""
 
         def make() -> Tensor:
             x = t
             if x.shape.is_partial:
                 x = self.b.all_reduce(
                     x, degree=x.shape.sum_degree, name=self._name(f"{ref.node}.allreduce")
+                )
+            if self._sequence_split(x.shape) == 0:
+                # The sequence split sits under the batch split in dimension 0: only it is
+                # gathered, its tp blocks of each batch shard being adjacent.
+                x = self.b.all_gather(
+                    x, dim=0, degree=self.tp, name=self._name(f"{ref.node}.gather0")
                 )
             for dim, d in enumerate(x.shape.degrees):
                 if dim > 0 and d > 1:
@@ -353,6 +396,46 @@ class _Lowering:
             return x
 
         return self._memo(("whole", ref, t), make)
+
+    def _sequence_split(self, s: ParallelTensorShape) -> int | None:
+        """The dimension along which ``s`` has sequence parallelism's layout (one block of the
+        sequence, or of the tokens, per device of the tensor-parallel group, no copies), or
+        None. Shapes do not say which split is which: this is the layout a ReduceScatter of
+        :meth:`_layer` leaves (a heads split of ``[batch, heads, seq, d]`` looks the same, and
+        gathering or splitting it is as valid)."""
+        if not self.sequence_parallel or s.rank < 2 or s.is_partial or s.copy_degree != 1:
+            return None
+        dim = 1 if s.rank >= 3 else 0
+        # Dimension 0 holds the batch split too (tokens of a rank-2 activation).
+        if s.degrees[dim] != self.tp * (self.dp if dim == 0 else 1):
+            return None
+        return dim if s.num_shards == self.dp * self.tp else None
+
+    def _scatter(self, ref: TensorRef, t: Tensor, layout: ParallelTensorShape) -> Tensor:
+        """``t`` split as the sequence-split ``layout`` (:meth:`_sequence_split`) is, when it
+        has the same rank and sequence length and differs from it only by that split (its
+        other sizes may differ: a Concat's inputs): its copies dropped, then the sequence
+        split. Else ``t`` as it is (the node's lowering then tries other layouts)."""
+        dim = self._sequence_split(layout)
+        s = t.shape
+        if dim is None or s.rank != layout.rank or s.is_partial:
+            return t
+        if s.sizes[dim] != layout.sizes[dim]:
+            return t  # broadcast along the sequence: copies of it do
+        want = list(layout.degrees)
+        want[dim] //= self.tp
+        if list(s.degrees) != want:
+            return t
+
+        def make() -> Tensor:
+            x = t
+            if x.shape.copy_degree > 1:
+                x = self.b.discard_copies(
+                    x, degree=x.shape.copy_degree, name=self._name(f"{ref.node}.one")
+                )
+            return self.b.partition(x, dim=dim, degree=self.tp, name=self._name(f"{ref.node}.seq"))
+
+        return self._memo(("scatter", ref, t, layout), make)
 
     def _harmonize(self, node: Node, data: dict[int, Tensor]) -> tuple[list[Tensor], int]:
         """All inputs on the same number of devices: data inputs with fewer shards get copies,
@@ -412,7 +495,9 @@ class _Lowering:
 
     def _layer(self, node: Node) -> tuple[Tensor, ...] | None:
         """Column- or row-parallel lowering of a dense layer, or None when it is neither
-        (then the node follows its inputs' layouts, :meth:`_attempts`)."""
+        (then the node follows its inputs' layouts, :meth:`_attempts`). Under sequence
+        parallelism a row-parallel layer reduce-scatters its sums along the sequence, and a
+        column-parallel layer all-gathers a sequence-split input."""
         if self.tp == 1 or not _weight_matmul(self.pcg, node):
             return None
         xref = node.inputs[0]
@@ -420,7 +505,9 @@ class _Lowering:
         s = x.shape
         if node.name in self.column and not s.is_partial and s.degrees[-1] == 1:
             # Column-parallel: every tensor-parallel device needs the whole input.
-            if s.copy_degree == 1:
+            if self._sequence_split(s) is not None:
+                x = self._gather(xref, x)  # sequence parallelism's AllGather
+            elif s.copy_degree == 1:
                 x = self._replicate(xref, x, self.tp)
             elif s.copy_degree != self.tp:
                 return None
@@ -435,9 +522,22 @@ class _Lowering:
             act = node.params["activation"] if node.op == "linear" else "none"
             last = not extras and act == "none"
             y = self.b.matmul(x, w, name=self._name(f"{node.name}.matmul"))
-            y = self.b.all_reduce(
-                y, degree=self.tp, name=node.name if last else self._name(f"{node.name}.allreduce")
-            )
+            seq = _sequence_dim(y.shape, self.tp) if self.sequence_parallel else None
+            if seq is None:
+                y = self.b.all_reduce(
+                    y,
+                    degree=self.tp,
+                    name=node.name if last else self._name(f"{node.name}.allreduce"),
+                )
+            else:
+                # Sequence parallelism: each device sums only its block of the sequence; what
+                # follows up to the next column-parallel layer runs (and is stored) on it.
+                y = self.b.reduce_scatter(
+                    y,
+                    dim=seq,
+                    degree=self.tp,
+                    name=node.name if last else self._name(f"{node.name}.reducescatter"),
+                )
             if extras:
                 bias = self._free(extras[0], y.shape.num_shards)
                 name = node.name if act == "none" else self._name(f"{node.name}.bias")
@@ -451,12 +551,21 @@ class _Lowering:
         self, node: Node, data: dict[int, Tensor]
     ) -> list[Callable[[], dict[int, Tensor]]]:
         """Input layouts to try for ``node``, in order; the last one (whole inputs) always
-        works and counts as a fallback."""
-        return [
-            lambda: data,
+        works and counts as a fallback. Under sequence parallelism, inputs of which some are
+        sequence-split (a residual add of a ReduceScatter's output and the embeddings) first
+        try the others split alike: gathering the split one back would store it whole."""
+        attempts: list[Callable[[], dict[int, Tensor]]] = [lambda: data]
+        split = [t for t in data.values() if self._sequence_split(t.shape) is not None]
+        if split and len(split) < len(data):
+            layout = split[0].shape
+            attempts.append(
+                lambda: {i: self._scatter(node.inputs[i], t, layout) for i, t in data.items()}
+            )
+        attempts += [
             lambda: {i: self._gather(node.inputs[i], t) for i, t in data.items()},
             lambda: {i: self._whole(node.inputs[i], t) for i, t in data.items()},
         ]
+        return attempts
 
     def _lower(self, node: Node) -> None:
         if node.op == "input":
@@ -593,26 +702,43 @@ def _devices_per_node(machine: Machine) -> int:
     return machine.num_devices // machine.levels[0].count
 
 
-def megatron(pcg: PCG, machine: Machine, *, tensor_degree: int | None = None) -> PCG:
+def megatron(
+    pcg: PCG,
+    machine: Machine,
+    *,
+    tensor_degree: int | None = None,
+    sequence_parallel: bool = False,
+) -> PCG:
     """Megatron-LM tensor parallelism over ``tensor_degree`` devices, data parallelism over the
     remaining ``num_devices // tensor_degree`` (the largest degree dividing the batch).
 
     Default ``tensor_degree``: of the degrees up to the devices of one node that divide the
     machine, the largest for which every column-parallel layer found can be split (Megatron
     keeps tensor parallelism inside a node); 1, i.e. data parallelism, when none is found.
+
+    ``sequence_parallel``: Megatron-LM's sequence parallelism on top (module docstring): each
+    row-parallel layer's AllReduce becomes a ReduceScatter along the sequence and the next
+    column-parallel layer's input an AllGather, so that the bias, dropout, residual and
+    LayerNorm between them run on, and store, ``1 / tensor_degree`` of the tokens. A layer
+    whose sequence (or tokens, for a rank-2 activation) does not divide by the degree keeps
+    the AllReduce.
     """
+    if not isinstance(sequence_parallel, bool):
+        raise BaselineError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
     _check_sequential(pcg)
     batch = batch_size(pcg)
     pcg = split_projections(pcg)
+    sp = sequence_parallel
     if tensor_degree is not None:
         _check_tensor_degree(machine, tensor_degree)
         dp = largest_divisor(batch, machine.num_devices // tensor_degree)
-        return _Lowering(pcg, dp, tensor_degree).run()
+        return _Lowering(pcg, dp, tensor_degree, sequence_parallel=sp).run()
     per_node = _devices_per_node(machine)
     for t in sorted((t for t in divisors(machine.num_devices, per_node) if t >= 2), reverse=True):
         if not _column_parallel(pcg, t):
             continue
-        lowering = _Lowering(pcg, largest_divisor(batch, machine.num_devices // t), t)
+        dp = largest_divisor(batch, machine.num_devices // t)
+        lowering = _Lowering(pcg, dp, t, sequence_parallel=sp)
         plan = lowering.run()
         if not lowering.fallbacks:
             return plan

@@ -181,6 +181,150 @@ def test_megatron_without_dense_pairs_is_data_parallel():
     assert megatron(pcg, TWO_GPUS) == data_parallel(pcg, TWO_GPUS)
 
 
+# --- Megatron with sequence parallelism ---------------------------------------------------------
+
+FOUR_GPUS = Machine.preset("dgx-a100", nodes=1, devices_per_node=4)
+# (model, sizes of its small variant, machine, tensor degree, the dimension split as sequence)
+SEQUENCE_PARALLEL = [
+    ("bert_large", {}, TWO_GPUS, 2, 1),
+    ("transformer", {}, TWO_GPUS, 2, 1),
+    ("bert_large", {"heads": 4}, FOUR_GPUS, 4, 1),
+    ("transformer", {"heads": 4}, FOUR_GPUS, 4, 1),
+    ("transformer", {"batch": 6}, SUMMIT_NODE, 2, 1),  # and 3-way data parallel
+    ("candle_uno", {"batch": 6}, SUMMIT_NODE, 3, 0),  # [tokens, hidden]: tokens split
+    ("mlp", {"layers_per_branch": 4, "batch": 6}, SUMMIT_NODE, 2, 0),
+]
+
+
+def column_parallel_layers(plan, degree):
+    """Dense layers whose output is split by columns ``degree`` ways."""
+    return [
+        n
+        for n in plan.nodes
+        if n.op in ("linear", "matmul") and plan.shape(n.name).degrees[-1] == degree
+    ]
+
+
+@pytest.mark.parametrize(("name", "sizes", "machine", "tp", "dim"), SEQUENCE_PARALLEL)
+def test_megatron_sequence_parallel_is_equivalent_to_its_input(name, sizes, machine, tp, dim):
+    pcg = models.build(name, small=True, **sizes)
+    plan = megatron(pcg, machine, tensor_degree=tp, sequence_parallel=True)
+    assert "reduce_scatter" in parallel_ops(plan)
+    pcgopt.assert_equivalent(pcg, plan, trials=1)
+    assert iteration_cost(plan, machine).devices_used <= machine.num_devices
+
+
+@pytest.mark.parametrize(("name", "sizes", "machine", "tp", "dim"), SEQUENCE_PARALLEL)
+def test_megatron_sequence_parallel_reduce_scatters_every_row_parallel_sum(
+    name, sizes, machine, tp, dim
+):
+    pcg = models.build(name, small=True, **sizes)
+    plain = megatron(pcg, machine, tensor_degree=tp)
+    plan = megatron(pcg, machine, tensor_degree=tp, sequence_parallel=True)
+    all_reduces = [n.name for n in plain.nodes if n.op == "all_reduce"]
+    scatters = [n for n in plan.nodes if n.op == "reduce_scatter"]
+    assert all_reduces and "all_reduce" not in parallel_ops(plan)
+    assert [n.name for n in scatters] == [
+        a.replace(".allreduce", ".reducescatter") for a in all_reduces
+    ]
+    assert all(dict(n.params) == {"dim": dim, "degree": tp} for n in scatters)
+    # What the sum feeds (bias, activation, dropout, residual) runs on the shard, no copies.
+    for n in scatters:
+        assert plan.shape(n.name).copy_degree == 1
+        assert plan.shape(n.name).num_shards == plan.shape(n.inputs[0]).num_shards
+    # Only column-parallel layers gather the sequence back: the operators between (a residual
+    # add, a Concat of branches) split their other inputs alike.
+    columns = {n.name for n in column_parallel_layers(plan, tp)}
+    consumers = plan.consumers()
+    for n in plan.nodes:
+        if n.op == "all_gather":
+            assert {user for user, _ in consumers[n.output()]} <= columns
+
+
+@pytest.mark.parametrize(
+    ("name", "sizes", "machine", "dim", "gathered", "copied"),
+    [
+        # 2 layers: Q, K, V (one input) and FFN1 each; the first layer's attention reads the
+        # embeddings, which no row-parallel layer split.
+        ("bert_large", {}, TWO_GPUS, 1, 3, 1),
+        ("transformer", {}, TWO_GPUS, 1, 3, 1),
+        # 2 branches of 4 layers: column, row, column, row; 3-way data parallel.
+        ("mlp", {"layers_per_branch": 4, "batch": 6}, SUMMIT_NODE, 0, 2, 2),
+    ],
+)
+def test_megatron_sequence_parallel_all_gathers_the_sequence_before_column_parallel_layers(
+    name, sizes, machine, dim, gathered, copied
+):
+    pcg = models.build(name, small=True, **sizes)
+    plain = megatron(pcg, machine, tensor_degree=2)
+    plan = megatron(pcg, machine, tensor_degree=2, sequence_parallel=True)
+    columns = column_parallel_layers(plan, 2)
+    assert [n.name for n in columns] == [n.name for n in column_parallel_layers(plain, 2)]
+    # Each column-parallel layer reads an AllGather of a sequence shard, except those after
+    # no row-parallel layer: they read copies, as in plain Megatron.
+    feeds = sorted({n.inputs[0].node for n in columns})
+    ops = sorted(plan.node(f).op for f in feeds)
+    assert ops == ["all_gather"] * gathered + ["replicate"] * copied
+    gathers = [n for n in plan.nodes if n.op == "all_gather"]
+    assert {n.name for n in gathers} < set(feeds)
+    for n in gathers:
+        assert dict(n.params) == {"dim": dim, "degree": 2}
+        assert plan.shape(n.inputs[0]).copy_degree == 1 and plan.shape(n.name).copy_degree == 2
+    # Plain Megatron's column-parallel layers read the AllReduce's copies: no gather.
+    assert "all_gather" not in parallel_ops(plain)
+
+
+@pytest.mark.parametrize("name", ["bert_large", "transformer"])
+def test_megatron_sequence_parallel_stores_fewer_activations_for_the_same_communication(name):
+    pcg = models.build(name, small=True)
+    plain = megatron(pcg, TWO_GPUS)
+    plan = megatron(pcg, TWO_GPUS, sequence_parallel=True)
+    before, after = iteration_cost(plain, TWO_GPUS), iteration_cost(plan, TWO_GPUS)
+    assert after.memory.activations < before.memory.activations
+    assert after.memory.weights == before.memory.weights
+    assert after.comm_bytes == pytest.approx(before.comm_bytes, rel=0.1)
+    # An AllReduce is a ReduceScatter and an AllGather: the ReduceScatters move half its bytes
+    # (forward and backward), the AllGathers before the next layers the other half.
+    all_reduce = sum(
+        before.per_node[n.name].comm_bytes for n in plain.nodes if n.op == "all_reduce"
+    )
+    reduce_scatter = sum(
+        after.per_node[n.name].comm_bytes for n in plan.nodes if n.op == "reduce_scatter"
+    )
+    assert reduce_scatter * 2 == all_reduce
+
+
+def test_megatron_sequence_parallel_needs_less_memory_for_bert_large_on_v100s():
+    pcg = models.build("bert_large")  # sequence 512, hidden 1024, 24 layers
+    machine = Machine.preset("summit", nodes=4)  # V100 16 GB
+    plain = iteration_cost(megatron(pcg, machine), machine)
+    sp = iteration_cost(megatron(pcg, machine, sequence_parallel=True), machine)
+    assert sp.feasible and plain.feasible
+    assert sp.memory_per_device < plain.memory_per_device
+    assert sp.memory.activations < 0.8 * plain.memory.activations
+
+
+@pytest.mark.parametrize(
+    ("name", "sizes"),
+    [("mnist_mlp", {"batch": 3}), ("transformer", {"seq": 3}), ("bert_large", {"seq": 5})],
+)
+def test_megatron_sequence_parallel_keeps_the_all_reduce_when_the_sequence_does_not_divide(
+    name, sizes
+):
+    pcg = models.build(name, small=True, **sizes)  # 3 or 5 tokens on 2 GPUs
+    plan = megatron(pcg, TWO_GPUS, sequence_parallel=True)
+    assert "reduce_scatter" not in parallel_ops(plan)
+    assert plan == megatron(pcg, TWO_GPUS)
+    pcgopt.assert_equivalent(pcg, plan, trials=1)
+
+
+def test_megatron_sequence_parallel_must_be_a_bool():
+    mnist = models.build("mnist_mlp", small=True)
+    for wrong in ("yes", 1, None):
+        with pytest.raises(BaselineError, match=r"^sequence_parallel must be True or False"):
+            megatron(mnist, TWO_GPUS, sequence_parallel=wrong)
+
+
 # --- Sequential optimization --------------------------------------------------------------------
 
 

@@ -269,3 +269,14 @@ def test_a_narrowed_weights_sync_runs_on_the_plans_groups():
     honoured = set(lowered.placement.honoured)
     wrong = [g for g in lowered.group_checks() if not g.agrees and g.node in honoured]
     assert not wrong, wrong
+
+
+@pytest.mark.parametrize("name", ["transformer", "bert_large"])
+def test_megatron_with_sequence_parallelism_runs_and_equals_the_unsharded_model(name):
+    machine = machine_from_spec("dgx-a100:1:4")
+    pcg = megatron(model(name), machine, sequence_parallel=True)
+    assert any(n.op == "reduce_scatter" for n in pcg.nodes)
+    found = check(pcg, name, "megatron-sp on 4")
+    # XLA compiles every reduce-scatter the plan asks for, in the bytes the cost model charges.
+    kinds = [planned.spmd_kind for planned, _ in found["collectives"].matched]
+    assert "reduce-scatter" in kinds and not found["collectives"].missing
