@@ -152,8 +152,8 @@ from pcgopt.extract.costmodel.simulate import (
     PRECISIONS,
     Runtime,
     SimNode,
+    Simulation,
     Timeline,
-    simulate,
 )
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.machine import DeviceSpec, Machine, MachineError
@@ -840,6 +840,8 @@ class CostBreakdown:
     exposed_comm_s: float = 0.0
     runtime: Runtime = DDP
     schedule: Timeline | None = field(default=None, repr=False, compare=False)
+    #: The tasks the timeline was simulated from, to simulate again on a mapping's devices.
+    simulation: Simulation | None = field(default=None, repr=False, compare=False)
 
     @property
     def additive_s(self) -> float:
@@ -865,7 +867,23 @@ class CostBreakdown:
         """The same costs for the PCG with node ``n`` named ``names[n]`` (``PCG.renamed``)."""
         per_node = {names[k]: replace(v, name=names[k]) for k, v in self.per_node.items()}
         schedule = None if self.schedule is None else self.schedule.renamed(names)
-        return replace(self, per_node=MappingProxyType(per_node), schedule=schedule)
+        simulation = None if self.simulation is None else self.simulation.renamed(names)
+        return replace(
+            self, per_node=MappingProxyType(per_node), schedule=schedule, simulation=simulation
+        )
+
+    def mapped_timeline(self, offsets: Mapping[str, int], machine: Machine) -> Timeline:
+        """The iteration simulated again with every node's tasks on the devices from
+        ``offsets[node]`` (a machine mapping's, which shifts each node's device groups with it;
+        nodes not named start at 0), on ``machine``: independent branches on disjoint devices
+        run at once, and each overlaps its own communication. A tensor read by a node that
+        starts on another device is moved there first (and its gradient back), as one message
+        over the link of the outermost level where the two devices differ, ``latency + bytes /
+        bandwidth`` (the machine mapping's transfer)."""
+        if self.simulation is None:
+            raise CostError("this cost has no simulation to map (it was built by hand)")
+        first = [offsets.get(node.name, 0) for node in self.simulation.nodes]
+        return self.simulation.run(offsets=first, transfer=functools.partial(_moved_s, machine))
 
     def __repr__(self) -> str:
         fits = "feasible" if self.feasible else "INFEASIBLE"
@@ -1103,6 +1121,17 @@ def default_groups(degree: int, width: int) -> tuple[tuple[int, ...], ...]:
     """The default placement (module docstring, "Placement"): ``width // degree`` groups of
     ``degree`` consecutive devices."""
     return tuple(tuple(range(g * degree, (g + 1) * degree)) for g in range(width // degree))
+
+
+def _moved_s(machine: Machine, source: int, target: int, nbytes: float) -> float:
+    """One message of ``nbytes`` from device ``source`` to device ``target``, over the link of
+    the outermost level where they differ."""
+    unit = machine.num_devices
+    for level in machine.levels:
+        unit //= level.count
+        if source // unit != target // unit:
+            return level.link.latency_s + nbytes / level.link.bandwidth_Bps
+    return 0.0
 
 
 def update_s(nbytes: int, optimizer: Optimizer, device: DeviceSpec) -> float:
@@ -1392,15 +1421,19 @@ class _Iteration:
             if n.op != "weight":
                 continue
             trainable = bool(n.params["trainable"])
+            a = acc[n.name]
             for layout in dict.fromkeys(self.stored_below[n.name]):
                 stored_weight.add(layout)
-                size = pcg.shape(layout).shard_nbytes
+                shape = pcg.shape(layout)
+                # Its update runs on every device that keeps it (the simulation's).
+                a.devices = max(a.devices, shape.num_shards)
+                size = shape.shard_nbytes
                 # Mixed precision: the float32 master copy and the low-precision one kernels read.
-                copy = self.computed(pcg.shape(layout)).shard_nbytes if self.low else 0
+                copy = self.computed(shape).shard_nbytes if self.low else 0
                 if copy == size:
                     copy = 0  # not a float32 weight: no second copy
                 weights += size + copy
-                acc[n.name].memory_bytes += size + copy
+                a.memory_bytes += size + copy
                 if trainable:
                     # ZeRO (Runtime.zero_stage): each copy keeps 1/ways of the optimizer state
                     # (and of the gradient, from stage 2) and updates that part.
@@ -1409,9 +1442,9 @@ class _Iteration:
                     state = opt.states * -(-size // ways)
                     gradients += gradient
                     states += state
-                    acc[n.name].memory_bytes += gradient + state
-                    touched = self.touched_bytes(n.name, pcg.shape(layout))
-                    acc[n.name].update_s += update_s(-(-touched // ways), opt, device)
+                    a.memory_bytes += gradient + state
+                    touched = self.touched_bytes(n.name, shape)
+                    a.update_s += update_s(-(-touched // ways), opt, device)
         kept: dict[TensorRef, None] = {}
         for n in pcg.nodes:
             if acc[n.name].grad_inputs:
@@ -1458,7 +1491,8 @@ class _Iteration:
         comm_s = sum(c.comm_s for c in nodes)
         total_update_s = sum(c.update_s for c in nodes)
         additive_s = forward_s + backward_s + comm_s + total_update_s
-        timeline = self.simulate(total_update_s, devices_used)
+        simulation = self.simulation(total_update_s, devices_used)
+        timeline = simulation.run(self.bucket_cost)
         # The additive runtime's time is the sum itself, in the order extraction adds it up.
         total_s = additive_s if self.runtime.additive else timeline.time_s
         return CostBreakdown(
@@ -1481,13 +1515,19 @@ class _Iteration:
             exposed_comm_s=max(0.0, total_s - forward_s - backward_s - total_update_s),
             runtime=self.runtime,
             schedule=timeline,
+            simulation=simulation,
         )
 
-    def simulate(self, update_seconds: float, devices_used: int) -> Timeline:
-        """The iteration's timeline under the runtime (:mod:`~.simulate`)."""
+    def bucket_cost(self, groups, nbytes: float, kind: str) -> float:
+        """A bucket's collective (:data:`~.simulate.BucketCost`)."""
+        return self.collective(kind, groups, nbytes).seconds
+
+    def simulation(self, update_seconds: float, devices_used: int) -> Simulation:
+        """The iteration's tasks under the runtime (:mod:`~.simulate`)."""
         index = {n.name: i for i, n in enumerate(self.pcg.nodes)}
+        pcg = self.pcg
         sim = []
-        for n in self.pcg.nodes:
+        for n in pcg.nodes:
             a = self.acc[n.name]
             kind = n.spec.kind
             if kind is OpKind.COMPUTE:
@@ -1506,20 +1546,11 @@ class _Iteration:
                     self.needs_grad[n.name],
                     a.devices,
                     tuple(a.syncs),
+                    a.update_s,
+                    self.computed(pcg.output_shapes(n.name)[0]),
                 )
             )
-
-        def bucket_cost(groups, nbytes: float, kind: str) -> float:
-            return self.collective(kind, groups, nbytes).seconds
-
-        return simulate(
-            sim,
-            update_s=update_seconds,
-            runtime=self.runtime,
-            bucket_cost=bucket_cost,
-            micro_batches=self.m,
-            update_devices=devices_used,
-        )
+        return Simulation(tuple(sim), update_seconds, self.runtime, self.m, devices_used)
 
 
 def _check_micro_batches(pcg: PCG, micro_batches: int) -> int:

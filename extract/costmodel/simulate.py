@@ -64,10 +64,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from pcgopt.shapes import DType
+from pcgopt.shapes import DType, ParallelTensorShape
 
 __all__ = [
     "ADDITIVE",
@@ -252,10 +252,13 @@ class SimNode:
     ``inputs``: positions of the nodes it reads; ``kind``: ``"compute"`` (a kernel), ``"comm"``
     (a collective), ``"free"`` (moves no data, or only loads or stores a source);
     ``forward_s``/``backward_s``: its times for all micro-batches; ``grad``: whether its output
-    needs a gradient; ``devices``: devices its tasks span from 0; ``syncs``: for a replicated
-    trainable weight's layout, ``(groups, bytes, seconds, gather_seconds)``: its gradient's
-    synchronization (:attr:`Runtime.sync_collective`) alone, and, under ZeRO, the all-gather of
-    its updated weight alone (0 without)."""
+    needs a gradient; ``devices``: devices its tasks span from its first (0 unless placed by a
+    machine mapping, :meth:`Simulation.run`); ``syncs``: for a replicated trainable weight's
+    layout, ``(groups, bytes, seconds, gather_seconds)``: its gradient's synchronization
+    (:attr:`Runtime.sync_collective`) alone, and, under ZeRO, the all-gather of its updated
+    weight alone (0 without); ``update_s``: a weight's optimizer update; ``output``: its (first)
+    output's layout, in the dtype it is computed in, which a mapping moves when a reader runs
+    on other devices (None: nothing to move)."""
 
     name: str
     inputs: tuple[int, ...]
@@ -265,12 +268,68 @@ class SimNode:
     grad: bool = False
     devices: int = 1
     syncs: tuple[tuple[Hashable, float, float, float], ...] = ()
+    update_s: float = 0.0
+    output: ParallelTensorShape | None = None
 
 
 #: ``bucket_cost(groups, bytes, collective)``: the seconds of one ``collective``
 #: (``"all_reduce"``, ``"reduce_scatter"``, ``"all_gather"``) of ``bytes`` per device over
 #: ``groups``.
 BucketCost = Callable[[Hashable, float, str], float]
+#: ``transfer(source_device, target_device, bytes)``: the seconds of one message of ``bytes``
+#: between the two devices (over the link of the outermost level where they differ).
+TransferCost = Callable[[int, int, float], float]
+
+
+@dataclass(frozen=True)
+class Simulation:
+    """One iteration's tasks, ready to be simulated, and again on a machine mapping's devices
+    (:meth:`run`). Buckets are formed in the backward's order, whatever the times, so the
+    bucket collectives priced by the first run are the ones any later run needs: they are kept
+    (``bucket_seconds``), not the function that priced them."""
+
+    nodes: tuple[SimNode, ...]
+    update_s: float
+    runtime: Runtime
+    micro_batches: int = 1
+    update_devices: int = 1
+    bucket_seconds: dict[tuple[Hashable, float, str], float] = field(
+        default_factory=dict, repr=False, compare=False
+    )
+
+    def run(
+        self,
+        bucket_cost: BucketCost | None = None,
+        *,
+        offsets: Sequence[int] | None = None,
+        transfer: TransferCost | None = None,
+    ) -> Timeline:
+        """The timeline (module docstring). ``bucket_cost``: prices the buckets (the first run
+        needs it; later ones reuse its prices). ``offsets``: each node's first device, as a
+        machine mapping places it (module docstring, "Mapped"), with ``transfer`` pricing the
+        tensors moved between nodes whose first devices differ; None: every task from device 0.
+        """
+        memo = self.bucket_seconds
+
+        def priced(key: Hashable, nbytes: float, kind: str) -> float:
+            found = memo.get((key, nbytes, kind))
+            if found is None:
+                if bucket_cost is None:
+                    raise ValueError(
+                        f"internal: bucket {kind} of {nbytes:g} bytes over {key!r} was not "
+                        "priced by the first run"
+                    )
+                found = memo[(key, nbytes, kind)] = bucket_cost(key, nbytes, kind)
+            return found
+
+        if offsets is not None and (transfer is None or len(offsets) != len(self.nodes)):
+            raise ValueError("a mapped run needs an offset per node and a transfer cost")
+        return _simulate(self, priced, offsets, transfer)
+
+    def renamed(self, names: Mapping[str, str]) -> Simulation:
+        """The same simulation with node ``n`` named ``names[n]`` (others kept)."""
+        nodes = tuple(replace(n, name=names.get(n.name, n.name)) for n in self.nodes)
+        return replace(self, nodes=nodes)
 
 
 def simulate(
@@ -282,183 +341,290 @@ def simulate(
     micro_batches: int = 1,
     update_devices: int = 1,
 ) -> Timeline:
-    """The timeline of one training iteration of ``nodes`` (module docstring).
-    ``bucket_cost``: a bucket's collective (:data:`BucketCost`); ``update_s``: the optimizer
-    step's time."""
-    m = micro_batches
+    """The timeline of one training iteration of ``nodes`` (module docstring), every task from
+    device 0. ``bucket_cost``: a bucket's collective (:data:`BucketCost`); ``update_s``: the
+    optimizer step's time."""
+    sim = Simulation(tuple(nodes), update_s, runtime, micro_batches, update_devices)
+    return sim.run(bucket_cost)
+
+
+def _simulate(
+    sim: Simulation,
+    bucket_cost: BucketCost,
+    offsets: Sequence[int] | None,
+    transfer: TransferCost | None,
+) -> Timeline:
+    m = sim.micro_batches
     tasks: list[Task] = []
     if m == 1:
-        end = _one_pass(nodes, runtime, bucket_cost, 0.0, 0, True, update_s, update_devices, tasks)
-        return Timeline(tuple(tasks), end, runtime)
+        end = _Pass(sim, bucket_cost, offsets, transfer, 0.0, 0, True, 1.0, tasks).run()
+        return Timeline(tuple(tasks), end, sim.runtime)
     scale = 1.0 / m
     first: list[Task] = []
-    period = _one_pass(nodes, runtime, bucket_cost, 0.0, 0, False, 0.0, 1, first, scale)
+    period = _Pass(sim, bucket_cost, offsets, transfer, 0.0, 0, False, scale, first).run()
     for k in range(m - 1):
         shift = k * period
         tasks.extend(
             t._replace(start_s=t.start_s + shift, end_s=t.end_s + shift, micro_batch=k)
             for t in first
         )
-    end = _one_pass(
-        nodes,
-        runtime,
-        bucket_cost,
-        (m - 1) * period,
-        m - 1,
-        True,
-        update_s,
-        update_devices,
-        tasks,
-        scale,
-    )
-    return Timeline(tuple(tasks), end, runtime)
+    t0 = (m - 1) * period
+    end = _Pass(sim, bucket_cost, offsets, transfer, t0, m - 1, True, scale, tasks).run()
+    return Timeline(tuple(tasks), end, sim.runtime)
 
 
-def _one_pass(
-    nodes: Sequence[SimNode],
-    runtime: Runtime,
-    bucket_cost: BucketCost,
-    t0: float,
-    micro_batch: int,
-    last: bool,
-    update_s: float,
-    update_devices: int,
-    tasks: list[Task],
-    scale: float = 1.0,
-) -> float:
-    """Forward and backward of one (micro-)batch from ``t0``; the last one also synchronizes
-    gradients and updates. Appends its tasks; returns when it ends."""
-    n = len(nodes)
-    free = {"compute": t0, "comm": t0}
-    comm = "comm" if runtime.overlap else "compute"
+# A bucket's member: (ready, bytes, sync seconds alone, gather seconds alone, node position).
+_Member = tuple[float, float, float, float, int]
 
-    def run(
+
+class _Pass:
+    """Forward and backward of one (micro-)batch from ``t0``; the ``last`` one also
+    synchronizes gradients and updates. Tasks are appended to ``tasks``.
+
+    Streams: with ``offsets`` None every task includes device 0, so device 0's two streams are
+    the only ones to track; with a mapping, every device's are, and a task starts when the
+    stream is free on every device it spans."""
+
+    def __init__(
+        self,
+        sim: Simulation,
+        bucket_cost: BucketCost,
+        offsets: Sequence[int] | None,
+        transfer: TransferCost | None,
+        t0: float,
+        micro_batch: int,
+        last: bool,
+        scale: float,
+        tasks: list[Task],
+    ) -> None:
+        self.sim, self.nodes, self.runtime = sim, sim.nodes, sim.runtime
+        self.bucket_cost, self.transfer = bucket_cost, transfer
+        self.t0, self.micro_batch, self.last, self.scale, self.tasks = (
+            t0,
+            micro_batch,
+            last,
+            scale,
+            tasks,
+        )
+        n = len(self.nodes)
+        self.first = [0] * n if offsets is None else list(offsets)
+        width = 1
+        if offsets is not None:
+            width = max(f + node.devices for f, node in zip(self.first, self.nodes, strict=True))
+            for node in self.nodes:
+                for key, *_ in node.syncs:
+                    width = max(width, _span(key)[1])
+            width = max(width, sim.update_devices)
+        self.width = width
+        self.free = {"compute": [t0] * width, "comm": [t0] * width}
+        self.comm = "comm" if self.runtime.overlap else "compute"
+
+    def book(
+        self,
         stream: str,
         ready: float,
         seconds: float,
         name: str,
         phase: str,
         devices: int,
+        first: int = 0,
         of_node: bool = True,
     ) -> float:
-        start = max(free[stream], ready)
-        end = start + seconds
-        free[stream] = end
-        tasks.append(Task(stream, start, end, name, phase, devices, micro_batch, 0, of_node))
+        """One task on ``stream`` of ``devices`` devices from ``first``; returns its end."""
+        free = self.free[stream]
+        if self.width == 1:
+            start = max(free[0], ready)
+            end = free[0] = start + seconds
+        else:
+            stop = first + devices
+            start = max(max(free[first:stop]), ready)
+            end = start + seconds
+            free[first:stop] = [end] * devices
+        self.tasks.append(
+            Task(stream, start, end, name, phase, devices, self.micro_batch, first, of_node)
+        )
         return end
 
-    # Forward.
-    ready = [t0] * n
-    for i, node in enumerate(nodes):
-        after = max((ready[j] for j in node.inputs), default=t0)
-        if node.kind == "compute":
-            ready[i] = run(
-                "compute", after, node.forward_s * scale, node.name, "forward", node.devices
-            )
-        elif node.kind == "comm" and node.forward_s:
-            ready[i] = run(comm, after, node.forward_s * scale, node.name, "forward", node.devices)
-        else:
-            ready[i] = after
-    loss = max(ready, default=t0)
+    def moved(self, source: int, reader: int) -> float:
+        """Seconds to move node ``source``'s output to node ``reader``'s devices under a
+        mapping (0 if they start on the same device)."""
+        a, b = self.first[source], self.first[reader]
+        if a == b or self.transfer is None:
+            return 0.0
+        out = self.nodes[source].output
+        if out is None:
+            return 0.0
+        # Each receiving device gets its share of the shards.
+        shards = out.num_shards
+        receivers = min(shards, self.nodes[reader].devices)
+        nbytes = out.shard_nbytes * math.ceil(shards / receivers) * self.scale
+        return self.transfer(a, b, nbytes)
 
-    # Backward: readers before what they read. ``grad_out[i]``: when node i's output gradient is
-    # complete; ``grad_in[i]``: when node i has sent its inputs theirs.
-    readers = [0] * n
-    for node in nodes:
-        for j in node.inputs:
-            if nodes[j].grad:
-                readers[j] += 1
-    grad_out = [loss if readers[j] == 0 else -math.inf for j in range(n)]
-    grad_in = [loss] * n
-    waiting = readers[:]
-    done = [False] * n
-    # A bucket's member: (ready, bytes, sync seconds alone, gather seconds alone, node name).
-    Member = tuple[float, float, float, float, str]
-    buckets: dict[Hashable, list[Member]] = {}
-    filled: dict[Hashable, float] = {}
-    issued: list[tuple[Hashable, list[Member]]] = []
+    def task(self, stream: str, i: int, ready: float, seconds: float, phase: str) -> float:
+        node = self.nodes[i]
+        return self.book(
+            stream, ready, seconds * self.scale, node.name, phase, node.devices, self.first[i]
+        )
+
+    def run(self) -> float:
+        nodes, t0 = self.nodes, self.t0
+        n = len(nodes)
+        # Forward.
+        ready = [t0] * n
+        mapped = self.width > 1
+        for i, node in enumerate(nodes):
+            if mapped:
+                after = max((ready[j] + self.moved(j, i) for j in node.inputs), default=t0)
+            else:
+                after = max((ready[j] for j in node.inputs), default=t0)
+            if node.kind == "compute":
+                ready[i] = self.task("compute", i, after, node.forward_s, "forward")
+            elif node.kind == "comm" and node.forward_s:
+                ready[i] = self.task(self.comm, i, after, node.forward_s, "forward")
+            else:
+                ready[i] = after
+        loss = max(ready, default=t0)
+        self.backward(loss)
+        end = max(max(self.free["compute"]), max(self.free["comm"]))
+        if self.last:
+            end = self.update(end)
+        return max(end, loss)
+
+    def backward(self, loss: float) -> None:
+        """Readers before what they read. ``grad_out[i]``: when node i's output gradient is
+        complete; ``grad_in[i]``: when node i has sent its inputs theirs."""
+        nodes = self.nodes
+        n = len(nodes)
+        readers = [0] * n
+        for node in nodes:
+            for j in node.inputs:
+                if nodes[j].grad:
+                    readers[j] += 1
+        grad_out = [loss if readers[j] == 0 else -math.inf for j in range(n)]
+        grad_in = [loss] * n
+        waiting = readers[:]
+        done = [False] * n
+        mapped = self.width > 1
+        self.buckets: dict[Hashable, list[_Member]] = {}
+        self.filled: dict[Hashable, float] = {}
+        self.issued: list[tuple[Hashable, list[_Member]]] = []
+
+        def finish(i: int) -> None:
+            """Node i has run its backward: its inputs' gradients may be complete."""
+            done[i] = True
+            for j in nodes[i].inputs:
+                if not nodes[j].grad:
+                    continue
+                back = grad_in[i] + self.moved(j, i) if mapped else grad_in[i]
+                grad_out[j] = max(grad_out[j], back)
+                waiting[j] -= 1
+                if waiting[j] == 0 and nodes[j].kind == "free" and not done[j]:
+                    resolve(j)
+
+        def resolve(j: int) -> None:
+            # A node that moves no data passes its gradient on as soon as it is complete.
+            grad_in[j] = grad_out[j]
+            if nodes[j].syncs:
+                self.sync(j, grad_out[j])
+            finish(j)
+
+        for i in range(n - 1, -1, -1):
+            node = nodes[i]
+            if done[i] or not node.grad:
+                continue
+            if node.kind == "compute" and node.backward_s:
+                grad_in[i] = self.task("compute", i, grad_out[i], node.backward_s, "backward")
+            elif node.kind == "comm" and node.backward_s:
+                grad_in[i] = self.task(self.comm, i, grad_out[i], node.backward_s, "backward")
+            else:
+                grad_in[i] = grad_out[i]
+                if node.syncs:
+                    self.sync(i, grad_out[i])
+            finish(i)
+        for key, bucket in self.buckets.items():
+            if bucket:
+                self.issue(key, bucket)
+
+    def sync(self, i: int, ready: float) -> None:
+        """Node i's gradients join their buckets (the last pass only)."""
+        if not self.last:
+            return
+        for key, nbytes, seconds, gather in self.nodes[i].syncs:
+            member = (ready, nbytes, seconds, gather, i)
+            if self.runtime.bucket_bytes == 0:
+                self.issue(key, [member])
+                continue
+            bucket = self.buckets.setdefault(key, [])
+            bucket.append(member)
+            self.filled[key] = self.filled.get(key, 0.0) + nbytes
+            if self.filled[key] >= self.runtime.bucket_bytes:
+                self.issue(key, bucket)
+                self.buckets[key], self.filled[key] = [], 0.0
 
     def bucket_task(
-        key: Hashable, members: list[Member], kind: str, alone: float, ready: float, label: str
+        self,
+        key: Hashable,
+        members: list[_Member],
+        kind: str,
+        alone: float,
+        ready: float,
+        label: str,
     ) -> None:
         """One collective over a bucket: the cheaper of one of all its bytes and its members'
-        own; named by its node if it has one member, else ``label``."""
+        own; named by its node if it has one member, else ``label``. It spans its groups'
+        devices, shifted to where its members run (all of their blocks, under a mapping)."""
         nbytes = sum(m[1] for m in members)
-        seconds = min(bucket_cost(key, nbytes, kind), alone) if len(members) > 1 else alone
+        seconds = min(self.bucket_cost(key, nbytes, kind), alone) if len(members) > 1 else alone
         if len(members) == 1:
-            label = members[0][4]
-        devices = max((k for g in key for k in g), default=0) + 1 if key else 1  # type: ignore[union-attr]
-        run(comm, ready, seconds, label, "sync", devices, of_node=len(members) == 1)
+            label = self.nodes[members[0][4]].name
+        low, high = _span(key)
+        shifts = [self.first[m[4]] for m in members]
+        first, stop = low + min(shifts), high + max(shifts)
+        self.book(self.comm, ready, seconds, label, "sync", stop - first, first, len(members) == 1)
 
-    def issue(key: Hashable, members: list[Member]) -> None:
-        issued.append((key, members))
+    def issue(self, key: Hashable, members: list[_Member]) -> None:
+        self.issued.append((key, members))
         alone = sum(m[2] for m in members)
         ready = max(m[0] for m in members)
-        label = f"bucket {len(issued)} ({len(members)} gradients)"
-        bucket_task(key, members, runtime.sync_collective, alone, ready, label)
+        label = f"bucket {len(self.issued)} ({len(members)} gradients)"
+        self.bucket_task(key, members, self.runtime.sync_collective, alone, ready, label)
 
-    def sync(i: int) -> None:
-        if not last:
-            return
-        for key, nbytes, seconds, gather in nodes[i].syncs:
-            member = (grad_out[i], nbytes, seconds, gather, nodes[i].name)
-            if runtime.bucket_bytes == 0:
-                issue(key, [member])
-                continue
-            bucket = buckets.setdefault(key, [])
-            bucket.append(member)
-            filled[key] = filled.get(key, 0.0) + nbytes
-            if filled[key] >= runtime.bucket_bytes:
-                issue(key, bucket)
-                buckets[key], filled[key] = [], 0.0
+    def update(self, end: float) -> float:
+        """The optimizer step after the backward and every bucket, then ZeRO's gathers."""
+        sim = self.sim
+        if sim.update_s:
+            if self.width == 1:
+                end = self.book(
+                    "compute", end, sim.update_s, "update", "update", sim.update_devices, 0, False
+                )
+            else:
+                # Under a mapping each block updates its own weights, at once.
+                blocks: dict[tuple[int, int], float] = {}
+                for i, node in enumerate(self.nodes):
+                    if node.update_s:
+                        block = (self.first[i], node.devices)
+                        blocks[block] = blocks.get(block, 0.0) + node.update_s
+                start = end
+                for (first, devices), seconds in blocks.items():
+                    done = self.book(
+                        "compute", start, seconds, "update", "update", devices, first, False
+                    )
+                    end = max(end, done)
+        if self.runtime.zero_stage:
+            # ZeRO: every copy updated its shard; the updated weights are gathered, bucket by
+            # bucket.
+            for k, (key, members) in enumerate(self.issued, 1):
+                alone = sum(m[3] for m in members)
+                if alone:
+                    label = f"gather {k} ({len(members)} weights)"
+                    self.bucket_task(key, members, "all_gather", alone, end, label)
+            end = max(end, max(self.free["comm"]), max(self.free["compute"]))
+        return end
 
-    def finish(i: int) -> None:
-        """Node i has run its backward: its inputs' gradients may be complete."""
-        done[i] = True
-        for j in nodes[i].inputs:
-            if not nodes[j].grad:
-                continue
-            grad_out[j] = max(grad_out[j], grad_in[i])
-            waiting[j] -= 1
-            if waiting[j] == 0 and nodes[j].kind == "free" and not done[j]:
-                resolve(j)
 
-    def resolve(j: int) -> None:
-        # A node that moves no data passes its gradient on as soon as it is complete.
-        grad_in[j] = grad_out[j]
-        if nodes[j].syncs:
-            sync(j)
-        finish(j)
-
-    for i in range(n - 1, -1, -1):
-        node = nodes[i]
-        if done[i] or not node.grad:
-            continue
-        if node.kind == "compute" and node.backward_s:
-            grad_in[i] = run(
-                "compute", grad_out[i], node.backward_s * scale, node.name, "backward", node.devices
-            )
-        elif node.kind == "comm" and node.backward_s:
-            grad_in[i] = run(
-                comm, grad_out[i], node.backward_s * scale, node.name, "backward", node.devices
-            )
-        else:
-            grad_in[i] = grad_out[i]
-            if node.syncs:
-                sync(i)
-        finish(i)
-    for key, bucket in buckets.items():
-        if bucket:
-            issue(key, bucket)
-    end = max(free["compute"], free["comm"])
-    if last and update_s:
-        end = run("compute", end, update_s, "update", "update", update_devices, of_node=False)
-    if last and runtime.zero_stage:
-        # ZeRO: every copy updated its shard; the updated weights are gathered, bucket by bucket.
-        for k, (key, members) in enumerate(issued, 1):
-            alone = sum(m[3] for m in members)
-            if alone:
-                label = f"gather {k} ({len(members)} weights)"
-                bucket_task(key, members, "all_gather", alone, end, label)
-        end = max(end, free["comm"], free["compute"])
-    return max(end, loss)
+def _span(key: Hashable) -> tuple[int, int]:
+    """The devices of a bucket's groups (at device 0): first, and one past the last."""
+    if not key:
+        return 0, 1
+    devices = [d for group in key for d in group]  # type: ignore[attr-defined]
+    return min(devices), max(devices) + 1

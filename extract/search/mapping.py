@@ -147,10 +147,12 @@ class MappedUnit:
 class MachineMapping:
     """Where and when every part of a PCG runs (module docstring).
 
-    ``time_s``: the iteration's critical path under the mapping (for a mapping that runs every
-    unit in sequence, :meth:`in_sequence`: the simulated iteration's time, which overlaps
-    communication, so its units' own times add up to more); ``sequential_s``: the same units
-    run one after another, each at its additive cost; ``transfer_s``: seconds of tensor
+    ``time_s``: the iteration's critical path under the mapping, the DP's estimate (after
+    :meth:`simulated`, the simulated iteration's time on the mapping's devices, and
+    ``estimate_s`` the DP's; for a mapping that runs every unit in sequence,
+    :meth:`in_sequence`: the simulated iteration's time, which overlaps communication, so its
+    units' own times add up to more); ``sequential_s``: the same units run one after another,
+    each at its additive cost; ``transfer_s``: seconds of tensor
     moves between branches in the schedule; ``units``: the schedule; ``offsets``: every node's
     first device; ``memory``: what the fullest device holds under the mapping;
     ``decomposition``: the splits, readable; ``subproblems``/``cache_hits``: the DP's work.
@@ -167,6 +169,10 @@ class MachineMapping:
     cache_hits: int
     parallel_splits: int = 0
     divided_splits: int = 0
+    #: The DP's own estimate of ``time_s`` when that is the simulated time (:meth:`simulated`).
+    estimate_s: float | None = None
+    #: The machine mapped onto (to simulate the mapped iteration, :meth:`cost`).
+    machine: Machine | None = field(default=None, repr=False, compare=False)
 
     @property
     def memory_per_device(self) -> int:
@@ -195,14 +201,31 @@ class MachineMapping:
 
     def cost(self, cost: CostBreakdown) -> CostBreakdown:
         """``cost`` (the cost model's, for the same PCG) under this mapping. A mapping that runs
-        no branches at once leaves the cost model's simulated time as it is. One that does
-        takes its schedule's time: ``overlap_s`` is what that saves over the simulated
-        in-sequence iteration, net of transfers (negative if it costs more), ``exposed_comm_s``
-        all of the communication (the schedule does not overlap a unit's communication with
-        computation, so this is an upper bound), the timeline is the schedule's units, and the
-        memory is the fullest device's under the mapping."""
+        no branches at once leaves the cost model's simulated time as it is. One that does is
+        simulated again with every node's tasks on its devices
+        (:meth:`~pcgopt.extract.costmodel.cost.CostBreakdown.mapped_timeline`: branches at once,
+        each overlapping its own communication, tensors moved between them): ``total_s`` is
+        that simulation's time, ``overlap_s`` what it saves over the simulated in-sequence
+        iteration (negative if it costs more), ``exposed_comm_s`` the time the busiest
+        device's compute stream waits, the timeline the mapped one, and the memory the fullest
+        device's under the mapping. (A cost without its simulation, built by hand, takes the
+        DP's schedule instead, with all of its communication exposed.)"""
         if not self.divided_splits:
             return replace(cost, memory=self.memory)
+        if cost.simulation is not None and self.machine is not None:
+            timeline = cost.mapped_timeline(self.offsets, self.machine)
+            busy = np.zeros(self.machine.num_devices)
+            for t in timeline.tasks:
+                if t.stream == "compute":
+                    busy[t.first_device : t.first_device + t.devices] += t.seconds
+            return replace(
+                cost,
+                total_s=timeline.time_s,
+                overlap_s=cost.total_s - timeline.time_s,
+                exposed_comm_s=max(0.0, timeline.time_s - float(busy.max())),
+                memory=self.memory,
+                schedule=timeline,
+            )
         units = tuple(
             Task("compute", u.start_s, u.end_s, u.nodes[0], "unit", u.block.size, 0, u.block.start)
             for u in self.units
@@ -215,6 +238,11 @@ class MachineMapping:
             memory=self.memory,
             schedule=Timeline(units, self.time_s, cost.runtime),
         )
+
+    def simulated(self, cost: CostBreakdown) -> MachineMapping:
+        """This mapping with ``time_s`` the simulated time ``cost`` (:meth:`cost`'s) gives
+        and the DP's estimate kept in ``estimate_s``."""
+        return replace(self, time_s=cost.total_s, estimate_s=self.time_s)
 
     def in_sequence(self, cost: CostBreakdown) -> MachineMapping:
         """The same units run one after another from device 0, as the cost model simulates
@@ -237,6 +265,7 @@ class MachineMapping:
             memory=cost.memory,
             decomposition="every unit in sequence on the first devices",
             divided_splits=0,
+            estimate_s=None,
         )
 
     def explain(self, *, max_rows: int | None = 12) -> str:
@@ -936,4 +965,5 @@ def map_machine(
         cache_hits=solver.hits,
         parallel_splits=int(stats[0]),
         divided_splits=int(stats[1]),
+        machine=machine,
     )

@@ -461,10 +461,12 @@ def mapped_cost(
         mapping = map_machine(plan, machine, cost=final, devices=placed.devices, cache=cache)
     mapped = mapping.cost(final)
     if not mapping.divided_splits or _rank(final) <= _rank(mapped):
-        # Nothing runs at once, or the simulated iteration, which overlaps communication,
-        # beats running branches at once: the plan runs in sequence, at the simulated time.
+        # Nothing runs at once, or, simulated, running branches at once is not faster: the
+        # plan runs in sequence, at the simulated time.
         mapping = mapping.in_sequence(final)
         mapped = mapping.cost(final)
+    else:
+        mapping = mapping.simulated(mapped)
     return placed, mapping, mapped
 
 
@@ -843,13 +845,14 @@ def _layerwise_searches(
 def _baselines(
     pcg: PCG, machine: Machine, optimizer: str, runtime: Runtime, say: Callable[[str], None]
 ) -> dict[str, tuple[PCG, CostBreakdown] | None]:
-    """The data-parallel, Megatron and sequential plans with their costs (None: not
-    applicable, said why)."""
+    """The data-parallel, FSDP, ZeRO-1/2, Megatron (with and without sequence parallelism)
+    and sequential plans with their costs (None: not applicable, said why)."""
     fixed: dict[str, tuple[PCG, CostBreakdown] | None] = {}
     makers = (
         ("data parallel", data_parallel),
         ("fsdp", fsdp),
         ("megatron", megatron),
+        ("megatron-sp", _megatron_sp),
         # Unity's "sequential optimization": single-device fusion first, then parallelism.
         ("fused, then data parallel or megatron", sequential),
     )
@@ -865,6 +868,11 @@ def _baselines(
             fixed[name] = None
     fixed.update(_zero_baselines(fixed.get("data parallel"), machine, optimizer, runtime, say))
     return fixed
+
+
+def _megatron_sp(pcg: PCG, machine: Machine) -> PCG:
+    """Megatron with sequence parallelism."""
+    return megatron(pcg, machine, sequence_parallel=True)
 
 
 def _zero_baselines(
@@ -905,7 +913,7 @@ def _baseline_phase(
     start = time.perf_counter()
     fixed: dict[str, tuple[PCG, CostBreakdown] | None] = {}
     if build:
-        search.say("building the baselines: data parallel, megatron, fused then either")
+        search.say("building the baselines: data parallel, fsdp, zero, megatron, fused then either")
         options = (search.pcg, search.machine, search.optimizer, search.runtime, search.say)
         fixed = _baselines(*options)
         fixed.update(_on_one_node(*options))

@@ -4,7 +4,9 @@ at once, every unit starts after its producers, the makespan is the time it clai
 not change when a unit moves to other devices of the same shape; the memo table is shared
 across candidates."""
 
+import itertools
 import math
+from dataclasses import replace
 from unittest.mock import patch
 
 import pytest
@@ -13,9 +15,11 @@ from hypothesis import strategies as st
 
 from pcgopt import Machine, PCGBuilder, equivalent
 from pcgopt.extract import (
+    DDP,
     CostError,
     MappingCache,
     MappingError,
+    Runtime,
     data_parallel,
     iteration_cost,
     map_machine,
@@ -23,7 +27,7 @@ from pcgopt.extract import (
     saturate_and_extract,
 )
 from pcgopt.extract.search import mapping as mapping_module
-from pcgopt.extract.search.mapping import _units
+from pcgopt.extract.search.mapping import MachineMapping, _units
 from pcgopt.extract.search.plan import mapped_cost
 from pcgopt.extract.strategies.placement import default_placement
 from pcgopt.models import build
@@ -134,14 +138,21 @@ def test_two_towers_run_at_once_and_pay_for_the_transfers():
     assert mapped.total_s == mapping.time_s
     # The saving is over the simulated in-sequence iteration (which overlaps communication).
     assert mapped.overlap_s == pytest.approx(cost.total_s - mapping.time_s)
-    # The schedule does not overlap communication inside a unit: all of it counts as exposed.
-    assert mapped.exposed_comm_s == cost.comm_s
+    # Simulated on the mapping's devices, device 0 waits for the three transfers: the moved
+    # tower starts once x arrives and its output comes back, then its gradient goes out.
+    assert mapped.exposed_comm_s == pytest.approx(3 * one)
+    assert {t.first_device for t in mapped.timeline().tasks} == {0, 1}
     timeline = mapped.timeline()
     assert {t.first_device for t in timeline.tasks} == {0, 1}
     # Each device's tasks are the units on its block: the two towers on one device each.
     on_0, on_1 = timeline.on_device(0), timeline.on_device(1)
-    assert on_1 and {t.name for t in on_1} <= moved
-    assert not {t.name for t in on_1 if t.devices == 1} & {t.name for t in on_0 if t.devices == 1}
+    assert on_1 and {t.name for t in on_1 if t.of_node} <= moved
+    alone_on = [{t.name for t in tasks if t.devices == 1 and t.of_node} for tasks in (on_0, on_1)]
+    assert not alone_on[0] & alone_on[1]
+    # Each device updates its own tower's weight, at once.
+    updates = [t for t in timeline.tasks if t.phase == "update"]
+    assert sorted(t.first_device for t in updates) == [0, 1]
+    assert updates[0].start_s == updates[1].start_s
     assert "branches at once" in repr(mapped) and "branches at once" in mapped.summary()
 
 
@@ -223,6 +234,28 @@ def test_moved_units_cost_what_they_cost_on_the_first_devices(pcg, machine):
         assert min(d for g in groups for d in g) >= start
 
 
+@settings(max_examples=25, deadline=None)
+@given(towers(), st.sampled_from(MACHINES[2:]), st.sampled_from((DDP, Runtime(zero_stage=2))))
+def test_the_mapped_simulation_keeps_every_devices_streams_in_order(pcg, machine, runtime):
+    cost = iteration_cost(pcg, machine, runtime=runtime)
+    # Every node on the first devices, but each device's streams tracked apart: the same time.
+    assert cost.mapped_timeline({}, machine).time_s == pytest.approx(cost.total_s, rel=1e-12)
+    mapping = map_machine(pcg, machine, cost=cost)
+    timeline = cost.mapped_timeline(mapping.offsets, machine)
+    busiest = 0.0
+    for device in range(machine.num_devices):
+        for stream in ("compute", "comm"):
+            tasks = [t for t in timeline.on_device(device) if t.stream == stream]
+            for a, b in itertools.pairwise(tasks):
+                assert a.end_s <= b.start_s + 1e-15, (a, b)
+        busiest = max(busiest, timeline.busy_s("compute", device))
+    # No device does more than its own work in the iteration, and no task is lost.
+    assert busiest <= timeline.time_s * (1 + 1e-12)
+    assert len(timeline.tasks) == len(cost.timeline().tasks) + (
+        sum(t.phase == "update" for t in timeline.tasks) - 1 if cost.update_s else 0
+    )
+
+
 def test_memory_under_the_mapping_is_the_fullest_device():
     machine = Machine.preset("dgx-a100", devices_per_node=4)
     pcg = build("dlrm")
@@ -273,19 +306,38 @@ def test_bad_arguments_are_typed_errors():
         map_machine(wide, machine, cost=iteration_cost(wide, MACHINES[1]))
 
 
-def test_a_plan_runs_in_sequence_when_that_beats_running_branches_at_once():
+def test_branches_at_once_are_kept_when_their_simulation_beats_the_plan_in_sequence():
     # Megatron's DLRM on a Summit node: the DP runs the embedding tables beside the rest
-    # (0.277 ms, each unit's communication in sequence), but the simulated iteration in
-    # sequence, which hides communication behind computation, takes 0.235 ms.
+    # (0.277 ms by its estimate, each unit's communication in sequence); the simulated iteration
+    # in sequence, which hides communication behind computation, takes 0.235 ms; simulated on
+    # the mapping's devices, which does both, 0.230 ms.
     machine = Machine.preset("summit")
     plan = megatron(build("dlrm", small=True), machine)
     placed, mapping, cost = mapped_cost(plan, machine)
     divided = map_machine(plan, machine, cost=placed.cost, devices=placed.devices)
-    assert divided.divided_splits > 0
-    assert divided.cost(placed.cost).total_s > placed.cost.total_s
+    assert divided.divided_splits > 0 and divided.time_s > placed.cost.total_s
+    assert mapping.divided_splits == divided.divided_splits
+    assert cost.total_s == mapping.time_s < placed.cost.total_s
+    assert mapping.estimate_s == divided.time_s
+    assert cost.overlap_s == pytest.approx(placed.cost.total_s - cost.total_s)
+    assert cost.timeline().time_s == cost.total_s
+
+
+def test_a_plan_runs_in_sequence_when_that_beats_running_branches_at_once(monkeypatch):
+    machine = Machine.preset("summit")
+    plan = megatron(build("dlrm", small=True), machine)
+    # Were the mapped simulation slower, the plan would run in sequence, at its simulated time.
+    divided_cost = MachineMapping.cost
+
+    def slower(self, cost):
+        mapped = divided_cost(self, cost)
+        return replace(mapped, total_s=2 * cost.total_s) if self.divided_splits else mapped
+
+    monkeypatch.setattr(MachineMapping, "cost", slower)
+    placed, mapping, cost = mapped_cost(plan, machine)
     assert mapping.divided_splits == 0 and set(mapping.offsets.values()) == {0}
     assert cost.total_s == placed.cost.total_s == mapping.time_s and cost.overlap_s == 0
-    assert mapping.memory == placed.cost.memory
+    assert mapping.memory == placed.cost.memory and mapping.estimate_s is None
     starts = [u.start_s for u in mapping.units]
     assert starts == sorted(starts) and {u.block.start for u in mapping.units} == {0}
     # A plan that runs nothing at once keeps the simulated time too.

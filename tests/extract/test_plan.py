@@ -200,7 +200,7 @@ def test_a_candidate_that_cannot_be_placed_is_left_out_with_a_warning(monkeypatc
     mapped_cost = plan_module.mapped_cost
 
     def only_data_parallel(plan, machine, **kwargs):
-        if plan != only:
+        if plan != only or kwargs["runtime"].zero_stage:
             raise CostError("devices['w.r2'] must be 3 group(s) of 2 devices")
         return mapped_cost(plan, machine, **kwargs)
 
@@ -221,19 +221,22 @@ def test_a_candidate_that_cannot_be_placed_is_left_out_with_a_warning(monkeypatc
 def test_candidates_that_are_the_same_plan_are_placed_once(monkeypatch):
     from pcgopt.extract.strategies.baselines import data_parallel
 
-    placed: list[pcgopt.PCG] = []
+    placed: list[tuple[pcgopt.PCG, dict]] = []
     place = plan_module.place_plan
 
     def counting(plan, machine, **kwargs):
-        placed.append(plan)
+        placed.append((plan, kwargs))
         return place(plan, machine, **kwargs)
 
     monkeypatch.setattr(plan_module, "place_plan", counting)
-    # The seed is the data-parallel baseline itself: two candidates, one plan.
+    # The seed is the data-parallel baseline itself: two candidates, one plan. ZeRO-1 and ZeRO-2
+    # are that plan too, under runtimes of their own: each is placed under its own.
     plan = saturate_and_extract(
         MNIST, TWO_GPUS, time_budget_s=4, seeds=[data_parallel(MNIST, TWO_GPUS)]
     )
-    assert len(placed) == len(set(placed))
+    runtimes = {(p, k["runtime"]) for p, k in placed}
+    assert len(placed) == len(runtimes)
+    assert sum(p == data_parallel(MNIST, TWO_GPUS) for p, _ in runtimes) == 3
     assert plan.stats.candidates["seed 0"] == plan.stats.candidates["data parallel"]
 
 
