@@ -1123,6 +1123,18 @@ def default_groups(degree: int, width: int) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(range(g * degree, (g + 1) * degree)) for g in range(width // degree))
 
 
+def _bucket_s(
+    machine: Machine,
+    timer: ReductionCost | None,
+    groups: tuple[tuple[int, ...], ...],
+    nbytes: float,
+    kind: str,
+) -> float:
+    """A bucket's collective (:data:`~pcgopt.extract.costmodel.simulate.BucketCost`): once, at
+    the end of the last micro-batch."""
+    return collective_cost(kind, groups, nbytes, machine, reduction_cost=timer).seconds
+
+
 def _moved_s(machine: Machine, source: int, target: int, nbytes: float) -> float:
     """One message of ``nbytes`` from device ``source`` to device ``target``, over the link of
     the outermost level where they differ."""
@@ -1492,7 +1504,7 @@ class _Iteration:
         total_update_s = sum(c.update_s for c in nodes)
         additive_s = forward_s + backward_s + comm_s + total_update_s
         simulation = self.simulation(total_update_s, devices_used)
-        timeline = simulation.run(self.bucket_cost)
+        timeline = simulation.run()
         # The additive runtime's time is the sum itself, in the order extraction adds it up.
         total_s = additive_s if self.runtime.additive else timeline.time_s
         return CostBreakdown(
@@ -1517,10 +1529,6 @@ class _Iteration:
             schedule=timeline,
             simulation=simulation,
         )
-
-    def bucket_cost(self, groups, nbytes: float, kind: str) -> float:
-        """A bucket's collective (:data:`~.simulate.BucketCost`)."""
-        return self.collective(kind, groups, nbytes).seconds
 
     def simulation(self, update_seconds: float, devices_used: int) -> Simulation:
         """The iteration's tasks under the runtime (:mod:`~.simulate`)."""
@@ -1550,7 +1558,10 @@ class _Iteration:
                     self.computed(pcg.output_shapes(n.name)[0]),
                 )
             )
-        return Simulation(tuple(sim), update_seconds, self.runtime, self.m, devices_used)
+        bucket_cost = functools.partial(_bucket_s, self.machine, self.reduction_cost)
+        return Simulation(
+            tuple(sim), update_seconds, self.runtime, bucket_cost, self.m, devices_used
+        )
 
 
 def _check_micro_batches(pcg: PCG, micro_batches: int) -> int:

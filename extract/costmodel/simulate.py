@@ -283,48 +283,26 @@ TransferCost = Callable[[int, int, float], float]
 
 @dataclass(frozen=True)
 class Simulation:
-    """One iteration's tasks, ready to be simulated, and again on a machine mapping's devices
-    (:meth:`run`). Buckets are formed in the backward's order, whatever the times, so the
-    bucket collectives priced by the first run are the ones any later run needs: they are kept
-    (``bucket_seconds``), not the function that priced them."""
+    """One iteration's tasks, ready to be simulated (:meth:`run`), also on a machine mapping's
+    devices. ``bucket_cost`` prices a bucket's collective (:data:`BucketCost`)."""
 
     nodes: tuple[SimNode, ...]
     update_s: float
     runtime: Runtime
+    bucket_cost: BucketCost = field(repr=False, compare=False)
     micro_batches: int = 1
     update_devices: int = 1
-    bucket_seconds: dict[tuple[Hashable, float, str], float] = field(
-        default_factory=dict, repr=False, compare=False
-    )
 
     def run(
-        self,
-        bucket_cost: BucketCost | None = None,
-        *,
-        offsets: Sequence[int] | None = None,
-        transfer: TransferCost | None = None,
+        self, *, offsets: Sequence[int] | None = None, transfer: TransferCost | None = None
     ) -> Timeline:
-        """The timeline (module docstring). ``bucket_cost``: prices the buckets (the first run
-        needs it; later ones reuse its prices). ``offsets``: each node's first device, as a
+        """The timeline (module docstring). ``offsets``: each node's first device, as a
         machine mapping places it (module docstring, "Mapped"), with ``transfer`` pricing the
         tensors moved between nodes whose first devices differ; None: every task from device 0.
         """
-        memo = self.bucket_seconds
-
-        def priced(key: Hashable, nbytes: float, kind: str) -> float:
-            found = memo.get((key, nbytes, kind))
-            if found is None:
-                if bucket_cost is None:
-                    raise ValueError(
-                        f"internal: bucket {kind} of {nbytes:g} bytes over {key!r} was not "
-                        "priced by the first run"
-                    )
-                found = memo[(key, nbytes, kind)] = bucket_cost(key, nbytes, kind)
-            return found
-
         if offsets is not None and (transfer is None or len(offsets) != len(self.nodes)):
             raise ValueError("a mapped run needs an offset per node and a transfer cost")
-        return _simulate(self, priced, offsets, transfer)
+        return _simulate(self, offsets, transfer)
 
     def renamed(self, names: Mapping[str, str]) -> Simulation:
         """The same simulation with node ``n`` named ``names[n]`` (others kept)."""
@@ -344,24 +322,21 @@ def simulate(
     """The timeline of one training iteration of ``nodes`` (module docstring), every task from
     device 0. ``bucket_cost``: a bucket's collective (:data:`BucketCost`); ``update_s``: the
     optimizer step's time."""
-    sim = Simulation(tuple(nodes), update_s, runtime, micro_batches, update_devices)
-    return sim.run(bucket_cost)
+    sim = Simulation(tuple(nodes), update_s, runtime, bucket_cost, micro_batches, update_devices)
+    return sim.run()
 
 
 def _simulate(
-    sim: Simulation,
-    bucket_cost: BucketCost,
-    offsets: Sequence[int] | None,
-    transfer: TransferCost | None,
+    sim: Simulation, offsets: Sequence[int] | None, transfer: TransferCost | None
 ) -> Timeline:
     m = sim.micro_batches
     tasks: list[Task] = []
     if m == 1:
-        end = _Pass(sim, bucket_cost, offsets, transfer, 0.0, 0, True, 1.0, tasks).run()
+        end = _Pass(sim, offsets, transfer, 0.0, 0, True, 1.0, tasks).run()
         return Timeline(tuple(tasks), end, sim.runtime)
     scale = 1.0 / m
     first: list[Task] = []
-    period = _Pass(sim, bucket_cost, offsets, transfer, 0.0, 0, False, scale, first).run()
+    period = _Pass(sim, offsets, transfer, 0.0, 0, False, scale, first).run()
     for k in range(m - 1):
         shift = k * period
         tasks.extend(
@@ -369,7 +344,7 @@ def _simulate(
             for t in first
         )
     t0 = (m - 1) * period
-    end = _Pass(sim, bucket_cost, offsets, transfer, t0, m - 1, True, scale, tasks).run()
+    end = _Pass(sim, offsets, transfer, t0, m - 1, True, scale, tasks).run()
     return Timeline(tuple(tasks), end, sim.runtime)
 
 
@@ -388,7 +363,6 @@ class _Pass:
     def __init__(
         self,
         sim: Simulation,
-        bucket_cost: BucketCost,
         offsets: Sequence[int] | None,
         transfer: TransferCost | None,
         t0: float,
@@ -398,7 +372,7 @@ class _Pass:
         tasks: list[Task],
     ) -> None:
         self.sim, self.nodes, self.runtime = sim, sim.nodes, sim.runtime
-        self.bucket_cost, self.transfer = bucket_cost, transfer
+        self.bucket_cost, self.transfer = sim.bucket_cost, transfer
         self.t0, self.micro_batch, self.last, self.scale, self.tasks = (
             t0,
             micro_batch,
@@ -411,9 +385,9 @@ class _Pass:
         width = 1
         if offsets is not None:
             width = max(f + node.devices for f, node in zip(self.first, self.nodes, strict=True))
-            for node in self.nodes:
-                for key, *_ in node.syncs:
-                    width = max(width, _span(key)[1])
+            for f, node in zip(self.first, self.nodes, strict=True):
+                for groups, *_ in node.syncs:
+                    width = max(width, f + _span(groups)[1])
             width = max(width, sim.update_devices)
         self.width = width
         self.free = {"compute": [t0] * width, "comm": [t0] * width}
@@ -549,8 +523,11 @@ class _Pass:
         """Node i's gradients join their buckets (the last pass only)."""
         if not self.last:
             return
-        for key, nbytes, seconds, gather in self.nodes[i].syncs:
+        for groups, nbytes, seconds, gather in self.nodes[i].syncs:
             member = (ready, nbytes, seconds, gather, i)
+            # Weights synchronized over the same groups where they run (under a mapping, shifted
+            # to their block) share buckets: one process group.
+            key = (groups, self.first[i])
             if self.runtime.bucket_bytes == 0:
                 self.issue(key, [member])
                 continue
@@ -570,17 +547,18 @@ class _Pass:
         ready: float,
         label: str,
     ) -> None:
-        """One collective over a bucket: the cheaper of one of all its bytes and its members'
-        own; named by its node if it has one member, else ``label``. It spans its groups'
-        devices, shifted to where its members run (all of their blocks, under a mapping)."""
+        """One collective over a bucket (``key``: its groups at device 0 and their shift):
+        the cheaper of one of all its bytes and its members' own (a collective costs the same
+        shifted, the machine mapping's premise); named by its node if it has one member, else
+        ``label``."""
+        groups, shift = key  # type: ignore[misc]
         nbytes = sum(m[1] for m in members)
-        seconds = min(self.bucket_cost(key, nbytes, kind), alone) if len(members) > 1 else alone
+        seconds = min(self.bucket_cost(groups, nbytes, kind), alone) if len(members) > 1 else alone
         if len(members) == 1:
             label = self.nodes[members[0][4]].name
-        low, high = _span(key)
-        shifts = [self.first[m[4]] for m in members]
-        first, stop = low + min(shifts), high + max(shifts)
-        self.book(self.comm, ready, seconds, label, "sync", stop - first, first, len(members) == 1)
+        low, high = _span(groups)
+        alone_node = len(members) == 1
+        self.book(self.comm, ready, seconds, label, "sync", high - low, low + shift, alone_node)
 
     def issue(self, key: Hashable, members: list[_Member]) -> None:
         self.issued.append((key, members))
