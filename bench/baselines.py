@@ -1,7 +1,8 @@
 """Baseline costs for Unity's seven evaluation models on Summit (issue 6's closing table).
 
-For each model, each node count and each baseline (data parallel, Megatron, sequential), the
-plan's iteration time, communication bytes, memory per device and feasibility under
+For each model, each node count and each baseline (data parallel, FSDP, ZeRO-1 and ZeRO-2,
+Megatron with and without sequence parallelism, sequential), the plan's iteration time,
+communication bytes, memory per device and feasibility under
 ``pcgopt.extract.costmodel.cost.iteration_cost``. Weak scaling, as in Unity's evaluation: the zoo's
 default batch is Unity's per-GPU minibatch, so the global batch is that times the devices.
 
@@ -16,20 +17,32 @@ import inspect
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from _results import write_section as replace_section
 
 from pcgopt import Machine, models
 from pcgopt.extract.costmodel.cost import iteration_cost
+from pcgopt.extract.costmodel.simulate import DDP
 from pcgopt.extract.strategies.baselines import data_parallel, fsdp, megatron, sequential
 from pcgopt.graph import PCG
 
 UNITY_MODELS = ("mlp", "bert_large", "dlrm", "xdl", "candle_uno", "resnext50", "inception_v3")
-BASELINES: dict[str, Callable[[PCG, Machine], PCG]] = {
-    "data parallel": data_parallel,
-    "fsdp": fsdp,
-    "megatron": megatron,
-    "sequential": sequential,
+
+
+def megatron_sp(pcg: PCG, machine: Machine) -> PCG:
+    return megatron(pcg, machine, sequence_parallel=True)
+
+
+#: Each baseline: how its plan is built, and its runtime's ZeRO stage.
+BASELINES: dict[str, tuple[Callable[[PCG, Machine], PCG], int]] = {
+    "data parallel": (data_parallel, 0),
+    "fsdp": (fsdp, 0),
+    "zero-1": (data_parallel, 1),
+    "zero-2": (data_parallel, 2),
+    "megatron": (megatron, 0),
+    "megatron-sp": (megatron_sp, 0),
+    "sequential": (sequential, 0),
 }
 HEADING = "## Baselines"
 
@@ -88,10 +101,15 @@ def run(model_names: Sequence[str], node_counts: Sequence[int]) -> tuple[list[st
             machine = Machine.preset("summit", nodes=nodes)
             batch = per_gpu_batch(name) * machine.num_devices
             pcg = models.build(name, batch=batch)
-            for label, baseline in BASELINES.items():
+            for label, (baseline, zero_stage) in BASELINES.items():
                 t0 = time.perf_counter()
                 plan = baseline(pcg, machine)
-                cost = iteration_cost(plan, machine, optimizer=models.ZOO[name].optimizer)
+                cost = iteration_cost(
+                    plan,
+                    machine,
+                    optimizer=models.ZOO[name].optimizer,
+                    runtime=replace(DDP, zero_stage=zero_stage),
+                )
                 print(
                     f"{name} x{nodes} {label}: {time.perf_counter() - t0:.2f} s",
                     file=sys.stderr,
@@ -128,17 +146,23 @@ def write_section(table: Sequence[str], command: str, seconds: float) -> None:
             "devices (each gradient's own AllReduce). "
             "Plan: `dpD` data parallel degree, `tpT` Megatron tensor-parallel degree (kept "
             "inside a node; Megatron falls back to data parallelism when a model has no "
-            "column/row dense pair). Sequential: single-device fusions, then the cheaper of "
-            "the two.",
+            "column/row dense pair); Megatron-SP: Megatron with sequence parallelism (the "
+            "row-parallel layers reduce-scatter along the sequence, the regions between the "
+            "dense pairs run on a sequence shard, the column-parallel layers all-gather it). "
+            "ZeRO-1, ZeRO-2: the data-parallel plan with the optimizer state (and, ZeRO-2, the "
+            "gradients) sharded over the copies, the updated weights all-gathered after the "
+            "update (`pcgopt.extract.Runtime.zero_stage`). Sequential: single-device fusions, "
+            "then the cheaper of data parallel and Megatron.",
             "",
             *table,
             "",
             "Notes. Megatron's default tensor degree is the largest divisor of the GPU count, up "
             "to one node's 6, that the dense layers' widths allow (6 and 3 do not divide "
             "1024-wide layers), so 2 on one node and 4 (across the node's two sockets) from two "
-            "nodes on. It replicates every activation outside the dense pairs over its group "
-            "(no sequence parallelism), which is why Megatron on BERT-Large needs more memory "
-            "per GPU than data parallelism at Unity's per-GPU batch. The cost model's default "
+            "nodes on. Plain Megatron replicates every activation outside the dense pairs over "
+            "its group, which is why it needs more memory per GPU than data parallelism on "
+            "BERT-Large at Unity's per-GPU batch; Megatron-SP keeps those on a sequence shard. "
+            "The cost model's default "
             "placement puts both the tensor- and the data-parallel groups on the closest "
             "devices, which is optimistic for hybrid plans (extract/costmodel/cost.py, "
             "'Placement').",

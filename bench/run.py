@@ -47,19 +47,24 @@ seconds = time.perf_counter() - t0
 peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 # The baselines again, outside the search and its clock: every placement tried, so that a
 # baseline the search placed in a hurry does not flatter the joint plan.
-from pcgopt.extract import BaselineError, CostError, data_parallel, fsdp, megatron, sequential
+from dataclasses import replace
+from pcgopt.extract import BaselineError, CostError, DDP, data_parallel, fsdp, megatron, sequential
 from pcgopt.extract.search.plan import mapped_cost
 baselines = {}
-makers = {
-    "data parallel": data_parallel,
-    "fsdp": fsdp,
-    "megatron": megatron,
-    "sequential": sequential,
+makers = {  # each baseline's plan and its runtime's ZeRO stage
+    "data parallel": (data_parallel, 0),
+    "fsdp": (fsdp, 0),
+    "zero-1": (data_parallel, 1),
+    "zero-2": (data_parallel, 2),
+    "megatron": (megatron, 0),
+    "megatron-sp": (lambda p, m: megatron(p, m, sequence_parallel=True), 0),
+    "sequential": (sequential, 0),
 }
-for key, make in makers.items():
+for key, (make, stage) in makers.items():
     try:
-        cost = mapped_cost(make(pcg, machine), machine, optimizer=optimizer)[2]
-        baselines[key] = (cost.total_s, cost.additive_s)
+        runtime = replace(DDP, zero_stage=stage)
+        cost = mapped_cost(make(pcg, machine), machine, optimizer=optimizer, runtime=runtime)[2]
+        baselines[key] = (cost.total_s, cost.additive_s, cost.feasible)
     except (BaselineError, CostError):
         baselines[key] = None
 # A bound on any plan's time under the cost model: the model's compute and optimizer update
@@ -90,6 +95,18 @@ print(json.dumps({
     "peak_rss": peak_rss,
 }))
 """
+
+
+#: The baselines of the table, in its order (the child's ``makers``).
+BASELINE_COLUMNS = (
+    "data parallel",
+    "fsdp",
+    "zero-1",
+    "zero-2",
+    "megatron",
+    "megatron-sp",
+    "sequential",
+)
 
 
 def ms(value: float | None) -> str:
@@ -129,12 +146,14 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     rows = [
-        "| model | nodes | GPUs | data parallel | fsdp | megatron | sequential | "
+        "| model | nodes | GPUs | data parallel | fsdp | zero-1 | zero-2 | megatron | "
+        "megatron-sp | sequential | "
         "coordinate descent | branch parallel | joint plan | joint plan, all in sequence | "
         "exposed communication | speedup over best baseline | best baseline, all in sequence | "
         "speedup bound | chosen | "
         "branches at once | e-nodes | saturation stop | search time | search peak RSS | check |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+        "---|---|---|",
     ]
     speedups: dict[str, dict[int, float]] = {}
     start = time.perf_counter()
@@ -145,15 +164,18 @@ def main() -> None:
                 rows.append(f"| {name} | {nodes} | | failed: {r} |")
                 continue
             c, pairs = r["candidates"], r["baselines"]
-            b = {k: v[0] for k, v in pairs.items() if v}
-            base = [b[k] for k in ("data parallel", "fsdp", "megatron", "sequential") if b.get(k)]
+            fits = {k: v for k, v in pairs.items() if v and v[2]}
+            base = [v[0] for v in fits.values()]
             speedup = min(base) / r["total_s"] if base else float("nan")
-            best = min((v for v in pairs.values() if v), default=None)
+            best = min(fits.values(), default=None)
+
             speedups.setdefault(name, {})[nodes] = speedup
+            baseline_cells = " | ".join(
+                ms(pairs[k][0]) + ("" if pairs[k][2] else " (no fit)") if pairs.get(k) else "n/a"
+                for k in BASELINE_COLUMNS
+            )
             rows.append(
-                f"| {name} | {nodes} | {r['gpus']} | {ms(b.get('data parallel'))} | "
-                f"{ms(b.get('fsdp'))} | "
-                f"{ms(b.get('megatron'))} | {ms(b.get('sequential'))} | "
+                f"| {name} | {nodes} | {r['gpus']} | {baseline_cells} | "
                 f"{ms(c.get('coordinate descent'))} | {ms(c.get('branch parallel'))} | "
                 f"{ms(r['total_s'])} | {ms(r['additive_s'])} | {ms(r['exposed_s'])} | "
                 f"{speedup:.2f}x | {ms(best[1] if best else None)} | "
@@ -188,10 +210,14 @@ def main() -> None:
             "the optimizer costs it: axes placed (P^2), then the machine-mapping DP (Unity 5.2), "
             "which runs independent branches at once on disjoint devices where that is faster "
             "('branches at once': the chosen plan's parallel splits run divided, and the time "
-            "that saves). The four baseline columns are costed the same way again after the "
+            "that saves). The baseline columns are costed the same way again after the "
             "search, outside its clock, with every placement tried (inside the search a placement"
-            " can be cut by the time budget). Speedup is over the fastest of data parallel, FSDP,"
-            " Megatron and sequential (feasible or not). Search time includes loading the rules, "
+            " can be cut by the time budget), gradients accumulated over micro-batches where "
+            "that makes them fit; '(no fit)': not even then. ZeRO-1 and ZeRO-2: the "
+            "data-parallel plan under a runtime that shards the optimizer state (and the "
+            "gradients); Megatron-SP: Megatron with sequence parallelism (bench/baselines.py). "
+            "Speedup is over the fastest baseline that fits. Search time includes loading the "
+            "rules, "
             "the layer-wise searches, saturation, extraction, costing and mapping the candidates "
             "and the check. 'speedup bound': the best baseline's time over a bound on any plan's:"
             " the model's compute and optimizer update on one GPU (fused where cheaper) divided "
