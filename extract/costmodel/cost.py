@@ -101,7 +101,9 @@ its synchronization and its optimizer update cover that many rows of the shard (
 gradients with a lazy optimizer update, as recommendation models train), not the whole table;
 its gradient and optimizer state are still held whole in memory. Other parallel operators after
 a weight (AllGather of a sharded weight, as in FSDP) are ordinary communication in every
-iteration.
+iteration. Under ZeRO (:attr:`~pcgopt.extract.costmodel.simulate.Runtime.zero_stage`) a weight
+stored in copies is synchronized densely instead (ZeRO-1: AllReduce; ZeRO-2: ReduceScatter),
+each copy updates only its ``1/copies`` of it, and the updated weight is then all-gathered.
 
 **Placement.** A PCG fixes what every shard holds, not which device holds it. Here, by default,
 the groups of every collective are consecutive devices from device 0 (the machine mapping,
@@ -117,14 +119,16 @@ AllReduce. Compute nodes run where their inputs are, so they move no data.
 
 **Training iteration and memory.** Time is forward + backward of every node, communication
 included, plus the optimizer update, with no overlap of computation and communication and no
-concurrency between nodes: a conservative and additive model. The update (:data:`OPTIMIZERS`)
-is memory-bound: it reads and writes the weights, gradients and optimizer state once per stored
-weight layout. Memory per device: weights in their stored layout, their gradients, optimizer
-state (Adam 2 tensors, SGD with momentum 1, plain SGD 0, all in the weight's dtype), and every
-tensor a backward needs: each input of each node with a backward, except stored weights
-(counted once as weights). It is the sum of the per-shard sizes of these tensors: under the
-default placement device 0 holds a shard of every tensor, and no device holds more, so this is
-the maximum over devices. A plan whose memory exceeds the device's capacity is infeasible.
+concurrency between nodes: a conservative and additive model. The update (:data:`OPTIMIZERS`) is
+memory-bound: it reads and writes the weights, gradients and optimizer state once per stored weight
+layout. Memory per device: weights in their stored layout, their gradients, optimizer state (Adam 2
+tensors, SGD with momentum 1, plain SGD 0, all in the weight's dtype; under ZeRO the state of a
+weight stored in copies is split over them, and from ZeRO-2 its gradient too, unless micro-batches
+accumulate it unsynchronized), and every tensor a backward needs: each input of each node with a
+backward, except stored weights (counted once as weights). It is the sum of the per-shard sizes of
+these tensors: under the default placement device 0 holds a shard of every tensor, and no device
+holds more, so this is the maximum over devices. A plan whose memory exceeds the device's capacity
+is infeasible.
 
 **Gradient accumulation.** ``micro_batches=m`` runs the iteration as ``m`` micro-batches, each
 with ``1/m`` of every data input's dimension 0 (AutoDDL section 5.2), accumulating gradients:
@@ -731,8 +735,9 @@ class NodeCost:
     communication (for a Replicate on a weight, the backward is the gradient AllReduce);
     ``update_s``: the optimizer update of a weight; ``comm_bytes``: bytes it moves, summed over
     all devices; ``memory_bytes``: what it keeps on a device (a weight: its stored layouts,
-    gradients and optimizer state; another node: its outputs kept for the backward); ``flops``:
-    forward FLOPs of one task; ``collectives``: what it communicates, in order.
+    gradients and optimizer state, split in ``weight_memory``; another node: its outputs kept
+    for the backward); ``flops``: forward FLOPs of one task; ``collectives``: what it
+    communicates, in order.
     """
 
     name: str
@@ -746,6 +751,8 @@ class NodeCost:
     memory_bytes: int = 0
     flops: int = 0
     collectives: tuple[CollectiveCost, ...] = ()
+    #: A weight's ``memory_bytes`` as (weights, gradients, optimizer state); zeros otherwise.
+    weight_memory: tuple[int, int, int] = (0, 0, 0)
 
     @property
     def compute_s(self) -> float:
@@ -872,18 +879,46 @@ class CostBreakdown:
             self, per_node=MappingProxyType(per_node), schedule=schedule, simulation=simulation
         )
 
-    def mapped_timeline(self, offsets: Mapping[str, int], machine: Machine) -> Timeline:
+    def mapped_timeline(
+        self,
+        offsets: Mapping[str, int],
+        machine: Machine,
+        moves: Mapping[tuple[str, str], float],
+    ) -> Timeline:
         """The iteration simulated again with every node's tasks on the devices from
         ``offsets[node]`` (a machine mapping's, which shifts each node's device groups with it;
         nodes not named start at 0), on ``machine``: independent branches on disjoint devices
-        run at once, and each overlaps its own communication. A tensor read by a node that
-        starts on another device is moved there first (and its gradient back), as one message
-        over the link of the outermost level where the two devices differ, ``latency + bytes /
-        bandwidth`` (the machine mapping's transfer)."""
-        if self.simulation is None:
+        run at once, and each overlaps its own communication. ``moves[(reader, node)]``: the
+        bytes each receiving device gets of what ``reader`` reads from ``node`` when the two
+        start on different devices (:attr:`~pcgopt.extract.search.mapping.MachineMapping.moves`);
+        it waits for one message of them (its gradient, if any, goes back the same way) over
+        the link of the outermost level where the two devices differ, ``latency + bytes /
+        bandwidth``, the machine mapping's price for a transfer."""
+        sim = self.simulation
+        if sim is None:
             raise CostError("this cost has no simulation to map (it was built by hand)")
-        first = [offsets.get(node.name, 0) for node in self.simulation.nodes]
-        return self.simulation.run(offsets=first, transfer=functools.partial(_moved_s, machine))
+        position = {node.name: k for k, node in enumerate(sim.nodes)}
+        first = [0] * len(sim.nodes)
+        for name, start in offsets.items():
+            k = position.get(name)
+            if k is None:
+                raise CostError(f"offsets name node {name!r}, which this cost has no entry for")
+            stop = start + sim.nodes[k].devices if isinstance(start, int) else -1
+            if isinstance(start, bool) or not 0 <= start < stop <= machine.num_devices:
+                raise CostError(
+                    f"node {name!r} spans {sim.nodes[k].devices} devices from {start!r}; machine "
+                    f"{machine.name!r} has devices 0 to {machine.num_devices - 1}",
+                    node=name,
+                )
+            first[k] = start
+        by_position = {
+            (position[node], position[reader]): float(nbytes)
+            for (reader, node), nbytes in moves.items()
+            if reader in position and node in position
+        }
+        return sim.run(
+            offsets=first, transfer=functools.partial(_moved_s, machine), moves=by_position
+        )
 
     def __repr__(self) -> str:
         fits = "feasible" if self.feasible else "INFEASIBLE"
@@ -1014,6 +1049,7 @@ class _Acc:
     flops: int = 0
     grad_inputs: int = 0
     devices: int = 1
+    weight_memory: tuple[int, int, int] = (0, 0, 0)
     collectives: list[CollectiveCost] = field(default_factory=list)
     # A replicated trainable weight's gradient synchronizations (groups, bytes, seconds, and
     # under ZeRO its gathered update's seconds), for the simulation's buckets.
@@ -1409,7 +1445,12 @@ class _Iteration:
             for layout in self.stored_below[n.name]:
                 shape = pcg.shape(layout)
                 groups = placement.groups(n, degree, shape.num_shards)
-                touched = self.touched_bytes(self.source_of[n.name], shape)
+                # ZeRO shards and gathers whole flat buffers: no sparse rows.
+                touched = (
+                    shape.shard_nbytes
+                    if zero
+                    else self.touched_bytes(self.source_of[n.name], shape)
+                )
                 sync = self.collective(self.runtime.sync_collective, groups, touched)
                 a.add(sync, "weight sync")
                 gather = 0.0
@@ -1446,17 +1487,23 @@ class _Iteration:
                     copy = 0  # not a float32 weight: no second copy
                 weights += size + copy
                 a.memory_bytes += size + copy
+                kept = [size + copy, 0, 0]
                 if trainable:
                     # ZeRO (Runtime.zero_stage): each copy keeps 1/ways of the optimizer state
-                    # (and of the gradient, from stage 2) and updates that part.
+                    # and updates that part, densely. From stage 2 it keeps 1/ways of the
+                    # gradient too, unless it accumulates micro-batches without syncing them,
+                    # which needs the whole gradient (DDP's no_sync).
                     ways = self.zero_ways.get(layout, 1)
-                    gradient = -(-size // ways) if self.runtime.zero_stage >= 2 else size
+                    shard_gradient = self.runtime.zero_stage >= 2 and self.m == 1
+                    gradient = -(-size // ways) if shard_gradient else size
                     state = opt.states * -(-size // ways)
                     gradients += gradient
                     states += state
                     a.memory_bytes += gradient + state
-                    touched = self.touched_bytes(n.name, shape)
+                    kept[1:] = [gradient, state]
+                    touched = size if ways > 1 else self.touched_bytes(n.name, shape)
                     a.update_s += update_s(-(-touched // ways), opt, device)
+                a.weight_memory = tuple(x + y for x, y in zip(a.weight_memory, kept, strict=True))  # type: ignore[assignment]
         kept: dict[TensorRef, None] = {}
         for n in pcg.nodes:
             if acc[n.name].grad_inputs:
@@ -1496,6 +1543,7 @@ class _Iteration:
                 memory_bytes=a.memory_bytes,
                 flops=a.flops,
                 collectives=tuple(a.collectives),
+                weight_memory=a.weight_memory,
             )
         nodes = per_node.values()
         forward_s = sum(c.forward_s for c in nodes)
@@ -1555,7 +1603,6 @@ class _Iteration:
                     a.devices,
                     tuple(a.syncs),
                     a.update_s,
-                    self.computed(pcg.output_shapes(n.name)[0]),
                 )
             )
         bucket_cost = functools.partial(_bucket_s, self.machine, self.reduction_cost)

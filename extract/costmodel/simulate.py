@@ -13,7 +13,8 @@ its tasks one at a time in the order the program issues them; a task starts when
 free and its inputs are ready. Under the cost model's default placement every node's tasks
 include device 0 (groups are consecutive devices from 0), so device 0's two streams are the
 iteration's: the timeline is device 0's, and every task lists how many devices (from 0) run it
-(with explicit device groups, the devices up to the last one its groups name).
+(with explicit device groups, the devices up to the last one its groups name). Under a machine
+mapping ("Mapped" below) every device's streams are tracked apart.
 
 **The program.** Forward: the nodes in the PCG's order; a compute node is a task on the compute
 stream, a parallelization node's forward collective a task on the communication stream that its
@@ -24,22 +25,24 @@ backward (every input gradient, one task) runs on the compute stream, a parallel
 dual collective on the communication stream. Operators that move no data pass gradients on at no
 cost.
 
-**Gradient buckets.** A replicated trainable weight's gradient is ready when the last reader of
-its stored layout has run its backward. It joins the open bucket of its device groups (weights
-synchronized over different groups are in different buckets, as in different process groups);
-a bucket is issued, as one AllReduce of all its bytes on the communication stream, when it holds
+**Gradient buckets.** A replicated trainable weight's gradient is ready when the last reader of its
+stored layout has run its backward. It joins the open bucket of its device groups (weights
+synchronized over different groups, or, under a mapping, over the same groups on different blocks,
+are in different buckets, as in different process groups); a bucket is issued, as one collective of
+all its bytes on the communication stream (AllReduce; ReduceScatter under ZeRO-2), when it holds
 ``Runtime.bucket_bytes`` (PyTorch DDP's default, 25 MiB) and, for the last partial bucket of each
-group, when the backward ends. A bucket costs the cheaper of one AllReduce of its bytes and its
-gradients' own AllReduces (the cost model picks each collective's algorithm by size, so for
-uneven sizes the sum can be the cheaper). ``bucket_bytes=0``: every gradient alone, when ready.
+group, when the backward ends. A bucket costs the cheaper of one collective of its bytes and its
+gradients' own (the cost model picks each collective's algorithm by size, so for uneven sizes the
+sum can be the cheaper). ``bucket_bytes=0``: every gradient alone, when ready.
 DDP's smaller first bucket and its reordering of buckets after the first iteration are not
 modelled.
 
-**The update.** The optimizer step runs on the compute stream after the backward and every
-bucket have finished (``optimizer.step()`` after ``backward()`` returns), one task for all
-weights. Under ZeRO (``Runtime.zero_stage``) each device updates its shard of every weight
-stored in copies, and the updated weights are then all-gathered on the communication stream, one
-task per gradient bucket, the cheaper of one all-gather of its bytes and its weights' own.
+**The update.** The optimizer step runs on the compute stream after the backward and every bucket
+have finished (``optimizer.step()`` after ``backward()`` returns), one task for all weights (under
+a mapping, one per device block, at once). Under ZeRO (``Runtime.zero_stage``) each device updates
+its shard of every weight stored in copies, and the updated weights are then all-gathered on the
+communication stream, one task per gradient bucket, the cheaper of one all-gather of its bytes and
+its weights' own.
 
 **Gradient accumulation** (``micro_batches=m``). Each node's price is the cost model's for the whole
 iteration (a node on the data path runs once per micro-batch; one computed from weights only is
@@ -48,11 +51,20 @@ forward and backward without gradient synchronization (DDP's ``no_sync``), each 
 ``P``; the last one synchronizes and updates. The iteration takes ``(m - 1) P + P_last``:
 consecutive micro-batches are not overlapped (an upper bound).
 
+**Mapped** (:meth:`Simulation.run` with ``offsets``: a machine mapping's, through
+:meth:`~pcgopt.extract.costmodel.cost.CostBreakdown.mapped_timeline`). Every node's tasks run
+on its devices from its offset (its collectives' groups shifted with it: a collective costs the
+same on any block of the same shape, the mapping's premise), each device with its own two
+streams, so branches on disjoint devices run at once and each still overlaps its own
+communication. A tensor read by a node that starts on another device than its producer arrives
+one message later (``latency + bytes / bandwidth`` over the link of the outermost level where
+they differ, the mapping's price; not on a stream, so messages do not contend), and its
+gradient goes back the same way.
+
 **What it is not.** Concurrency between nodes on the same device's compute stream (one kernel
 at a time), overlap of a forward collective with the compute that reads it, contention between
 a bucket and a blocking collective other than taking turns on the one communication stream, and
-the placement of branches on disjoint devices (the machine mapping's, which prices its divided
-schedules without overlap: :meth:`pcgopt.extract.search.mapping.MachineMapping.cost`).
+contention between collectives of different device blocks that cross the same links.
 
 **Bounds** (tests check them on random plans). The simulated time is at least the compute
 stream's busy time and at most the additive sum of every task (each task starts by the time the
@@ -67,18 +79,20 @@ from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from pcgopt.shapes import DType, ParallelTensorShape
+from pcgopt.shapes import DType
 
 __all__ = [
     "ADDITIVE",
     "DDP",
     "PRECISIONS",
     "ZERO_STAGES",
+    "BucketCost",
     "Runtime",
     "SimNode",
+    "Simulation",
     "Task",
     "Timeline",
-    "simulate",
+    "TransferCost",
 ]
 
 
@@ -147,7 +161,7 @@ class Runtime:
                 "Runtime.bucket_bytes must be a non-negative number of bytes (0: no buckets), "
                 f"got {self.bucket_bytes!r}"
             )
-        if isinstance(self.zero_stage, bool) or self.zero_stage not in ZERO_STAGES:
+        if type(self.zero_stage) is not int or self.zero_stage not in ZERO_STAGES:
             raise ValueError(
                 f"Runtime.zero_stage must be one of {', '.join(map(str, ZERO_STAGES))} (ZeRO-3 "
                 f"is the fsdp layout), got {self.zero_stage!r}"
@@ -256,9 +270,7 @@ class SimNode:
     machine mapping, :meth:`Simulation.run`); ``syncs``: for a replicated trainable weight's
     layout, ``(groups, bytes, seconds, gather_seconds)``: its gradient's synchronization
     (:attr:`Runtime.sync_collective`) alone, and, under ZeRO, the all-gather of its updated
-    weight alone (0 without); ``update_s``: a weight's optimizer update; ``output``: its (first)
-    output's layout, in the dtype it is computed in, which a mapping moves when a reader runs
-    on other devices (None: nothing to move)."""
+    weight alone (0 without); ``update_s``: a weight's optimizer update."""
 
     name: str
     inputs: tuple[int, ...]
@@ -269,7 +281,6 @@ class SimNode:
     devices: int = 1
     syncs: tuple[tuple[Hashable, float, float, float], ...] = ()
     update_s: float = 0.0
-    output: ParallelTensorShape | None = None
 
 
 #: ``bucket_cost(groups, bytes, collective)``: the seconds of one ``collective``
@@ -294,15 +305,19 @@ class Simulation:
     update_devices: int = 1
 
     def run(
-        self, *, offsets: Sequence[int] | None = None, transfer: TransferCost | None = None
+        self,
+        *,
+        offsets: Sequence[int] | None = None,
+        transfer: TransferCost | None = None,
+        moves: Mapping[tuple[int, int], float] | None = None,
     ) -> Timeline:
         """The timeline (module docstring). ``offsets``: each node's first device, as a
-        machine mapping places it (module docstring, "Mapped"), with ``transfer`` pricing the
-        tensors moved between nodes whose first devices differ; None: every task from device 0.
-        """
+        machine mapping places it (module docstring, "Mapped"); ``moves[(j, i)]``: the bytes
+        per receiving device of what node ``i`` reads from node ``j`` when they start on
+        different devices, ``transfer`` their price; None: every task from device 0."""
         if offsets is not None and (transfer is None or len(offsets) != len(self.nodes)):
             raise ValueError("a mapped run needs an offset per node and a transfer cost")
-        return _simulate(self, offsets, transfer)
+        return _simulate(self, offsets, transfer, moves or {})
 
     def renamed(self, names: Mapping[str, str]) -> Simulation:
         """The same simulation with node ``n`` named ``names[n]`` (others kept)."""
@@ -310,33 +325,20 @@ class Simulation:
         return replace(self, nodes=nodes)
 
 
-def simulate(
-    nodes: Sequence[SimNode],
-    *,
-    update_s: float,
-    runtime: Runtime,
-    bucket_cost: BucketCost,
-    micro_batches: int = 1,
-    update_devices: int = 1,
-) -> Timeline:
-    """The timeline of one training iteration of ``nodes`` (module docstring), every task from
-    device 0. ``bucket_cost``: a bucket's collective (:data:`BucketCost`); ``update_s``: the
-    optimizer step's time."""
-    sim = Simulation(tuple(nodes), update_s, runtime, bucket_cost, micro_batches, update_devices)
-    return sim.run()
-
-
 def _simulate(
-    sim: Simulation, offsets: Sequence[int] | None, transfer: TransferCost | None
+    sim: Simulation,
+    offsets: Sequence[int] | None,
+    transfer: TransferCost | None,
+    moves: Mapping[tuple[int, int], float],
 ) -> Timeline:
     m = sim.micro_batches
     tasks: list[Task] = []
     if m == 1:
-        end = _Pass(sim, offsets, transfer, 0.0, 0, True, 1.0, tasks).run()
+        end = _Pass(sim, offsets, transfer, moves, 0.0, 0, True, 1.0, tasks).run()
         return Timeline(tuple(tasks), end, sim.runtime)
     scale = 1.0 / m
     first: list[Task] = []
-    period = _Pass(sim, offsets, transfer, 0.0, 0, False, scale, first).run()
+    period = _Pass(sim, offsets, transfer, moves, 0.0, 0, False, scale, first).run()
     for k in range(m - 1):
         shift = k * period
         tasks.extend(
@@ -344,7 +346,7 @@ def _simulate(
             for t in first
         )
     t0 = (m - 1) * period
-    end = _Pass(sim, offsets, transfer, t0, m - 1, True, scale, tasks).run()
+    end = _Pass(sim, offsets, transfer, moves, t0, m - 1, True, scale, tasks).run()
     return Timeline(tuple(tasks), end, sim.runtime)
 
 
@@ -365,6 +367,7 @@ class _Pass:
         sim: Simulation,
         offsets: Sequence[int] | None,
         transfer: TransferCost | None,
+        moves: Mapping[tuple[int, int], float],
         t0: float,
         micro_batch: int,
         last: bool,
@@ -372,7 +375,7 @@ class _Pass:
         tasks: list[Task],
     ) -> None:
         self.sim, self.nodes, self.runtime = sim, sim.nodes, sim.runtime
-        self.bucket_cost, self.transfer = sim.bucket_cost, transfer
+        self.bucket_cost, self.transfer, self.moves = sim.bucket_cost, transfer, moves
         self.t0, self.micro_batch, self.last, self.scale, self.tasks = (
             t0,
             micro_batch,
@@ -423,16 +426,10 @@ class _Pass:
         """Seconds to move node ``source``'s output to node ``reader``'s devices under a
         mapping (0 if they start on the same device)."""
         a, b = self.first[source], self.first[reader]
-        if a == b or self.transfer is None:
+        nbytes = self.moves.get((source, reader))
+        if a == b or self.transfer is None or nbytes is None:
             return 0.0
-        out = self.nodes[source].output
-        if out is None:
-            return 0.0
-        # Each receiving device gets its share of the shards.
-        shards = out.num_shards
-        receivers = min(shards, self.nodes[reader].devices)
-        nbytes = out.shard_nbytes * math.ceil(shards / receivers) * self.scale
-        return self.transfer(a, b, nbytes)
+        return self.transfer(a, b, nbytes * self.scale)
 
     def task(self, stream: str, i: int, ready: float, seconds: float, phase: str) -> float:
         node = self.nodes[i]
@@ -557,6 +554,8 @@ class _Pass:
         if len(members) == 1:
             label = self.nodes[members[0][4]].name
         low, high = _span(groups)
+        if self.width == 1:
+            low = 0  # every task includes device 0 (the cost model's default groups)
         alone_node = len(members) == 1
         self.book(self.comm, ready, seconds, label, "sync", high - low, low + shift, alone_node)
 

@@ -93,6 +93,7 @@ from pcgopt.extract.costmodel.simulate import DDP, Runtime, Task, Timeline
 from pcgopt.graph import PCG, TensorRef
 from pcgopt.machine import Link, Machine
 from pcgopt.ops import OpKind
+from pcgopt.shapes import ParallelTensorShape
 
 __all__ = [
     "DeviceBlock",
@@ -152,10 +153,11 @@ class MachineMapping:
     ``estimate_s`` the DP's; for a mapping that runs every unit in sequence,
     :meth:`in_sequence`: the simulated iteration's time, which overlaps communication, so its
     units' own times add up to more); ``sequential_s``: the same units run one after another,
-    each at its additive cost; ``transfer_s``: seconds of tensor
-    moves between branches in the schedule; ``units``: the schedule; ``offsets``: every node's
-    first device; ``memory``: what the fullest device holds under the mapping;
-    ``decomposition``: the splits, readable; ``subproblems``/``cache_hits``: the DP's work.
+    each at its additive cost; ``transfer_s``: seconds of tensor moves between branches in the
+    schedule; ``units``: the schedule (by the DP's estimate; :meth:`cost`'s timeline is the
+    simulated one); ``offsets``: every node's first device; ``memory``: what the fullest device
+    holds under the mapping; ``decomposition``: the splits, readable;
+    ``subproblems``/``cache_hits``: the DP's work.
     """
 
     time_s: float
@@ -171,8 +173,10 @@ class MachineMapping:
     divided_splits: int = 0
     #: The DP's own estimate of ``time_s`` when that is the simulated time (:meth:`simulated`).
     estimate_s: float | None = None
-    #: The machine mapped onto (to simulate the mapped iteration, :meth:`cost`).
+    #: The machine mapped onto, and the tensors moved between units (:func:`_moves`): to
+    #: simulate the mapped iteration (:meth:`cost`).
     machine: Machine | None = field(default=None, repr=False, compare=False)
+    moves: Mapping[tuple[str, str], float] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def memory_per_device(self) -> int:
@@ -213,7 +217,7 @@ class MachineMapping:
         if not self.divided_splits:
             return replace(cost, memory=self.memory)
         if cost.simulation is not None and self.machine is not None:
-            timeline = cost.mapped_timeline(self.offsets, self.machine)
+            timeline = cost.mapped_timeline(self.offsets, self.machine, self.moves)
             busy = np.zeros(self.machine.num_devices)
             for t in timeline.tasks:
                 if t.stream == "compute":
@@ -425,7 +429,10 @@ def _units(
             # A weight is kept in the layouts its Partition/Replicate nodes make, which are in
             # its unit: count it on all of the unit's devices (an upper bound).
             u.widths[k] = u.footprint
-            if node.params["trainable"]:
+            split = cost.per_node[name].weight_memory
+            if sum(split) == held:
+                u.memory.append((*map(float, split), 0.0))
+            elif node.params["trainable"]:  # a cost built by hand: as the optimizer keeps it
                 w = held / (2 + states)
                 u.memory.append((w, w, held - 2 * w, 0.0))
             else:
@@ -443,15 +450,36 @@ def _units(
                     f"internal: unit of {r.node!r} follows the unit of its reader {n.name!r}",
                     node=n.name,
                 )
-            shape = pcg.shape(r)
-            receivers = min(shape.num_shards, units[mine].footprint)
-            nbytes = shape.shard_nbytes * math.ceil(shape.num_shards / receivers)
+            nbytes = _moved_bytes(pcg.shape(r), units[mine].footprint)
             grad = needs_grad[r.node]
             units[mine].inputs.append((theirs, nbytes, grad))
             units[theirs].outputs.append((mine, nbytes, grad))
     for u in units:
         u.signature = (tuple(u.nodes), u.seconds, u.footprint)
     return units, unit_of
+
+
+def _moved_bytes(shape: ParallelTensorShape, footprint: int) -> float:
+    """What each receiving device gets of ``shape`` moved to a unit of ``footprint`` devices:
+    its share of the shards."""
+    receivers = min(shape.num_shards, footprint)
+    return shape.shard_nbytes * math.ceil(shape.num_shards / receivers)
+
+
+def _moves(
+    pcg: PCG, units: Sequence[_Unit], unit_of: Mapping[str, int]
+) -> dict[tuple[str, str], float]:
+    """For every node that reads a tensor of another unit's node: (reader, node) -> the bytes
+    a receiving device gets (:func:`_moved_bytes`; several tensors of one node add up)."""
+    moves: dict[tuple[str, str], float] = {}
+    for n in pcg.nodes:
+        mine = unit_of[n.name]
+        for r in dict.fromkeys(n.inputs):
+            if unit_of[r.node] != mine:
+                key = (n.name, r.node)
+                nbytes = _moved_bytes(pcg.shape(r), units[mine].footprint)
+                moves[key] = moves.get(key, 0.0) + nbytes
+    return moves
 
 
 # --- Series-parallel decomposition -----------------------------------------------------------
@@ -966,4 +994,5 @@ def map_machine(
         parallel_splits=int(stats[0]),
         divided_splits=int(stats[1]),
         machine=machine,
+        moves=MappingProxyType(_moves(pcg, units, unit_of)) if stats[1] else MappingProxyType({}),
     )

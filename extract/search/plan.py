@@ -447,19 +447,22 @@ def mapped_cost(
     )
     final = placed.cost
     mapping = map_machine(plan, machine, cost=final, devices=placed.devices, cache=cache)
+    # Each mapping's cost is worked out once: one that runs branches at once is simulated.
+    mapped = mapping.cost(final)
     if placed.matrix is not None and batch_split_only(plan):
         default = cost or iteration_cost(plan, machine, optimizer=optimizer, runtime=runtime)
         packed = map_machine(plan, machine, cost=default, cache=cache)
-        if _rank(packed.cost(default)) < _rank(mapping.cost(final)):
+        packed_cost = packed.cost(default)
+        if _rank(packed_cost) < _rank(mapped):
             reason = "packed placement maps faster"
             placed = PlanPlacement(placed.axes, None, {}, default, placed.tried, reason)
-            final, mapping = default, packed
-    if not mapping.cost(final).feasible:
+            final, mapping, mapped = default, packed, packed_cost
+    if not mapped.feasible:
         final = accumulate_to_fit(
             plan, machine, optimizer=optimizer, runtime=runtime, cost=final, devices=placed.devices
         )
         mapping = map_machine(plan, machine, cost=final, devices=placed.devices, cache=cache)
-    mapped = mapping.cost(final)
+        mapped = mapping.cost(final)
     if not mapping.divided_splits or _rank(final) <= _rank(mapped):
         # Nothing runs at once, or, simulated, running branches at once is not faster: the
         # plan runs in sequence, at the simulated time.

@@ -26,6 +26,7 @@ from pcgopt.extract import (
     megatron,
     saturate_and_extract,
 )
+from pcgopt.extract.costmodel.cost import _moved_s
 from pcgopt.extract.search import mapping as mapping_module
 from pcgopt.extract.search.mapping import MachineMapping, _units
 from pcgopt.extract.search.plan import mapped_cost
@@ -141,7 +142,6 @@ def test_two_towers_run_at_once_and_pay_for_the_transfers():
     # Simulated on the mapping's devices, device 0 waits for the three transfers: the moved
     # tower starts once x arrives and its output comes back, then its gradient goes out.
     assert mapped.exposed_comm_s == pytest.approx(3 * one)
-    assert {t.first_device for t in mapped.timeline().tasks} == {0, 1}
     timeline = mapped.timeline()
     assert {t.first_device for t in timeline.tasks} == {0, 1}
     # Each device's tasks are the units on its block: the two towers on one device each.
@@ -156,9 +156,8 @@ def test_two_towers_run_at_once_and_pay_for_the_transfers():
     assert "branches at once" in repr(mapped) and "branches at once" in mapped.summary()
 
 
-def test_weights_of_branches_on_different_devices_synchronize_at_once():
-    # Two data-parallel towers, each on two devices, with large weights: mapped side by side,
-    # each tower's gradient AllReduce runs in its own group, beside the other's.
+def data_parallel_towers():
+    """Two towers, each data parallel on two devices, with large weights."""
     b = PCGBuilder()
     x = b.input((64, 2048), name="x")
     outs = []
@@ -166,8 +165,13 @@ def test_weights_of_branches_on_different_devices_synchronize_at_once():
         w = b.replicate(b.weight((2048, 2048), name=f"w{i}"), degree=2, name=f"w{i}.copies")
         h = b.matmul(b.partition(x, dim=0, degree=2, name=f"x{i}"), w, name=f"m{i}")
         outs.append(b.combine(b.relu(h, name=f"t{i}"), dim=0, degree=2, name=f"y{i}"))
-    pcg = b.build(b.reduce_sum(b.add(*outs, name="join"), axes=(0, 1), name="loss"))
-    machine = flat(4)
+    return b.build(b.reduce_sum(b.add(*outs, name="join"), axes=(0, 1), name="loss"))
+
+
+def test_weights_of_branches_on_different_devices_synchronize_at_once():
+    # Mapped side by side, each tower's gradient AllReduce runs in its own group, beside the
+    # other's.
+    pcg, machine = data_parallel_towers(), flat(4)
     cost = iteration_cost(pcg, machine)
     mapping = map_machine(pcg, machine, cost=cost)
     assert {mapping.offsets["w0.copies"], mapping.offsets["w1.copies"]} == {0, 2}
@@ -182,6 +186,18 @@ def test_weights_of_branches_on_different_devices_synchronize_at_once():
     assert [t.name for t in cost.timeline().tasks if t.phase == "sync"] == [
         "bucket 1 (2 gradients)"
     ]
+
+
+def test_memory_under_the_mapping_keeps_zero_s_sharded_gradients_apart():
+    pcg, machine = data_parallel_towers(), flat(4)
+    cost = iteration_cost(pcg, machine, runtime=Runtime(zero_stage=2))
+    mapping = map_machine(pcg, machine, cost=cost)
+    assert mapping.divided_splits
+    # Each device holds one tower's weight whole, half its gradient and half its Adam state.
+    w = 2048 * 2048 * 4
+    assert mapping.memory.weights == w
+    assert mapping.memory.gradients == w // 2
+    assert mapping.memory.optimizer_state == 2 * w // 2
 
 
 def test_more_nodes_never_map_slower_than_one_node_of_them():
@@ -263,28 +279,58 @@ def test_moved_units_cost_what_they_cost_on_the_first_devices(pcg, machine):
 
 
 @settings(max_examples=25, deadline=None)
-@given(towers(), st.sampled_from(MACHINES[2:]), st.sampled_from((DDP, Runtime(zero_stage=2))))
-def test_the_mapped_simulation_keeps_every_devices_streams_in_order(pcg, machine, runtime):
-    cost = iteration_cost(pcg, machine, runtime=runtime)
+@given(
+    towers(),
+    st.sampled_from(MACHINES[2:]),
+    st.sampled_from((DDP, Runtime(zero_stage=2), Runtime(overlap=False))),
+    st.sampled_from((1, 2)),
+)
+def test_the_mapped_simulation_keeps_every_devices_streams_in_order(
+    pcg, machine, runtime, micro_batches
+):
+    try:
+        cost = iteration_cost(pcg, machine, runtime=runtime, micro_batches=micro_batches)
+    except CostError as e:
+        assert "micro-batches must divide" in str(e)
+        return
     # Every node on the first devices, but each device's streams tracked apart: the same time.
-    assert cost.mapped_timeline({}, machine).time_s == pytest.approx(cost.total_s, rel=1e-12)
+    assert cost.mapped_timeline({}, machine, {}).time_s == pytest.approx(cost.total_s, rel=1e-12)
     mapping = map_machine(pcg, machine, cost=cost)
-    timeline = cost.mapped_timeline(mapping.offsets, machine)
-    busiest = 0.0
+    timeline = cost.mapped_timeline(mapping.offsets, machine, mapping.moves)
     for device in range(machine.num_devices):
         for stream in ("compute", "comm"):
             tasks = [t for t in timeline.on_device(device) if t.stream == stream]
             for a, b in itertools.pairwise(tasks):
                 assert a.end_s <= b.start_s + 1e-15, (a, b)
-        busiest = max(busiest, timeline.busy_s("compute", device))
-    # No device does more than its own work in the iteration, and no node's task is lost
-    # (buckets may regroup: weights on different blocks synchronize in groups of their own).
-    assert busiest <= timeline.time_s * (1 + 1e-12)
+    # No task waits longer than every task before it and every transfer (both ways) take.
+    moved = sum(
+        _moved_s(machine, mapping.offsets[node], mapping.offsets[reader], nbytes)
+        for (reader, node), nbytes in mapping.moves.items()
+        if mapping.offsets[node] != mapping.offsets[reader]
+    )
+    assert timeline.time_s <= (cost.additive_s + 2 * moved * micro_batches) * (1 + 1e-9)
 
+    # No node's task is lost (buckets may regroup: weights on different blocks synchronize in
+    # groups of their own).
     def kernels(t):
-        return sorted((x.name, x.phase) for x in t.tasks if x.stream == "compute" and x.of_node)
+        return sorted(
+            (x.name, x.phase, x.micro_batch)
+            for x in t.tasks
+            if x.stream == "compute" and x.phase in ("forward", "backward")
+        )
 
     assert kernels(timeline) == kernels(cost.timeline())
+
+
+def test_a_mapped_simulation_refuses_offsets_off_the_machine():
+    machine = flat(2)
+    cost = iteration_cost(fork(2), machine)
+    with pytest.raises(CostError, match="offsets name node 'nosuch'"):
+        cost.mapped_timeline({"nosuch": 0}, machine, {})
+    with pytest.raises(CostError, match=r"node 'm1_0' spans 1 devices from 2; machine 'flat2'"):
+        cost.mapped_timeline({"m1_0": 2}, machine, {})
+    with pytest.raises(CostError, match="from -1"):
+        cost.mapped_timeline({"m1_0": -1}, machine, {})
 
 
 def test_memory_under_the_mapping_is_the_fullest_device():

@@ -171,6 +171,8 @@ def test_runtime_options_are_checked():
         Runtime(zero_stage=3)
     with pytest.raises(ValueError, match="zero_stage must be one of"):
         Runtime(zero_stage=True)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="zero_stage must be one of"):
+        Runtime(zero_stage=2.0)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="overlap must be True or False"):
         Runtime(overlap="yes")  # type: ignore[arg-type]
     with pytest.raises(CostError, match=r"runtime must be a pcgopt\.extract\.Runtime"):
@@ -227,6 +229,37 @@ def test_zero_buckets_its_gathers_as_its_gradients():
     bucketed = iteration_cost(pcg, TWO_NODES, runtime=Runtime(zero_stage=1))
     names = [t.name for t in bucketed.timeline().tasks if t.phase == "sync"]
     assert names == ["bucket 1 (6 gradients)", "gather 1 (6 weights)"]
+
+
+def test_zero_2_keeps_whole_gradients_while_it_accumulates_micro_batches():
+    pcg = dense_chain(3, degree=4)
+    machine = Machine.preset("dgx-a100", nodes=1, devices_per_node=4)
+    w = 3 * 256 * 256 * 4
+    once = iteration_cost(pcg, machine, runtime=Runtime(zero_stage=2))
+    twice = iteration_cost(pcg, machine, runtime=Runtime(zero_stage=2), micro_batches=2)
+    assert once.memory.gradients == w // 4
+    # The first micro-batch's gradients wait, unsynchronized and whole, for the second's.
+    assert twice.memory.gradients == w
+    assert twice.memory.optimizer_state == once.memory.optimizer_state == 2 * w // 4
+
+
+def test_zero_synchronizes_an_embedding_table_densely():
+    b = PCGBuilder()
+    ids = b.partition(
+        b.input((64, 1), dtype="i64", max_value=10_000, name="ids"),
+        dim=0,
+        degree=2,
+        name="ids.split",
+    )
+    table = b.replicate(b.weight((10_000, 64), name="table"), degree=2, name="table.copies")
+    rows = b.embedding(ids, table, name="lookup")
+    pcg = b.build(b.combine(rows, dim=0, degree=2, name="y"))
+    ddp = iteration_cost(pcg, TWO_GPUS)
+    zero = iteration_cost(pcg, TWO_GPUS, runtime=Runtime(zero_stage=1))
+    sync = {c.kind: c for c in zero.per_node["table.copies"].collectives}
+    # DDP all-reduces the rows the batch looked up; ZeRO's flat buffers are the whole table.
+    assert ddp.per_node["table.copies"].collectives[0].nbytes < 10_000 * 64 * 4
+    assert sync["all_reduce"].nbytes == sync["all_gather"].nbytes == 10_000 * 64 * 4
 
 
 def test_mixed_precision_computes_in_bf16_and_keeps_float32_master_weights():
