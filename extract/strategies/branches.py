@@ -400,10 +400,18 @@ def _descend(
     exact cost model's time under the machine mapping: the plan the DP estimated, made
     consistent with the exact costs (the redistributions, tensor parallelism in a branch).
     Starts from data parallelism at each layer's degree; the slowest layers first, so a time
-    limit leaves out the least."""
+    limit leaves out the least.
+
+    The descent steps by the mapping DP's estimate (units at their additive cost), and the
+    plan returned is the one of every plan it costed that the simulated iteration ranks first:
+    with communication hidden behind the backward, tensor parallelism in one layer of a
+    branch rarely pays for its redistributions on its own, so the simulation's landscape
+    stops a one-layer-at-a-time descent where the estimate's leads on to splitting them all
+    (MLP on 8 Summit nodes: 228 ms against 171 ms, simulated)."""
     started = time.perf_counter()
     cache = MappingCache(machine)
-    seen: dict[tuple, tuple[tuple[bool, float], PCG | None]] = {}
+    # assignment -> (the estimate's rank, the simulation's rank, the plan)
+    seen: dict[tuple, tuple[tuple[bool, float], tuple[bool, float], PCG | None]] = {}
 
     def evaluate(assignment: dict[str, MatmulStrategy]) -> tuple[bool, float]:
         key = tuple(sorted(assignment.items()))
@@ -420,10 +428,13 @@ def _descend(
                 mapping = map_machine(plan, machine, cost=cost, devices=devices, cache=cache)
                 # As saturate_and_extract costs it: mapped, or in sequence if that is faster.
                 mapped = mapping.cost(cost)
-                rank = min((not mapped.feasible, mapped.total_s), (not cost.feasible, cost.total_s))
-                seen[key] = (rank, plan)
+                fits = mapped.feasible
+                in_sequence = (not cost.feasible, cost.total_s)
+                estimate = (not fits, mapping.time_s) if mapping.divided_splits else in_sequence
+                simulated = (not fits, mapped.total_s)
+                seen[key] = (min(estimate, in_sequence), min(simulated, in_sequence), plan)
             except (PCGError, CostError):
-                seen[key] = ((True, math.inf), None)
+                seen[key] = ((True, math.inf), (True, math.inf), None)
         return seen[key][0]
 
     layers = [name for name in dense_layers(pcg) if name in degrees]
@@ -441,7 +452,7 @@ def _descend(
         # Most promising first: no partial sums, then even splits of batch and columns.
         options[name] = sorted(found, key=lambda o: (o.contraction, -min(o.batch, o.columns)))
     best = evaluate(current)
-    first_plan = seen[tuple(sorted(current.items()))][1]
+    first_plan = seen[tuple(sorted(current.items()))][2]
     if first_plan is None:  # data parallelism at the chosen degrees: a bug if it fails
         lower_degrees(pcg, machine, degrees, current)  # raises the error naming the node
         raise BaselineError("the branch-parallel degrees could not be costed or mapped")
@@ -492,9 +503,10 @@ def _descend(
                     current, best, changed = trial, key, True
         if not changed or over():
             break
-    plan = seen[tuple(sorted(current.items()))][1]
+    key = min(seen, key=lambda k: seen[k][1])
+    _, (_, seconds), plan = seen[key]
     assert plan is not None
-    return current, plan, best[1], len(seen)
+    return dict(key), plan, seconds, len(seen)
 
 
 def _moved(strategy: MatmulStrategy | None, axis: str, factor: int) -> MatmulStrategy | None:

@@ -118,6 +118,23 @@ def test_the_estimate_is_what_the_exact_cost_and_mapping_find():
     assert final.feasible
 
 
+def test_the_descent_keeps_the_plan_the_simulation_ranks_first_of_all_it_costed():
+    # MLP on 8 Summit nodes: its branches run at once, data parallel inside each. Simulated,
+    # with each branch's gradient AllReduce hidden behind its backward, splitting one layer of
+    # a branch does not pay for its redistributions, but splitting them all does: the descent
+    # steps by the DP's estimate, which leads there, and keeps the best simulated plan.
+    machine = Machine.preset("summit", nodes=8)
+    pcg = weak_scaled("mlp", machine)
+    found = branch_parallel(pcg, machine, optimizer="sgd")
+    assert found is not None
+    split = [s for s in found.strategies.values() if s.columns > 1 or s.contraction > 1]
+    assert len(split) > 1
+    _, _, start = mapped_cost(lower_degrees(pcg, machine, found.degrees), machine, optimizer="sgd")
+    _, _, final = mapped_cost(found.pcg, machine, optimizer="sgd")
+    assert final.total_s == pytest.approx(found.mapped_s)
+    assert final.total_s < 0.85 * start.total_s
+
+
 def test_lookups_in_branches_that_run_at_once_split_their_tables_together():
     """XDL on 8 Summit nodes: four embedding tables, each bag of lookups on its own group of
     GPUs at once. The slowest group sets the time, so splitting one table's columns alone gains
