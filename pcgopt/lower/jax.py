@@ -60,7 +60,12 @@ through the sharded program and updates the weights with the optimizer the plan 
 (``optax``: ``sgd``, ``momentum`` = SGD with momentum 0.9, ``adam``). A plan costed with
 gradient accumulation over ``m`` micro-batches runs the forward and backward of each
 micro-batch (a slice of every data input's dimension 0) inside the program, accumulates the
-local gradients, and synchronizes them once.
+local gradients, and synchronizes them once. A plan costed under ZeRO
+(:attr:`~pcgopt.extract.costmodel.simulate.Runtime.zero_stage`) keeps each weight's optimizer
+state split over the weight's copies (:meth:`Lowered.state_sharding`), so each copy updates its
+part and the step gathers the weights back (ZeRO-1: AllReduce, then AllGather); under ZeRO-2 the
+gradients are reduce-scattered into those parts instead of all-reduced. XLA compiles the
+collectives the cost model charges for them (:meth:`Lowered.collectives` reads the whole step).
 
 **Checks.** :func:`reference_loss_and_grads` is the model evaluated by plain ``jax.numpy`` (one
 device, no parallel operators), which the first step's loss and gradients must equal
@@ -200,6 +205,30 @@ def _varying(x: Any) -> frozenset[str]:
 
 def _named(axes: Sequence[str]) -> str | tuple[str, ...]:
     return axes[0] if len(axes) == 1 else tuple(axes)
+
+
+def _sum_scattered(x: Any, axes: Sequence[str], over: Sequence[str], dim: int) -> Any:
+    """Inside ``shard_map``: ``x`` summed over mesh ``axes``, each device keeping its block of
+    dimension ``dim`` along ``over`` (in that order): a ReduceScatter when ``over`` are the
+    axes summed over, else the sum and then the block."""
+    if set(axes) == set(over):
+        return lax.psum_scatter(x, _named(tuple(over)), scatter_dimension=dim, tiled=True)
+    total = lax.psum(x, _named(tuple(axes))) if axes else x
+    index = lax.axis_index(_named(tuple(over)))
+    size = total.shape[dim] // math.prod(lax.axis_size(a) for a in over)
+    return lax.dynamic_slice_in_dim(total, index * size, size, axis=dim)
+
+
+def zero_stage_of(plan: Any) -> int:
+    """The ZeRO stage of the runtime a Plan (or a plan file) was costed with; 0 for none."""
+    cost = getattr(plan, "cost", None)
+    runtime = getattr(cost, "runtime", None)
+    return int(getattr(runtime, "zero_stage", getattr(cost, "zero_stage", 0)) or 0)
+
+
+def _named_tuple(entry: str | tuple[str, ...]) -> tuple[str, ...]:
+    """A ``PartitionSpec`` entry's mesh axes, as a tuple."""
+    return (entry,) if isinstance(entry, str) else tuple(entry)
 
 
 @dataclass(frozen=True)
@@ -603,6 +632,8 @@ class Lowered:
     placement: DeviceOrder | None = field(default=None, repr=False)
     #: Why the program differs from the plan, if it does (a mapped plan run as one program).
     note: str = ""
+    #: The ZeRO stage the plan was costed with (:func:`zero_stage_of`; 0 for a bare PCG).
+    zero_stage: int = 0
     _program: _Program | None = field(default=None, repr=False)
     _cache: dict[str, Any] = field(init=False, repr=False, default_factory=dict)
 
@@ -832,7 +863,8 @@ class Lowered:
         return self._cache["grad"]
 
     def _value_and_grad(self) -> Callable[..., Any]:
-        if self.micro_batches == 1:
+        # ZeRO-2 reduce-scatters gradients itself, as accumulation over one micro-batch does.
+        if self.micro_batches == 1 and self.zero_stage < 2:
             return jax.value_and_grad(self._loss_fn())
         return self._accumulated()
 
@@ -856,6 +888,9 @@ class Lowered:
         data = _data_inputs(self.pcg)
         weight_slots = [k for k, slot in enumerate(slots) if slot.source in trained]
         cast = frozenset(slots[k].node for k in weight_slots)
+        # ZeRO-2: a weight kept in one layout gets its gradient reduce-scattered into the
+        # part of it that its copy updates (state_sharding): (dimension, axes) per slot.
+        scatter = self._zero_scatter(weight_slots) if self.zero_stage >= 2 else {}
 
         def body(*local: Any) -> tuple[Any, list[Any]]:
             params = {k: micro._copies(slots[k].node, local[k]) for k in weight_slots}
@@ -882,17 +917,26 @@ class Lowered:
             for k in weight_slots:
                 own = micro.layout(slots[k].node).axes
                 axes = tuple(a for a in grid.names if a in _varying(grads[k]) and a not in own)
-                synced.append(lax.psum(grads[k], _named(axes)) if axes else grads[k])
+                if k in scatter:
+                    dim, over = scatter[k]
+                    synced.append(_sum_scattered(grads[k], axes, over, dim))
+                else:
+                    synced.append(lax.psum(grads[k], _named(axes)) if axes else grads[k])
             return loss, synced
 
-        mapped = self._mapped(body, (P(), [slots[k].spec for k in weight_slots]))
+        out_specs = [
+            self.state_sharding(slots[k].source).spec if k in scatter else slots[k].spec
+            for k in weight_slots
+        ]
+        mapped = self._mapped(body, (P(), out_specs))
 
         def value_and_grad(params: dict[str, Any], others: dict[str, Any]) -> Any:
             loss, synced = mapped(*self._args({**others, **params}))
             grads: dict[str, Any] = {}
             for k, g in zip(weight_slots, synced, strict=True):
                 name = slots[k].source
-                g = jax.lax.with_sharding_constraint(g, self.sharding(name))
+                kept = self.state_sharding(name) if k in scatter else self.sharding(name)
+                g = jax.lax.with_sharding_constraint(g, kept)
                 grads[name] = g if name not in grads else grads[name] + g
             return loss, grads
 
@@ -900,20 +944,72 @@ class Lowered:
 
     # -- training ---------------------------------------------------------------------------
 
+    def state_sharding(self, weight: str) -> Any:
+        """The ``NamedSharding`` of the optimizer state that follows ``weight``: the weight's
+        own, or under ZeRO (:attr:`zero_stage`) split further over the mesh axes the weight is
+        copied on (along its first dimension their sizes divide), so that each copy keeps and
+        updates its part, and the updated weight is gathered back."""
+        own = self.sharding(weight)
+        if not self.zero_stage:
+            return own
+        spec = tuple(own.spec) + (None,) * (self.pcg.shape(weight).rank - len(own.spec))
+        used = {a for entry in spec if entry is not None for a in _named_tuple(entry)}
+        copies = tuple(a for a in self.mesh.axis_names if a not in used and self.mesh.shape[a] > 1)
+        ways = math.prod(self.mesh.shape[a] for a in copies)
+        if ways == 1:
+            return own
+        sizes = self.pcg.shape(weight).sizes
+        for dim, entry in enumerate(spec):
+            split = math.prod(self.mesh.shape[a] for a in _named_tuple(entry)) if entry else 1
+            if sizes[dim] % (split * ways) == 0:
+                merged = (*_named_tuple(entry), *copies) if entry else copies
+                new = list(spec)
+                new[dim] = merged if len(merged) > 1 else merged[0]
+                return NamedSharding(self.mesh, P(*new))
+        return own  # no dimension divides: kept whole on every copy
+
+    def _zero_scatter(self, weight_slots: Sequence[int]) -> dict[int, tuple[int, tuple[str, ...]]]:
+        """For ZeRO-2, the weight slots whose gradient is reduce-scattered: slot -> (the
+        dimension :meth:`state_sharding` splits further, the mesh axes it adds there). Only a
+        weight kept in one layout (its slots' gradients are otherwise added up whole)."""
+        slots = self._program.slots
+        count: dict[str, int] = {}
+        for k in weight_slots:
+            count[slots[k].source] = count.get(slots[k].source, 0) + 1
+        found = {}
+        for k in weight_slots:
+            name = slots[k].source
+            own, state = tuple(slots[k].spec), tuple(self.state_sharding(name).spec)
+            width = max(len(own), len(state))
+            own, state = own + (None,) * (width - len(own)), state + (None,) * (width - len(state))
+            if count[name] != 1 or own == state:
+                continue
+            for dim, (before, after) in enumerate(zip(own, state, strict=True)):
+                if before != after:
+                    had = _named_tuple(before) if before else ()
+                    found[k] = (dim, _named_tuple(after)[len(had) :])
+        return found
+
     def init(self, weights: Mapping[str, Any]) -> TrainState:
         """The training state for these (logical) weights."""
         params = self._placed(weights, self.weight_names, "weights")
         opt = optimizer_transform(self.optimizer, self.learning_rate)
         # The optimizer's state is laid out like the weights it follows (jit keeps the
-        # layouts), so that every step takes and returns the same layouts (one compilation).
-        # Its scalars (Adam's step count) are replicated on the mesh.
+        # layouts), so that every step takes and returns the same layouts (one compilation);
+        # under ZeRO, split over the weight's copies (state_sharding). Its scalars (Adam's step
+        # count) are replicated on the mesh.
         replicated = NamedSharding(self.mesh, P())
-        opt_state = jax.tree.map(
-            lambda x: (
-                x if len(x.sharding.device_set) == self.mesh.size else jax.device_put(x, replicated)
-            ),
-            jax.jit(opt.init)(params),
-        )
+
+        def placed(path: Any, x: Any) -> Any:
+            last = path[-1] if path else None
+            name = getattr(last, "key", None)
+            if name in params:
+                return jax.device_put(x, self.state_sharding(name))
+            if len(x.sharding.device_set) == self.mesh.size:
+                return x
+            return jax.device_put(x, replicated)
+
+        opt_state = jax.tree_util.tree_map_with_path(placed, jax.jit(opt.init)(params))
         return TrainState(params, opt_state, 0)
 
     def _step_fn(self) -> Callable[..., Any]:
@@ -922,10 +1018,17 @@ class Lowered:
             value_and_grad = self._value_and_grad()
             optax = _optax()
 
+            kept = {name: self.sharding(name) for name in self.weight_names}
+
             def step(params: dict[str, Any], opt_state: Any, others: dict[str, Any]) -> Any:
                 loss, grads = value_and_grad(params, others)
                 updates, opt_state = opt.update(grads, opt_state, params)
-                return optax.apply_updates(params, updates), opt_state, loss
+                # Under ZeRO the updates come out split like the state: the weights gather
+                # them back, inside the step.
+                params = jax.lax.with_sharding_constraint(
+                    optax.apply_updates(params, updates), kept
+                )
+                return params, opt_state, loss
 
             self._cache["step"] = jax.jit(step, donate_argnums=(0, 1))
         return self._cache["step"]
@@ -964,8 +1067,10 @@ class Lowered:
         """The collectives XLA compiled for the training step (:meth:`compiled_text`) beside
         the cost model's for the plan, matched one to one
         (:func:`pcgopt.lower.collectives.compare_collectives`)."""
-        # The compiled text first: tracing it finds the Partitions of copies.
-        compiled = compiled_collectives(self.compiled_text(), dict(self.mesh.shape))
+        # The compiled text first: tracing it finds the Partitions of copies. Under ZeRO the
+        # update adds collectives (the weights gathered back): the whole step's.
+        text = self.compiled_text(update=bool(self.zero_stage))
+        compiled = compiled_collectives(text, dict(self.mesh.shape))
         return compare_collectives(
             self.planned_collectives(), compiled, (n.name for n in self.pcg.nodes)
         )
@@ -1109,6 +1214,7 @@ def lower(
 
     if isinstance(plan_or_pcg, Plan | SavedPlan) and concurrent and placement is None:
         return _lower_concurrent(plan_or_pcg, devices, optimizer, learning_rate, micro_batches)
+    zero_stage = zero_stage_of(plan_or_pcg)
     if isinstance(plan_or_pcg, SavedPlan):  # a plan file: its graph, on its device groups
         optimizer = optimizer or plan_or_pcg.cost.optimizer
         if micro_batches is None:
@@ -1153,6 +1259,7 @@ def lower(
         optimizer=optimizer,
         learning_rate=learning_rate,
         micro_batches=micro_batches,
+        zero_stage=zero_stage,
     )
 
 
@@ -1166,6 +1273,7 @@ def _program_on(
     optimizer: str = "adam",
     learning_rate: float = DEFAULT_LEARNING_RATE,
     micro_batches: int = 1,
+    zero_stage: int = 0,
 ) -> Lowered:
     """The SPMD program of ``pcg`` on the first of ``available``, in the device order that
     gives its parallel nodes ``groups`` (checked arguments: :func:`lower` checks them)."""
@@ -1185,6 +1293,7 @@ def _program_on(
         micro_batches,
         plan,
         placement=placement,
+        zero_stage=zero_stage,
         _program=program,
     )
 

@@ -61,6 +61,7 @@ from pcgopt.lower.jax import (
     jnp,
     optimizer_transform,
     random_sources,
+    zero_stage_of,
 )
 from pcgopt.lower.placement import DeviceOrder, GroupCheck
 from pcgopt.ops import OpKind
@@ -264,6 +265,19 @@ class MappedLowered:
         return (
             f"MappedLowered({len(self.pcg.nodes)} nodes in {len(self.pieces)} pieces on "
             f"{len(self.devices)} devices; {self.optimizer})"
+        )
+
+    @property
+    def note(self) -> str:
+        """What this run does differently from the plan's cost: a plan costed under ZeRO
+        runs its pieces with their optimizer state whole (the same numbers, DDP's memory)."""
+        stage = zero_stage_of(self.plan)
+        if not stage:
+            return ""
+        return (
+            f"the plan was costed with ZeRO-{stage}; its branches run as programs on sub-meshes, "
+            "which keep every weight's optimizer state whole (the same training, not ZeRO's "
+            "memory)"
         )
 
     @property

@@ -126,7 +126,12 @@ class RunReport:
         lines = [
             f"ran {len(low.pcg.nodes)} nodes {where}; optimizer "
             f"{low.optimizer}, learning rate {low.learning_rate:g}, {low.micro_batches} "
-            f"micro-batch{'es' if low.micro_batches > 1 else ''}",
+            f"micro-batch{'es' if low.micro_batches > 1 else ''}"
+            + (
+                f", ZeRO-{low.zero_stage} (optimizer state split over each weight's copies)"
+                if getattr(low, "zero_stage", 0)
+                else ""
+            ),
             f"first step against {self.reference}: loss |difference| {self.loss_error:.3g} "
             f"(relative {self.loss_relative:.3g}), gradients max |difference| "
             f"{self.grad_error:.3g} (relative {self.grad_relative:.3g}) over "

@@ -23,7 +23,7 @@ class SavedPlan:
     pcg: PCG
     mapping: Mapping[str, Any]
     machine_mapping: Any  # .units: the schedule
-    cost: Any  # .optimizer, .micro_batches
+    cost: Any  # .optimizer, .micro_batches, .zero_stage
 
     @classmethod
     def from_dict(cls, pcg: PCG, data: Mapping[str, Any]) -> SavedPlan | None:
@@ -50,7 +50,11 @@ class SavedPlan:
             pcg,
             mapping,
             _Schedule(units),
-            _Cost(cost.get("optimizer") or "adam", int(cost.get("micro_batches") or 1)),
+            _Cost(
+                cost.get("optimizer") or "adam",
+                int(cost.get("micro_batches") or 1),
+                int((cost.get("runtime") or {}).get("zero_stage") or 0),
+            ),
         )
 
 
@@ -63,3 +67,4 @@ class _Schedule:
 class _Cost:
     optimizer: str
     micro_batches: int
+    zero_stage: int = 0
