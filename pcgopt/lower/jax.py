@@ -66,6 +66,8 @@ state split over the weight's copies (:meth:`Lowered.state_sharding`), so each c
 part and the step gathers the weights back (ZeRO-1: AllReduce, then AllGather); under ZeRO-2 the
 gradients are reduce-scattered into those parts instead of all-reduced. XLA compiles the
 collectives the cost model charges for them (:meth:`Lowered.collectives` reads the whole step).
+A weight no dimension of which its copies divide, or (ZeRO-2) kept in several layouts, trains
+as under DDP (:meth:`Lowered.zero_exceptions`, named in :attr:`Lowered.note`).
 
 **Checks.** :func:`reference_loss_and_grads` is the model evaluated by plain ``jax.numpy`` (one
 device, no parallel operators), which the first step's loss and gradients must equal
@@ -844,7 +846,9 @@ class Lowered:
         self, inputs: Mapping[str, Any], weights: Mapping[str, Any]
     ) -> tuple[Any, dict[str, Any]]:
         """The loss and the gradient of every trainable weight (global arrays in the weights'
-        stored layouts), as one training step computes them."""
+        stored layouts; with micro-batches under ZeRO-2, split as the optimizer state is), as
+        one training step computes them (under ZeRO-2 with one micro-batch, all-reduced rather
+        than reduce-scattered: the same values)."""
         params = self._placed(weights, self.weight_names, "weights")
         others = self._placed(self._in_micro_batch_order(inputs), self.input_names, "inputs")
         loss, grads = self._gradient_program(params, others)(params, others)
@@ -968,6 +972,29 @@ class Lowered:
                 return NamedSharding(self.mesh, P(*new))
         return own  # no dimension divides: kept whole on every copy
 
+    def zero_exceptions(self) -> tuple[str, ...]:
+        """Under ZeRO, the weights kept in copies that run as DDP does, unlike the plan's cost:
+        those no dimension of which the copies divide (the state stays whole), and under ZeRO-2
+        those kept in several layouts (their gradients are all-reduced, not reduce-scattered).
+        Empty without ZeRO."""
+        if not self.zero_stage:
+            return ()
+        slots = self._program.slots
+        layouts: dict[str, int] = {}
+        for slot in slots:
+            layouts[slot.source] = layouts.get(slot.source, 0) + 1
+        found = []
+        for name in self.weight_names:
+            own = self.sharding(name)
+            used = {a for entry in own.spec if entry is not None for a in _named_tuple(entry)}
+            copied = any(a not in used and self.mesh.shape[a] > 1 for a in self.mesh.axis_names)
+            if not copied:
+                continue
+            whole = self.state_sharding(name) == own
+            if whole or (self.zero_stage >= 2 and layouts.get(name, 0) > 1):
+                found.append(name)
+        return tuple(found)
+
     def _zero_scatter(self, weight_slots: Sequence[int]) -> dict[int, tuple[int, tuple[str, ...]]]:
         """For ZeRO-2, the weight slots whose gradient is reduce-scattered: slot -> (the
         dimension :meth:`state_sharding` splits further, the mesh axes it adds there). Only a
@@ -1010,6 +1037,8 @@ class Lowered:
             return jax.device_put(x, replicated)
 
         opt_state = jax.tree_util.tree_map_with_path(placed, jax.jit(opt.init)(params))
+        # The step keeps these layouts (under ZeRO, XLA would otherwise be free to choose).
+        self._cache["state_shardings"] = jax.tree.map(lambda x: x.sharding, opt_state)
         return TrainState(params, opt_state, 0)
 
     def _step_fn(self) -> Callable[..., Any]:
@@ -1028,6 +1057,9 @@ class Lowered:
                 params = jax.lax.with_sharding_constraint(
                     optax.apply_updates(params, updates), kept
                 )
+                state_shardings = self._cache.get("state_shardings")
+                if state_shardings is not None:
+                    opt_state = jax.lax.with_sharding_constraint(opt_state, state_shardings)
                 return params, opt_state, loss
 
             self._cache["step"] = jax.jit(step, donate_argnums=(0, 1))
@@ -1125,7 +1157,8 @@ class Lowered:
     def release(self) -> None:
         """Drops the compiled loss-and-gradients and forward programs (a full-size model's
         hold buffers the size of its weights); the next call compiles them again. The HLO
-        text :meth:`collectives` reads is kept."""
+        text :meth:`collectives` reads is kept (under ZeRO it reads the whole step's, which it
+        compiles again, with a training state of its own)."""
         program = self._cache.pop("grad", None)
         if program is not None:
             self._cache["grad_text"] = program.as_text()
@@ -1134,7 +1167,8 @@ class Lowered:
     def compiled_text(self, *, update: bool = False) -> str:
         """XLA's compiled HLO (after its SPMD and collective passes) of the training step's
         loss and gradients, or with ``update`` of the whole step (the optimizer update is
-        elementwise on every device's shards: it adds no collectives)."""
+        elementwise on every device's shards: it adds no collectives, except under ZeRO, where
+        the updated weights are gathered back)."""
         if not update and "grad" in self._cache:
             return self._cache["grad"].as_text()
         if not update and "grad_text" in self._cache:
@@ -1250,7 +1284,7 @@ def lower(
             micro_batched(pcg, micro_batches)
         except PCGError as err:
             raise LoweringError(f"{micro_batches} micro-batches: {err}", node=err.node) from err
-    return _program_on(
+    lowered = _program_on(
         pcg,
         available,
         _placement_of(pcg, plan, placement),
@@ -1261,6 +1295,18 @@ def lower(
         micro_batches=micro_batches,
         zero_stage=zero_stage,
     )
+    exceptions = lowered.zero_exceptions()
+    if exceptions:
+        shown = ", ".join(exceptions[:3]) + (
+            f" and {len(exceptions) - 3} more" if len(exceptions) > 3 else ""
+        )
+        object.__setattr__(
+            lowered,
+            "note",
+            f"ZeRO-{zero_stage} is not applied to {shown}: no dimension their copies divide, or "
+            "(ZeRO-2) kept in several layouts; they train as under DDP",
+        )
+    return lowered
 
 
 def _program_on(
@@ -1341,7 +1387,8 @@ def _lower_concurrent(
         micro_batches=micro_batches,
         concurrent=False,
     )
-    object.__setattr__(lowered, "note", note)
+    if note:
+        object.__setattr__(lowered, "note", "; ".join(n for n in (note, lowered.note) if n))
     return lowered
 
 

@@ -165,7 +165,7 @@ def test_a_zero_plan_splits_the_optimizer_state_and_trains_as_ddp_does(stage):
     _, ddp_state, _ = runs[0]
     for name in lowered.weight_names:
         assert _close(state.params[name], ddp_state.params[name]) <= RTOL
-        assert state.params[name].sharding == lowered.sharding(name)
+    assert lowered.zero_exceptions() == () and lowered.note == ""
     assert any(_close(state.params[n], weights[n]) > RTOL for n in lowered.weight_names)
     # Adam's moments of a weight in 4 copies: a quarter of it on each device.
     mu = state.opt_state[0].mu
@@ -184,6 +184,66 @@ def test_a_zero_plan_splits_the_optimizer_state_and_trains_as_ddp_does(stage):
     ran = run_plan(lowered.plan, steps=1, collectives=False)
     assert f"ZeRO-{stage} (optimizer state split" in ran.summary()
     assert ran.grad_relative <= RTOL
+
+
+def test_zero_2_splits_a_tensor_parallel_weights_state_further_and_trains_as_ddp_does():
+    from dataclasses import replace
+
+    from pcgopt.extract import DDP
+    from pcgopt.extract.search.plan import mapped_plan
+
+    # Megatron with data parallelism on 8 devices: a column-parallel weight is split over the
+    # tensor-parallel axis and copied over the data-parallel one, which ZeRO splits it further
+    # along (its blocks in the order the merged mesh axes say).
+    machine = machine_from_spec("dgx-a100:1:8")
+    model = build("transformer", small=True, batch=4)
+    plans = {
+        zero: mapped_plan(megatron(model, machine), machine, runtime=replace(DDP, zero_stage=zero))
+        for zero in (0, 2)
+    }
+    params = {}
+    for zero, plan in plans.items():
+        lowered = lower(plan, concurrent=False)
+        inputs, weights = lowered.random_sources(seed=1)
+        state = lowered.init(weights)
+        for _ in range(2):
+            state, _ = lowered.train_step(state, inputs)
+        params[zero] = state.params
+    split = [
+        n
+        for n in lowered.weight_names
+        if len(lowered.state_sharding(n).spec)
+        and lowered.state_sharding(n) != lowered.sharding(n)
+        and any(isinstance(e, tuple) for e in lowered.state_sharding(n).spec)
+    ]
+    assert split  # some state is split over both axes in one dimension
+    for name in lowered.weight_names:
+        assert _close(params[2][name], params[0][name]) <= RTOL, name
+
+
+def test_a_weight_zero_cannot_split_trains_whole_and_the_run_says_so():
+    from dataclasses import replace
+
+    from pcgopt.extract import DDP
+    from pcgopt.extract.search.plan import mapped_plan
+
+    b = PCGBuilder()
+    x = b.partition(b.input((8, 3), name="x"), dim=0, degree=4, name="x.split")
+    odd = b.replicate(b.weight((3,), name="odd"), degree=4, name="odd.copies")
+    even = b.replicate(b.weight((3, 4), name="even"), degree=4, name="even.copies")
+    y = b.matmul(b.add(x, odd, name="shifted"), even, name="mm")
+    pcg = b.build(b.combine(y, dim=0, degree=4, name="y"))
+    machine = machine_from_spec("dgx-a100:1:4")
+    lowered = lower(mapped_plan(pcg, machine, runtime=replace(DDP, zero_stage=1)))
+    # 4 copies divide no dimension of a 3-vector: its state stays whole; the 3 x 4 matrix's
+    # splits along its columns.
+    assert lowered.zero_exceptions() == ("odd",)
+    assert "ZeRO-1 is not applied to odd" in lowered.note
+    assert lowered.state_sharding("odd") == lowered.sharding("odd")
+    assert lowered.state_sharding("even") != lowered.sharding("even")
+    inputs, weights = lowered.random_sources(seed=0)
+    state, _ = lowered.train_step(lowered.init(weights), inputs)
+    assert state.opt_state[0].mu["odd"].addressable_shards[0].data.shape == (3,)
 
 
 def test_a_zero_plan_run_as_pieces_on_sub_meshes_says_it_keeps_the_state_whole():
