@@ -420,6 +420,7 @@ def mapped_cost(
     cost: CostBreakdown | None = None,
     cache: MappingCache | None = None,
     time_limit_s: float | None = None,
+    placement: PlanPlacement | None = None,
 ) -> tuple[PlanPlacement, MachineMapping, CostBreakdown]:
     """How :func:`saturate_and_extract` costs a candidate plan: its axes placed on the hierarchy
     (:func:`~pcgopt.extract.strategies.placement.place_plan`), its independent branches mapped onto
@@ -428,7 +429,8 @@ def mapped_cost(
     the fewest micro-batches that fit in the cost model's (unmapped, so conservative) memory
     (:func:`~pcgopt.extract.costmodel.cost.accumulate_to_fit`), mapped again. ``cost``: its
     default-placement cost, if known; ``time_limit_s``: the placement search's (see
-    :func:`~pcgopt.extract.strategies.placement.place_plan`).
+    :func:`~pcgopt.extract.strategies.placement.place_plan`); ``placement``: the plan's
+    placement already found (under another runtime), kept instead of searched again.
 
     The placement spreads a plan's axes over the machine, which can leave no room to run
     narrow branches beside each other. For a plan whose tensors are split along their batch
@@ -437,14 +439,20 @@ def mapped_cost(
     one a machine can have, so it is mapped too and the faster kept. For other plans (a
     tensor-parallel group inside a data-parallel one) the default puts every group on the
     closest devices at once, which no machine can; they keep P^2's placement."""
-    placed = place_plan(
-        plan,
-        machine,
-        optimizer=optimizer,
-        runtime=runtime,
-        default_cost=cost,
-        time_limit_s=time_limit_s,
-    )
+    if placement is not None:
+        again = iteration_cost(
+            plan, machine, optimizer=optimizer, runtime=runtime, devices=placement.devices or None
+        )
+        placed = replace(placement, cost=again, tried=())
+    else:
+        placed = place_plan(
+            plan,
+            machine,
+            optimizer=optimizer,
+            runtime=runtime,
+            default_cost=cost,
+            time_limit_s=time_limit_s,
+        )
     final = placed.cost
     mapping = map_machine(plan, machine, cost=final, devices=placed.devices, cache=cache)
     # Each mapping's cost is worked out once: one that runs branches at once is simulated.
@@ -1016,8 +1024,10 @@ def _place_and_map(
     # Searches often agree (metropolis-hastings keeps coordinate descent's plan): one
     # placement per distinct plan.
     # A candidate is costed under the runtime its cost carries (ZeRO's baselines carry their
-    # own); a plan and runtime is placed once.
+    # own); a plan and runtime is placed and mapped once, and a plan placed under one runtime
+    # keeps that placement under another (ZeRO changes each weight's sync, not its groups).
     done: dict[tuple[PCG, Runtime], tuple[PlanPlacement, MachineMapping, CostBreakdown]] = {}
+    placed_as: dict[PCG, PlanPlacement] = {}
     pending = [name for name, value in candidates.items() if value is not None]
     failed: dict[tuple[PCG, Runtime], str] = {}
     for k, name in enumerate(pending):
@@ -1035,7 +1045,9 @@ def _place_and_map(
                     cost=cost,
                     cache=cache,
                     time_limit_s=clock.left() / max(1, len(left - done.keys())),
+                    placement=placed_as.get(plan),
                 )
+                placed_as.setdefault(plan, done[key][0])
             except CostError as e:  # a bug, but the other candidates still stand
                 failed[key] = str(e)
                 warnings.warn(

@@ -230,13 +230,15 @@ def test_candidates_that_are_the_same_plan_are_placed_once(monkeypatch):
 
     monkeypatch.setattr(plan_module, "place_plan", counting)
     # The seed is the data-parallel baseline itself: two candidates, one plan. ZeRO-1 and ZeRO-2
-    # are that plan too, under runtimes of their own: each is placed under its own.
+    # are that plan too, under runtimes of their own: they keep its placement, costed anew.
     plan = saturate_and_extract(
         MNIST, TWO_GPUS, time_budget_s=4, seeds=[data_parallel(MNIST, TWO_GPUS)]
     )
-    runtimes = {(p, k["runtime"]) for p, k in placed}
-    assert len(placed) == len(runtimes)
-    assert sum(p == data_parallel(MNIST, TWO_GPUS) for p, _ in runtimes) == 3
+    assert len(placed) == len({p for p, _ in placed})
+    dp = data_parallel(MNIST, TWO_GPUS)
+    assert [k["runtime"].zero_stage for p, k in placed if p == dp] == [0]
+    c = plan.stats.candidates
+    assert c["zero-1"] is not None and c["zero-2"] is not None and c["zero-2"] != c["data parallel"]
     assert plan.stats.candidates["seed 0"] == plan.stats.candidates["data parallel"]
 
 

@@ -141,8 +141,7 @@ def test_a_training_step_applies_the_optimizer_to_the_unsharded_gradients(optimi
     assert state.step == 2
 
 
-@pytest.mark.parametrize("stage", [1, 2])
-def test_a_zero_plan_splits_the_optimizer_state_and_trains_as_ddp_does(stage):
+def test_a_zero_plan_splits_the_optimizer_state_and_trains_as_ddp_does():
     from dataclasses import replace
 
     from pcgopt.extract import DDP
@@ -151,7 +150,7 @@ def test_a_zero_plan_splits_the_optimizer_state_and_trains_as_ddp_does(stage):
     machine = machine_from_spec("dgx-a100:1:4")
     model = build("transformer", small=True, batch=4)
     runs = {}
-    for zero in (0, stage):
+    for zero in (0, 1, 2):
         runtime = replace(DDP, zero_stage=zero)
         plan = mapped_plan(data_parallel(model, machine), machine, runtime=runtime)
         lowered = lower(plan)
@@ -160,30 +159,28 @@ def test_a_zero_plan_splits_the_optimizer_state_and_trains_as_ddp_does(stage):
         state = lowered.init(weights)
         for _ in range(2):
             state, _ = lowered.train_step(state, inputs)
-        runs[zero] = (lowered, state, weights)
-    lowered, state, weights = runs[stage]
-    _, ddp_state, _ = runs[0]
-    for name in lowered.weight_names:
-        assert _close(state.params[name], ddp_state.params[name]) <= RTOL
-    assert lowered.zero_exceptions() == () and lowered.note == ""
-    assert any(_close(state.params[n], weights[n]) > RTOL for n in lowered.weight_names)
-    # Adam's moments of a weight in 4 copies: a quarter of it on each device.
-    mu = state.opt_state[0].mu
-    name = max(lowered.weight_names, key=lambda n: np.prod(weights[n].shape))
-    assert mu[name].addressable_shards[0].data.size * 4 == mu[name].size
-    # XLA compiles what the cost model charges: the gradient's AllReduce (ZeRO-2: its
-    # ReduceScatter), then the updated weight's AllGather, bytes and all.
-    report = lowered.collectives()
-    assert report.missing == () and report.extra == ()
-    kinds = {p.spmd_kind for p, _ in report.matched if p.purpose == "weight sync"}
-    synced = {"all-reduce", "all-gather"} if stage == 1 else {"reduce-scatter", "all-gather"}
-    assert kinds == synced
-    # Its plan file runs the same way.
-    saved = SavedPlan.from_dict(lowered.pcg, json.loads(lowered.plan.to_json()))
-    assert lower(saved).zero_stage == stage
-    ran = run_plan(lowered.plan, steps=1, collectives=False)
-    assert f"ZeRO-{stage} (optimizer state split" in ran.summary()
-    assert ran.grad_relative <= RTOL
+        runs[zero] = (lowered, state)
+    _, ddp_state = runs[0]
+    assert any(_close(ddp_state.params[n], weights[n]) > RTOL for n in weights)
+    for stage in (1, 2):
+        lowered, state = runs[stage]
+        for name in lowered.weight_names:
+            assert _close(state.params[name], ddp_state.params[name]) <= RTOL
+        assert lowered.zero_exceptions() == () and lowered.note == ""
+        # Adam's moments of a weight in 4 copies: a quarter of it on each device.
+        mu = state.opt_state[0].mu
+        name = max(lowered.weight_names, key=lambda n: np.prod(weights[n].shape))
+        assert mu[name].addressable_shards[0].data.size * 4 == mu[name].size
+        # XLA compiles what the cost model charges: the gradient's AllReduce (ZeRO-2: its
+        # ReduceScatter), then the updated weight's AllGather, bytes and all.
+        report = lowered.collectives()
+        assert report.missing == () and report.extra == ()
+        kinds = {p.spmd_kind for p, _ in report.matched if p.purpose == "weight sync"}
+        synced = {"all-reduce", "all-gather"} if stage == 1 else {"reduce-scatter", "all-gather"}
+        assert kinds == synced
+        # Its plan file runs the same way.
+        saved = SavedPlan.from_dict(lowered.pcg, json.loads(lowered.plan.to_json()))
+        assert lower(saved).zero_stage == stage
 
 
 def test_zero_2_splits_a_tensor_parallel_weights_state_further_and_trains_as_ddp_does():
