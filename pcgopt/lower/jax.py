@@ -1037,8 +1037,9 @@ class Lowered:
             return jax.device_put(x, replicated)
 
         opt_state = jax.tree_util.tree_map_with_path(placed, jax.jit(opt.init)(params))
-        # The step keeps these layouts (under ZeRO, XLA would otherwise be free to choose).
-        self._cache["state_shardings"] = jax.tree.map(lambda x: x.sharding, opt_state)
+        # Under ZeRO the step keeps these layouts (XLA would otherwise be free to choose).
+        if self.zero_stage:
+            self._cache["state_shardings"] = jax.tree.map(lambda x: x.sharding, opt_state)
         return TrainState(params, opt_state, 0)
 
     def _step_fn(self) -> Callable[..., Any]:
@@ -1058,7 +1059,7 @@ class Lowered:
                     optax.apply_updates(params, updates), kept
                 )
                 state_shardings = self._cache.get("state_shardings")
-                if state_shardings is not None:
+                if self.zero_stage and state_shardings is not None:
                     opt_state = jax.lax.with_sharding_constraint(opt_state, state_shardings)
                 return params, opt_state, loss
 
