@@ -24,14 +24,16 @@ from _results import write_section as replace_section
 from pcgopt import Machine, models
 from pcgopt.extract.costmodel.cost import iteration_cost
 from pcgopt.extract.costmodel.simulate import DDP
-from pcgopt.extract.strategies.baselines import data_parallel, fsdp, megatron, sequential
+from pcgopt.extract.strategies.baselines import (
+    data_parallel,
+    fsdp,
+    megatron,
+    megatron_sp,
+    sequential,
+)
 from pcgopt.graph import PCG
 
 UNITY_MODELS = ("mlp", "bert_large", "dlrm", "xdl", "candle_uno", "resnext50", "inception_v3")
-
-
-def megatron_sp(pcg: PCG, machine: Machine) -> PCG:
-    return megatron(pcg, machine, sequence_parallel=True)
 
 
 #: Each baseline: how its plan is built, and its runtime's ZeRO stage.

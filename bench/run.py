@@ -50,6 +50,7 @@ peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 from dataclasses import replace
 from pcgopt.extract import BaselineError, CostError, DDP, data_parallel, fsdp, megatron, sequential
 from pcgopt.extract.search.plan import mapped_cost
+from pcgopt.extract.strategies.baselines import megatron_sp
 baselines = {}
 makers = {  # each baseline's plan and its runtime's ZeRO stage
     "data parallel": (data_parallel, 0),
@@ -57,7 +58,7 @@ makers = {  # each baseline's plan and its runtime's ZeRO stage
     "zero-1": (data_parallel, 1),
     "zero-2": (data_parallel, 2),
     "megatron": (megatron, 0),
-    "megatron-sp": (lambda p, m: megatron(p, m, sequence_parallel=True), 0),
+    "megatron-sp": (megatron_sp, 0),
     "sequential": (sequential, 0),
 }
 for key, (make, stage) in makers.items():

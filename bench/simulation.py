@@ -32,12 +32,13 @@ from pcgopt.extract import ADDITIVE, BaselineError, CostError, iteration_cost
 from pcgopt.extract.costmodel import cost as cost_module
 from pcgopt.extract.costmodel import simulate as simulate_module
 from pcgopt.extract.search.mapping import map_machine
-from pcgopt.extract.strategies.baselines import data_parallel, fsdp, megatron, sequential
-
-
-def megatron_sp(pcg, machine):
-    return megatron(pcg, machine, sequence_parallel=True)
-
+from pcgopt.extract.strategies.baselines import (
+    data_parallel,
+    fsdp,
+    megatron,
+    megatron_sp,
+    sequential,
+)
 
 HEADING = "## The simulated iteration"
 UNITY_MODELS = ("mlp", "bert_large", "dlrm", "xdl", "candle_uno", "resnext50", "inception_v3")

@@ -98,6 +98,7 @@ from pcgopt.extract.strategies.baselines import (
     data_parallel,
     fsdp,
     megatron,
+    megatron_sp,
     sequential,
 )
 from pcgopt.extract.strategies.branches import ElasticViews, branch_parallel, elastic_views
@@ -863,7 +864,7 @@ def _baselines(
         ("data parallel", data_parallel),
         ("fsdp", fsdp),
         ("megatron", megatron),
-        ("megatron-sp", _megatron_sp),
+        ("megatron-sp", megatron_sp),
         # Unity's "sequential optimization": single-device fusion first, then parallelism.
         ("fused, then data parallel or megatron", sequential),
     )
@@ -879,11 +880,6 @@ def _baselines(
             fixed[name] = None
     fixed.update(_zero_baselines(fixed.get("data parallel"), machine, optimizer, runtime, say))
     return fixed
-
-
-def _megatron_sp(pcg: PCG, machine: Machine) -> PCG:
-    """Megatron with sequence parallelism."""
-    return megatron(pcg, machine, sequence_parallel=True)
 
 
 def _zero_baselines(

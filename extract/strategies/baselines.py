@@ -75,6 +75,7 @@ __all__ = [
     "fsdp",
     "fuse",
     "megatron",
+    "megatron_sp",
     "sequential",
     "split_projections",
     "unity_figure_2b",
@@ -743,6 +744,11 @@ def megatron(
         if not lowering.fallbacks:
             return plan
     return _Lowering(pcg, largest_divisor(batch, machine.num_devices)).run()
+
+
+def megatron_sp(pcg: PCG, machine: Machine) -> PCG:
+    """:func:`megatron` with sequence parallelism, at its default tensor degree."""
+    return megatron(pcg, machine, sequence_parallel=True)
 
 
 def split_projections(pcg: PCG) -> PCG:
