@@ -166,7 +166,7 @@ def random_acyclic_choice(graph, rng):
     return chosen if all(r in chosen for r in graph.roots) else None
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     pcg=small_pcgs(max_ops=4, ops=("relu", "matmul", "add", "partition", "replicate")),
     seed=st.integers(0, 2**16),
@@ -188,7 +188,7 @@ def assert_random_extractions_equivalent(pcg, egraph, rng, *, tries):
     assert checked
 
 
-@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=5, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     pcgs=st.lists(
         small_pcgs(max_ops=3, ops=("relu", "matmul", "add", "partition", "replicate")),

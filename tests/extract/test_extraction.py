@@ -207,7 +207,7 @@ def test_extractors_find_the_true_optimum_of_an_enumerable_egraph():
         assert got <= best * 1.02, found.method
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(small_pcgs(max_ops=4))
 def test_greedy_is_within_the_ilp_bound_and_both_are_equivalent(pcg):
     try:  # the strategy does not know the machine: keep PCGs that fit its two devices

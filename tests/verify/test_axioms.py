@@ -16,7 +16,7 @@ def test_axiom_holds_at_its_default_sizes(axiom):
 
 
 @pytest.mark.parametrize("axiom", AXIOMS, ids=lambda a: a.name)
-@settings(max_examples=3)
+@settings(max_examples=2)
 @given(data=st.data())
 def test_axiom_holds_at_small_random_sizes(axiom, data):
     """Letters are sizes of at least 2; here they are drawn small and used as they are, so that
