@@ -14,7 +14,10 @@ The cost model, :mod:`pcgopt.extract.costmodel`:
   a :class:`Runtime` (collectives beside computation, gradients in buckets: PyTorch DDP's
   :data:`DDP` by default; :data:`ADDITIVE` adds everything up), its :class:`Timeline`;
 * :mod:`~pcgopt.extract.costmodel.calibrate`: :func:`fit_alpha_beta`, alpha and beta fitted
-  to measured collective timings (:func:`load_csv`).
+  to measured collective timings (:func:`load_csv`);
+* :mod:`~pcgopt.extract.costmodel.pipeline`: a pipeline's iteration under the 1F1B schedule
+  (:func:`schedule_1f1b`, :func:`pipeline_time`) or PipeDream-2BW's, from its stages'
+  :class:`StageTimes`.
 
 The strategy generators, :mod:`pcgopt.extract.strategies`:
 
@@ -25,6 +28,8 @@ The strategy generators, :mod:`pcgopt.extract.strategies`:
 * :mod:`~pcgopt.extract.strategies.branches`: :func:`branch_parallel`, data parallelism
   narrowed where the mapping DP runs branches at once (:func:`lower_degrees`: a batch degree
   per node);
+* :mod:`~pcgopt.extract.strategies.pipeline`: :func:`pipeline_search`, the model cut into
+  pipeline stages on blocks of nodes, each with a plan of its own (:class:`PipelinePlan`);
 * :mod:`~pcgopt.extract.strategies.placement`: P^2's parallelism matrices
   (:func:`parallelism_matrices`) and :func:`place_plan`, a plan's axes placed on the
   hierarchy;
@@ -69,6 +74,12 @@ from pcgopt.extract.costmodel.cost import (
     flat_coefficients,
     iteration_cost,
     roofline_s,
+)
+from pcgopt.extract.costmodel.pipeline import (
+    PipelineError,
+    StageTimes,
+    pipeline_time,
+    schedule_1f1b,
 )
 from pcgopt.extract.costmodel.simulate import ADDITIVE, DDP, Runtime, Task, Timeline
 from pcgopt.extract.search.extraction import (
@@ -116,6 +127,7 @@ from pcgopt.extract.strategies.layerwise import (
     metropolis_hastings,
     summa_like,
 )
+from pcgopt.extract.strategies.pipeline import PipelinePlan, Stage, pipeline_search
 from pcgopt.extract.strategies.placement import (
     ParallelismMatrix,
     PlacementError,
@@ -160,6 +172,8 @@ __all__ = [
     "NodeCost",
     "Optimizer",
     "ParallelismMatrix",
+    "PipelineError",
+    "PipelinePlan",
     "PlacementError",
     "Plan",
     "PlanCheckError",
@@ -170,6 +184,8 @@ __all__ = [
     "Runtime",
     "SearchStats",
     "SplitSearch",
+    "Stage",
+    "StageTimes",
     "Task",
     "Timeline",
     "accumulate_to_fit",
@@ -196,9 +212,12 @@ __all__ = [
     "megatron",
     "metropolis_hastings",
     "parallelism_matrices",
+    "pipeline_search",
+    "pipeline_time",
     "place_plan",
     "roofline_s",
     "saturate_and_extract",
+    "schedule_1f1b",
     "sequential",
     "simulate",
     "split_search",

@@ -6,5 +6,7 @@
 * :mod:`pcgopt.extract.costmodel.simulate`: one iteration simulated task by task (collectives
   beside computation, gradients in buckets), what ``iteration_cost`` returns as its time;
 * :mod:`pcgopt.extract.costmodel.calibrate`: alpha and beta fitted to measured collective
-  timings.
+  timings;
+* :mod:`pcgopt.extract.costmodel.pipeline`: a pipeline's iteration under the 1F1B or 2BW
+  schedule.
 """

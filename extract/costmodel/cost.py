@@ -144,7 +144,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from types import MappingProxyType
@@ -1230,6 +1230,7 @@ def iteration_cost(
     micro_batches: int = 1,
     runtime: Runtime = DDP,
     precision: str | None = None,
+    grad_inputs: Collection[str] = (),
 ) -> CostBreakdown:
     """The cost of one training iteration of ``pcg`` on ``machine`` (model in the module
     docstring): time, communication, memory per device and whether it fits.
@@ -1244,6 +1245,8 @@ def iteration_cost(
     that of the simulated iteration (:mod:`~pcgopt.extract.costmodel.simulate`), the additive
     figures stay in the breakdown. ``precision``: the runtime's (``"f32"``, ``"bf16-mixed"``,
     ``"f16-mixed"``; :class:`~pcgopt.extract.costmodel.simulate.Runtime`), if given.
+    ``grad_inputs``: names of inputs whose gradient the iteration computes (a pipeline stage's
+    entry, whose gradient goes back to the stage before it); other inputs get none.
 
     >>> from pcgopt import PCGBuilder
     >>> b = PCGBuilder()
@@ -1271,6 +1274,13 @@ def iteration_cost(
         except ValueError as e:
             raise CostError(f"precision: {e}") from None
     _check_precision(runtime, machine)
+    grad_inputs = frozenset(grad_inputs)
+    inputs = {n.name for n in pcg.inputs}
+    for name in sorted(grad_inputs - inputs):
+        raise CostError(
+            f"grad_inputs names {name!r}, which is not an input of the PCG (its inputs: "
+            f"{', '.join(sorted(inputs)) or 'none'})"
+        )
     it = _Iteration(
         pcg,
         machine,
@@ -1279,6 +1289,7 @@ def iteration_cost(
         reduction_cost,
         m,
         runtime,
+        grad_inputs,
     )
     devices_used = it.add_node_times()
     memory = it.add_memory_and_updates()
@@ -1311,6 +1322,7 @@ class _Iteration:
         reduction_cost: ReductionCost | None,
         micro_batches: int,
         runtime: Runtime = DDP,
+        grad_inputs: frozenset[str] = frozenset(),
     ) -> None:
         self.pcg, self.machine, self.opt, self.placement = pcg, machine, opt, placement
         self.reduction_cost = reduction_cost
@@ -1326,6 +1338,8 @@ class _Iteration:
             self.on_data[n.name] = n.op == "input" or any(self.on_data[r.node] for r in n.inputs)
             if n.op == "weight":
                 self.needs_grad[n.name] = bool(n.params["trainable"])
+            elif n.op == "input":
+                self.needs_grad[n.name] = n.name in grad_inputs
             else:
                 self.needs_grad[n.name] = any(self.needs_grad[r.node] for r in n.inputs)
         self.source_of, self.stored_below = source_layouts(pcg)
@@ -1434,10 +1448,18 @@ class _Iteration:
         width = max(ins[0].num_shards, outs[0].num_shards)
         nbytes = max(self.computed(ins[0]).shard_nbytes, self.computed(outs[0]).shard_nbytes)
         a.devices = width
-        if n.name not in self.source_of:
+        source = self.source_of.get(n.name)
+        if source is None:
             groups = placement.groups(n, degree, width)
             for kind, purpose in parallel_collectives(n.op, self.needs_grad[n.inputs[0].node]):
                 a.add(self.collective(kind, groups, nbytes, n.name), purpose)
+        elif self.needs_grad[n.name] and pcg.node(source).op == "input":
+            # An input fed in this layout whose gradient goes back (grad_inputs): loading it is
+            # free, its gradient's way back through the layout is not.
+            groups = placement.groups(n, degree, width)
+            for kind, purpose in parallel_collectives(n.op, True):
+                if purpose == "backward":
+                    a.add(self.collective(kind, groups, nbytes, n.name), purpose)
         elif n.op == "replicate" and self.needs_grad[n.name]:
             # A replicated trainable weight: every copy must receive the summed gradient (under
             # ZeRO-2 its shard of it), and under ZeRO its updated weight is gathered.

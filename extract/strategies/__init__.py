@@ -7,6 +7,8 @@ each a PCG the search costs, seeds and must never lose to.
   coordinate descent and Metropolis-Hastings;
 * :mod:`pcgopt.extract.strategies.branches`: data parallelism narrowed where branches run at
   once;
+* :mod:`pcgopt.extract.strategies.pipeline`: pipeline stages (cuts, blocks of nodes, a plan per
+  stage) chosen by a dynamic program;
 * :mod:`pcgopt.extract.strategies.placement`: P^2's parallelism matrices, a plan's axes placed
   on the hierarchy;
 * :mod:`pcgopt.extract.strategies.reduction`: P^2's reduction-program synthesis.

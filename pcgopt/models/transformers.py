@@ -23,6 +23,12 @@ def _tied_logits(b: PCGBuilder, x: Tensor, table: Tensor) -> Tensor:
     return b.matmul(x, w_out, name="head/logits")  # type: ignore[return-value]
 
 
+def _loss(b: PCGBuilder, logits: Tensor) -> Tensor:
+    """The mean of the logits: a stand-in for the cross-entropy loss (the same reduction of the
+    logits to a scalar on the devices that hold them; labels are not modelled)."""
+    return b.reduce_mean(logits, axes=tuple(range(logits.shape.rank)), name="loss")  # type: ignore[return-value]
+
+
 def bert_large(
     *,
     batch: int = 4,
@@ -33,11 +39,14 @@ def bert_large(
     ffn: int | None = None,
     vocab: int = 30522,
     dropout: float = 0.1,
+    loss: bool = False,
 ) -> PCG:
     """BERT-Large (Devlin et al.): 24 post-LayerNorm layers, hidden 1024, 16 heads, FFN 4096,
     sequence 512, WordPiece vocabulary 30522, with the masked-LM head (dense + GELU, LayerNorm,
     logits tied to the token embedding). Batch: Unity's per-GPU minibatch for BERT-Large, 4.
-    Token-type embeddings are left out (two rows; no effect on the search)."""
+    Token-type embeddings are left out (two rows; no effect on the search). ``loss=True`` ends
+    in the mean of the logits, as :func:`transformer`'s does (without it every plan brings the
+    logits whole to one device)."""
     ffn = ffn or 4 * hidden
     b = PCGBuilder()
     x, table = _embed(b, batch, seq, hidden, vocab)
@@ -49,7 +58,7 @@ def bert_large(
         )
     h = dense(b, x, hidden, name="head/transform", activation="gelu")
     h = layer_norm(b, h, name="head/ln")
-    return b.build(_tied_logits(b, h, table))
+    return b.build(_loss(b, _tied_logits(b, h, table)) if loss else _tied_logits(b, h, table))
 
 
 def transformer(
@@ -82,6 +91,4 @@ def transformer(
         )
     x = layer_norm(b, x, name="final_ln")
     logits = _tied_logits(b, x, table)
-    if loss:
-        logits = b.reduce_mean(logits, axes=tuple(range(logits.shape.rank)), name="loss")  # type: ignore[assignment]
-    return b.build(logits)
+    return b.build(_loss(b, logits) if loss else logits)

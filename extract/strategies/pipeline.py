@@ -1,0 +1,612 @@
+"""Pipeline parallelism: a model cut into stages of consecutive segments, each stage on its own
+block of the machine with a plan of its own inside, micro-batches handed from stage to stage
+(Unity section 5, "Pipeline parallelism"; AutoDDL section 5.4; the schedule and its cost are
+:mod:`pcgopt.extract.costmodel.pipeline`'s).
+
+**Stages.** The model is cut at the cuts graph splitting uses (:func:`pcgopt.segments.
+split_segments`: about one transformer layer per segment); a stage is a run of consecutive
+segments. The machine's stage unit is its outermost level with more than one unit (a node on a
+cluster); every stage gets the same number of whole units, consecutive ones, so stage ``s`` of
+``S`` runs on units ``s N/S .. (s + 1) N/S - 1`` and hands its output to the next stage over the
+link between them. A stage reads its entry from the previous stage and sends back its gradient,
+so its entry needs a gradient (``iteration_cost(..., grad_inputs=...)``); what it hands on goes
+by the transfer, not by gathering it (the collectives that bring a stage's exit to one device
+are not charged to the stage): one micro-batch of the cut tensor crosses the stage level's link,
+each unit of the block sending its share, ``latency + bytes / (units * bandwidth)``.
+Micro-batches compute what the whole batch does only if no operator mixes samples, so a model
+with training batch normalization is refused.
+
+**Inside a stage.** Each stage runs one of the hand-written plans (:func:`stage_strategies`:
+data parallelism, FSDP, Megatron at every tensor degree that divides the block, with and without
+sequence parallelism) on its block, chosen per stage. A segment's times are costed once per
+distinct segment (equal up to names), strategy, block and micro-batch count by
+:func:`~pcgopt.extract.costmodel.cost.iteration_cost` with the additive runtime, and a stage's
+are the sums of its segments'. The stage's forward and backward per micro-batch are its compute
+and its collectives on activations, divided by the micro-batch count; its synchronization is
+what its iteration under the runtime (default PyTorch DDP's, which overlaps the gradient
+synchronization with the last micro-batch's backward) adds to its micro-batches' forwards and
+backwards: the synchronization left exposed and the optimizer update; plus, for a weight two
+stages read (a tied embedding), an AllReduce of its gradient between them, not overlapped.
+Memory per device: weights, gradients and optimizer state once (twice the weights under 2BW),
+and the activations of the micro-batches it holds at once
+(:func:`~pcgopt.extract.costmodel.pipeline.in_flight`).
+
+**Search.** For every stage count ``S`` that divides the units (and is at most the segments),
+and every micro-batch count ``M`` from :func:`micro_batch_counts`, a dynamic program over cut
+points picks the cuts and each stage's strategy that minimize the 1F1B closed form without the
+synchronization (which runs once per iteration, not per micro-batch): ``sum_s (F_s + B_s + 2
+P_s) + (M - 1) max_s (F_s + B_s)``, every stage fitting in memory. The maximum is handled as
+Alpa's inter-operator pass does: for each bound ``T`` on a stage's ``F + B``, the cheapest sum
+with every stage within ``T``, plus ``(M - 1) T``; the least over ``T`` is the optimum. Each
+``(S, M)``'s choice is then costed in full, every stage as one PCG, by the event schedule with
+its synchronizations (:func:`~pcgopt.extract.costmodel.pipeline.pipeline_time`), and the
+fastest that fits is returned. ``S = 1`` is the same plans without a pipeline (gradient
+accumulation over ``M``), so a pipeline is returned only where it is faster.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from functools import partial
+
+import numpy as np
+
+from pcgopt.divisors import divisors
+from pcgopt.errors import PCGError
+from pcgopt.extract.costmodel.cost import CostBreakdown, collective_cost, iteration_cost
+from pcgopt.extract.costmodel.pipeline import (
+    SCHEDULES,
+    PipelineError,
+    StageTimes,
+    in_flight,
+    one_f_one_b_estimate,
+    pipeline_time,
+)
+from pcgopt.extract.costmodel.simulate import ADDITIVE, DDP, Runtime
+from pcgopt.extract.strategies.baselines import batch_size, data_parallel, fsdp, megatron
+from pcgopt.graph import PCG, TensorRef
+from pcgopt.machine import Machine
+from pcgopt.segments import Segment, canonical, is_parallel, segment_pcg, split_segments
+
+__all__ = [
+    "PipelinePlan",
+    "Stage",
+    "micro_batch_counts",
+    "pipeline_search",
+    "stage_machine",
+    "stage_strategies",
+]
+
+StageStrategy = Callable[[PCG, Machine], PCG]
+
+#: Operators whose output for one sample depends on the other samples of the batch (training
+#: batch normalization): micro-batches change what they compute.
+_MIXES_SAMPLES = frozenset({"batch_norm"})
+
+
+def _megatron(tensor_degree: int, sequence_parallel: bool) -> StageStrategy:
+    return partial(megatron, tensor_degree=tensor_degree, sequence_parallel=sequence_parallel)
+
+
+def stage_strategies(devices: int) -> dict[str, StageStrategy]:
+    """The plans a stage of ``devices`` devices may run, by name: data parallelism, FSDP, and
+    Megatron (and Megatron-SP) at every tensor degree above 1 that divides ``devices`` (the
+    rest of the block data parallel).
+
+    >>> list(stage_strategies(2))
+    ['data parallel', 'fsdp', 'megatron t=2', 'megatron-sp t=2']
+    """
+    found: dict[str, StageStrategy] = {"data parallel": data_parallel, "fsdp": fsdp}
+    for t in divisors(devices):
+        if t > 1:
+            found[f"megatron t={t}"] = _megatron(t, False)
+            found[f"megatron-sp t={t}"] = _megatron(t, True)
+    return found
+
+
+def _stage_level(machine: Machine) -> tuple[int, object]:
+    """The index and level stages are made of: the outermost with more than one unit."""
+    for i, level in enumerate(machine.levels):
+        if level.count > 1:
+            return i, level
+    raise PipelineError(f"machine {machine.name!r} has one device: there is nothing to pipeline")
+
+
+def stage_machine(machine: Machine, units: int) -> Machine:
+    """The block of ``units`` consecutive units of ``machine``'s stage level (module
+    docstring), as a machine of its own.
+
+    >>> stage_machine(Machine.preset("summit", nodes=8), 2).num_devices
+    12
+    """
+    i, level = _stage_level(machine)
+    if units < 1 or level.count % units:
+        raise PipelineError(
+            f"a stage of {units} {level.name}(s): the machine's {level.count} {level.name}s do "
+            "not divide into such stages"
+        )
+    levels = (*machine.levels[:i], replace(level, count=units), *machine.levels[i + 1 :])
+    return Machine(levels, machine.device, machine.name)
+
+
+def micro_batch_counts(batch: int, stages: int, *, most: int | None = None) -> tuple[int, ...]:
+    """The micro-batch counts tried for ``stages`` stages: ``stages`` times a power of two,
+    dividing ``batch`` and up to ``most`` (default: the batch, micro-batches of one sample; with
+    one stage, also 1: no accumulation)."""
+    counts = []
+    m = 1 if stages == 1 else stages
+    while m <= min(batch, batch if most is None else most):
+        if batch % m == 0:
+            counts.append(m)
+        m *= 2
+    return tuple(counts)
+
+
+@dataclass(frozen=True)
+class _Part:
+    """One segment under one strategy, block and micro-batch count: its share of a stage."""
+
+    forward_s: float
+    backward_s: float
+    sync_s: float
+    static_bytes: int  # weights, gradients and optimizer state, per device
+    weight_bytes: int  # of which weights
+    activation_bytes: int  # one micro-batch's, per device
+    exit_s: float = 0.0  # the collectives bringing its exit to one device (the transfer's work)
+
+
+_NO_PART = _Part(math.inf, math.inf, math.inf, 0, 0, 0)
+
+
+def _exit_chain(plan: PCG) -> set[str]:
+    """The parallel nodes that only bring an output to its returned layout: every consumer of
+    theirs, down to the outputs, is one too (the transfer does their work)."""
+    consumers = plan.consumers()
+    outputs = {r.node for r in plan.outputs}
+    chain: set[str] = set()
+    for n in reversed(plan.nodes):
+        if not is_parallel(n):
+            continue
+        readers = {
+            c
+            for k in range(len(plan.output_shapes(n.name)))
+            for c, _ in consumers.get(TensorRef(n.name, k), ())
+        }
+        if (n.name in outputs or readers) and readers <= chain:
+            chain.add(n.name)
+    return chain
+
+
+def _part(cost: CostBreakdown, plan: PCG, micro: int, exit_chain: bool) -> _Part:
+    skip = _exit_chain(plan) if exit_chain else set()
+    forward = backward = sync = exit_s = 0.0
+    for name, c in cost.per_node.items():
+        forward += c.forward_s
+        backward += c.backward_s
+        sync += c.update_s
+        if name in skip:
+            exit_s += sum(collective.seconds for collective in c.collectives)
+            continue
+        for collective in c.collectives:
+            if collective.purpose == "forward":
+                forward += collective.seconds
+            elif collective.purpose == "backward":
+                backward += collective.seconds
+            else:
+                sync += collective.seconds
+    memory = cost.memory
+    return _Part(
+        forward / micro,
+        backward / micro,
+        sync,
+        memory.weights + memory.gradients + memory.optimizer_state,
+        memory.weights,
+        memory.activations,
+        exit_s,
+    )
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One stage of a :class:`PipelinePlan`: segments ``first .. last`` of the model (its
+    ``nodes``), on ``devices``, running ``strategy``; ``plan`` is its PCG (its entry an input,
+    its exit an output) and ``cost`` that PCG's iteration with the plan's micro-batches."""
+
+    index: int
+    first: int
+    last: int
+    nodes: tuple[str, ...]
+    devices: range
+    strategy: str
+    times: StageTimes
+    memory_bytes: int
+    plan: PCG = field(repr=False, compare=False)
+    cost: CostBreakdown = field(repr=False, compare=False)
+
+    def __repr__(self) -> str:
+        return (
+            f"Stage({self.index}: segments {self.first}-{self.last}, devices "
+            f"{self.devices.start}-{self.devices.stop - 1}, {self.strategy}, {self.times})"
+        )
+
+
+@dataclass(frozen=True)
+class PipelinePlan:
+    """A pipelined plan: ``stages`` in order, ``micro_batches`` per iteration run by
+    ``schedule`` (:data:`~pcgopt.extract.costmodel.pipeline.SCHEDULES`). ``time_s``: the
+    iteration under the schedule; ``estimate_s``: the closed form the search ranked it by;
+    ``memory_bytes``: the most any device holds; ``feasible``: whether that fits."""
+
+    stages: tuple[Stage, ...]
+    micro_batches: int
+    schedule: str
+    time_s: float
+    estimate_s: float
+    memory_bytes: int
+    memory_capacity: int
+    machine: str
+
+    @property
+    def feasible(self) -> bool:
+        return self.memory_bytes <= self.memory_capacity
+
+    @property
+    def bubble_s(self) -> float:
+        """The iteration's time beyond the bottleneck stage's busy time and synchronization."""
+        worst = max(s.times.busy_s for s in self.stages)
+        return max(
+            0.0, self.time_s - self.micro_batches * worst - max(s.times.sync_s for s in self.stages)
+        )
+
+    def explain(self) -> str:
+        """The stages, micro-batches and schedule, a line each."""
+        gib = 2.0**30
+        lines = [
+            f"pipeline of {len(self.stages)} stage(s) on {self.machine}, {self.micro_batches} "
+            f"micro-batches, schedule {self.schedule}: {self.time_s * 1e3:.2f} ms per iteration "
+            f"(closed form {self.estimate_s * 1e3:.2f} ms, bubble {self.bubble_s * 1e3:.2f} ms), "
+            f"{self.memory_bytes / gib:.2f} of {self.memory_capacity / gib:.2f} GiB"
+            + ("" if self.feasible else " (does not fit)")
+        ]
+        if self.schedule == "2bw":
+            lines.append(
+                "  2BW: each micro-batch's backward uses the weights of its forward, one update "
+                "old (not the input model's optimizer semantics)"
+            )
+        for s in self.stages:
+            t = s.times
+            lines.append(
+                f"  stage {s.index}: segments {s.first}-{s.last} ({len(s.nodes)} nodes, "
+                f"{s.nodes[0]} .. {s.nodes[-1]}) on devices {s.devices.start}-"
+                f"{s.devices.stop - 1}, {s.strategy}: forward {t.forward_s * 1e3:.3f} ms, "
+                f"backward {t.backward_s * 1e3:.3f} ms per micro-batch, send "
+                f"{t.send_s * 1e3:.3f} ms, sync {t.sync_s * 1e3:.3f} ms; "
+                f"{s.memory_bytes / gib:.2f} GiB"
+            )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.explain()
+
+
+class _Costs:
+    """Segment costs, memoized by (segment up to names, strategy, stage units, micro-batches)."""
+
+    def __init__(
+        self,
+        pcg: PCG,
+        machine: Machine,
+        segments: Sequence[Segment],
+        optimizer: str,
+        runtime: Runtime = DDP,
+    ):
+        self.pcg, self.machine, self.segments, self.optimizer = pcg, machine, segments, optimizer
+        self.runtime = runtime
+        self.own = [segment_pcg(pcg, s) for s in segments]
+        self.keys = [canonical(own)[0] for own in self.own]
+        self.memo: dict[tuple, _Part] = {}
+        # Every plan any block may run; a block runs those its devices allow.
+        self.strategies = stage_strategies(machine.num_devices)
+
+    def part(self, index: int, strategy: str, units: int, micro: int) -> _Part:
+        key = (self.keys[index], strategy, units, micro, index == len(self.segments) - 1)
+        if key not in self.memo:
+            self.memo[key] = self._part(index, strategy, units, micro)
+        return self.memo[key]
+
+    def _part(self, index: int, strategy: str, units: int, micro: int) -> _Part:
+        block = stage_machine(self.machine, units)
+        seg = self.segments[index]
+        try:
+            plan = self.strategies[strategy](self.own[index], block)
+            cost = iteration_cost(
+                plan,
+                block,
+                optimizer=self.optimizer,
+                micro_batches=micro,
+                runtime=ADDITIVE,
+                grad_inputs=() if seg.entry is None else (seg.entry.node,),
+            )
+        except PCGError:
+            return _NO_PART
+        return _part(cost, plan, micro, seg.exit is not None)
+
+    def send_s(self, index: int, units: int, micro: int) -> float:
+        """Segment ``index``'s exit, one micro-batch of it, to the next stage's block."""
+        seg = self.segments[index]
+        if seg.exit is None:
+            return 0.0
+        _, level = _stage_level(self.machine)
+        nbytes = self.pcg.shape(seg.exit).nbytes / micro
+        return level.link.latency_s + nbytes / (units * level.link.bandwidth_Bps)
+
+
+def _best_cuts(
+    busy: np.ndarray, send: np.ndarray, stages: int, micro: int
+) -> tuple[float, list[tuple[int, int, int]]] | None:
+    """The dynamic program (module docstring). ``busy[r][i, j]``: the least ``F + B`` of a stage
+    of segments ``i .. j-1`` that is stage ``r`` from the end (1-based) and fits (inf if none);
+    ``send[j]``: both transfers after segment ``j - 1``. Returns the objective and the stages as
+    ``(first, stop, r)``, or None when no cut fits."""
+    n = busy.shape[1] - 1
+    bounds = np.unique(busy[np.isfinite(busy)])
+    best: tuple[float, list[tuple[int, int, int]]] | None = None
+    for bound in bounds:
+        if best is not None and (micro - 1) * bound >= best[0]:
+            break  # every later bound costs more in its last term alone
+        f = np.full((stages + 1, n + 1), math.inf)
+        choice = np.zeros((stages + 1, n + 1), dtype=int)
+        f[0, n] = 0.0
+        for r in range(1, stages + 1):
+            c = np.where(busy[r] <= bound, busy[r] + send[None, :], math.inf)
+            total = c + f[r - 1][None, :]
+            choice[r] = np.argmin(total, axis=1)
+            f[r] = total[np.arange(n + 1), choice[r]]
+        value = f[stages, 0] + (micro - 1) * bound
+        if math.isfinite(value) and (best is None or value < best[0]):
+            cuts, i = [], 0
+            for r in range(stages, 0, -1):
+                j = int(choice[r, i])
+                cuts.append((i, j, r))
+                i = j
+            best = (float(value), cuts)
+    return best
+
+
+def pipeline_search(
+    pcg: PCG,
+    machine: Machine,
+    *,
+    stage_counts: Sequence[int] | None = None,
+    micro_batches: Sequence[int] | None = None,
+    schedule: str = "1f1b",
+    optimizer: str = "adam",
+    min_ops: int | None = None,
+    strategies: Sequence[str] | None = None,
+    runtime: Runtime = DDP,
+) -> PipelinePlan:
+    """The fastest pipelined plan of ``pcg`` on ``machine`` that fits (module docstring), or,
+    when none fits, the one that needs the least memory.
+
+    ``stage_counts``: the stage counts tried (default: every divisor of the stage level's
+    units, at most the segments); ``micro_batches``: the micro-batch counts tried (default:
+    :func:`micro_batch_counts` per stage count); ``schedule``: ``"1f1b"`` (synchronous, the
+    input model's semantics) or ``"2bw"``; ``min_ops``: the segments' least computing operators
+    (:func:`~pcgopt.segments.split_segments`' default: about one transformer layer);
+    ``strategies``: the stage plans allowed, by :func:`stage_strategies` name (default: all; a
+    single name gives every stage that plan, as Megatron-LM's hand-set degrees do);
+    ``runtime``: how a stage overlaps its synchronization with its last backward (module
+    docstring; default PyTorch DDP's).
+    Raises :class:`~pcgopt.extract.costmodel.pipeline.PipelineError` when nothing can be
+    scheduled (one device, no batch split that fits the counts)."""
+    if schedule not in SCHEDULES:
+        raise PipelineError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    for node in pcg.nodes:
+        if node.op in _MIXES_SAMPLES:
+            raise PipelineError(
+                f"node {node.name!r} ({node.op}) computes across the samples of the batch: run as "
+                "micro-batches it would compute something else, so the model cannot be pipelined"
+            )
+    segments = split_segments(pcg) if min_ops is None else split_segments(pcg, min_ops)
+    _, level = _stage_level(machine)
+    counts = [s for s in divisors(level.count) if s <= len(segments)]
+    if stage_counts is not None:
+        bad = [s for s in stage_counts if s not in counts]
+        if bad:
+            raise PipelineError(
+                f"stage count(s) {bad} not possible: stages take equal blocks of the "
+                f"{level.count} {level.name}s and at least one of the {len(segments)} segment(s) "
+                f"each; possible: {counts}"
+            )
+        counts = list(stage_counts)
+    if strategies is not None:
+        known = stage_strategies(machine.num_devices)
+        unknown = [name for name in strategies if name not in known]
+        if unknown:
+            raise PipelineError(
+                f"unknown stage plan(s) {unknown}; on this machine: {', '.join(known)}"
+            )
+    batch = batch_size(pcg)
+    costs = _Costs(pcg, machine, segments, optimizer, runtime)
+    capacity = machine.device.memory_bytes
+    found: list[PipelinePlan] = []
+    for count in counts:
+        units = level.count // count
+        allowed = stage_strategies(units * machine.num_devices // level.count)
+        names = [name for name in allowed if strategies is None or name in strategies]
+        if not names:
+            continue
+        micros = micro_batch_counts(batch, count) if micro_batches is None else micro_batches
+        for micro in micros:
+            plan = _search_one(costs, names, count, units, micro, schedule, capacity)
+            if plan is not None:
+                found.append(plan)
+    if not found:
+        raise PipelineError(
+            f"no pipelined plan of the model on {machine.name!r}: no stage count, micro-batch "
+            "count and stage plan could be costed (the batch must divide by the micro-batches "
+            "and each stage's data-parallel degree)"
+        )
+    fitting = [p for p in found if p.feasible]
+    if fitting:
+        return min(fitting, key=lambda p: p.time_s)
+    return min(found, key=lambda p: p.memory_bytes)
+
+
+def _search_one(
+    costs: _Costs,
+    names: Sequence[str],
+    count: int,
+    units: int,
+    micro: int,
+    schedule: str,
+    capacity: int,
+) -> PipelinePlan | None:
+    """The best cuts for ``count`` stages of ``units`` units and ``micro`` micro-batches."""
+    n = len(costs.segments)
+    versions = 2 if schedule == "2bw" else 1
+    parts = [[costs.part(i, name, units, micro) for i in range(n)] for name in names]
+
+    def spans(values: list[list[float]]) -> np.ndarray:
+        """``[k, i, j]``: strategy ``k``'s sum over segments ``i .. j-1`` (inf when j <= i)."""
+        ends = np.concatenate([np.zeros((len(values), 1)), np.cumsum(values, axis=1)], axis=1)
+        out = ends[:, None, :] - ends[:, :, None]
+        upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)
+        return np.where(upper[None], out, math.inf)
+
+    with np.errstate(invalid="ignore"):
+        times = spans([[p.forward_s + p.backward_s for p in row] for row in parts])
+        static = spans(
+            [[p.static_bytes + (versions - 1) * p.weight_bytes for p in row] for row in parts]
+        )
+        held = spans([[p.activation_bytes for p in row] for row in parts])
+    times = np.where(np.isnan(times), math.inf, times)
+    send = np.zeros(n + 1)
+    for j in range(1, n):
+        send[j] = 2 * costs.send_s(j - 1, units, micro)
+    # The cuts that fit; when none does, the fastest regardless of memory (a plan that does
+    # not fit), so that the caller can say what is missing.
+    for limit in (capacity, math.inf):
+        busy = np.full((count + 1, n + 1, n + 1), math.inf)
+        which = np.full((count + 1, n + 1, n + 1), -1, dtype=int)
+        for r in range(1, count + 1):
+            fits = static + min(r, micro) * held <= limit
+            ranked = np.where(fits, times, math.inf)
+            which[r] = np.argmin(ranked, axis=0)
+            busy[r] = np.min(ranked, axis=0)
+        best = _best_cuts(busy, send, count, micro)
+        if best is not None:
+            break
+    if best is None:
+        return None
+    return _assemble(costs, names, best[1], count, units, micro, schedule, which)
+
+
+def _tied_weights(stages: list[Stage], machine: Machine) -> list[Stage]:
+    """A weight read by several stages (a tied embedding: the lookup in the first, the logits in
+    the last) has a copy in each; their gradients are summed across the stages once per
+    iteration, as Megatron-LM does, by an AllReduce between the devices of the stages at the
+    same rank. Added to the synchronization of every stage that takes part."""
+    holders: dict[str, list[int]] = {}
+    for s in stages:
+        for name, node in s.cost.per_node.items():
+            if node.op == "weight" and node.weight_memory[1]:  # trainable: has a gradient
+                holders.setdefault(name, []).append(s.index)
+    extra = [0.0] * len(stages)
+    for name, held in holders.items():
+        if len(held) < 2:
+            continue
+        nbytes = max(stages[i].cost.per_node[name].weight_memory[1] for i in held)
+        ranks = len(stages[held[0]].devices)
+        groups = tuple(tuple(stages[i].devices[d] for i in held) for d in range(ranks))
+        seconds = collective_cost("all_reduce", groups, nbytes, machine).seconds
+        for i in held:
+            extra[i] += seconds
+    return [
+        replace(s, times=replace(s.times, sync_s=s.times.sync_s + e)) if e else s
+        for s, e in zip(stages, extra, strict=True)
+    ]
+
+
+def _assemble(
+    costs: _Costs,
+    names: Sequence[str],
+    cuts: Sequence[tuple[int, int, int]],
+    count: int,
+    units: int,
+    micro: int,
+    schedule: str,
+    which: Sequence[np.ndarray],
+) -> PipelinePlan | None:
+    """The chosen cuts, each stage costed as one PCG."""
+    machine, pcg = costs.machine, costs.pcg
+    block = stage_machine(machine, units)
+    per_stage = block.num_devices
+    versions = 2 if schedule == "2bw" else 1
+    stages, times = [], []
+    for s, (first, stop, r) in enumerate(cuts):
+        name = names[int(which[r][first, stop])]
+        segs = costs.segments[first:stop]
+        merged = Segment(
+            s, tuple(x for seg in segs for x in seg.nodes), segs[0].entry, segs[-1].exit
+        )
+        own = segment_pcg(pcg, merged)
+        try:
+            plan = costs.strategies[name](own, block)
+            cost = iteration_cost(
+                plan,
+                block,
+                optimizer=costs.optimizer,
+                micro_batches=micro,
+                runtime=ADDITIVE,
+                grad_inputs=() if merged.entry is None else (merged.entry.node,),
+            )
+            # The stage's iteration under the runtime: what it adds to its micro-batches'
+            # forwards and backwards is its synchronization as the runtime overlaps it.
+            run = iteration_cost(
+                plan,
+                block,
+                optimizer=costs.optimizer,
+                micro_batches=micro,
+                runtime=costs.runtime,
+                grad_inputs=() if merged.entry is None else (merged.entry.node,),
+            )
+        except PCGError:
+            return None
+        part = _part(cost, plan, micro, merged.exit is not None)
+        busy = micro * (part.forward_s + part.backward_s)
+        sync = max(0.0, run.total_s - busy - part.exit_s)
+        send = costs.send_s(stop - 1, units, micro) if s < count - 1 else 0.0
+        t = StageTimes(part.forward_s, part.backward_s, send, sync)
+        held = in_flight(s, count, micro)
+        memory = part.static_bytes + (versions - 1) * part.weight_bytes
+        memory += held * part.activation_bytes
+        times.append(t)
+        stages.append(
+            Stage(
+                s,
+                first,
+                stop - 1,
+                merged.nodes,
+                range(s * per_stage, (s + 1) * per_stage),
+                name,
+                t,
+                memory,
+                plan,
+                cost,
+            )
+        )
+    stages = _tied_weights(stages, machine)
+    times = [s.times for s in stages]
+    return PipelinePlan(
+        tuple(stages),
+        micro,
+        schedule,
+        pipeline_time(times, micro, schedule),
+        one_f_one_b_estimate(times, micro),
+        max(s.memory_bytes for s in stages),
+        machine.device.memory_bytes,
+        f"{machine.name} ({machine.num_devices} x {machine.device.name})",
+    )

@@ -1,0 +1,366 @@
+"""Pipeline parallelism: the 1F1B schedule and its closed form, memory in flight, and the stage
+search (cuts and per-stage plans) against exhaustive search."""
+
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pcgopt import Machine
+from pcgopt.errors import PCGError
+from pcgopt.evaluate import assert_equivalent
+from pcgopt.extract.costmodel.cost import CostError, iteration_cost
+from pcgopt.extract.costmodel.pipeline import (
+    PipelineError,
+    StageTimes,
+    in_flight,
+    one_f_one_b_estimate,
+    pipeline_time,
+    schedule_1f1b,
+    two_bw_time,
+)
+from pcgopt.extract.costmodel.simulate import ADDITIVE
+from pcgopt.extract.strategies.pipeline import (
+    _best_cuts,
+    micro_batch_counts,
+    pipeline_search,
+    stage_machine,
+)
+from pcgopt.models import build
+from pcgopt.segments import Segment, segment_pcg, split_segments
+
+_TIME = st.floats(0.0, 10.0, allow_nan=False)
+
+
+# -- the schedule ----------------------------------------------------------------------------
+
+
+def test_a_hand_built_1f1b_schedule_of_two_stages_and_three_micro_batches():
+    # F = 1, B = 2 on both stages, transfers of 0.5 each way. Drawn by hand:
+    #   stage 0: F0 [0,1]  F1 [1,2]  B0 [5,7]  F2 [7,8]  B1 [8,10]  B2 [12,14]
+    #   stage 1: F0 [1.5,2.5]  B0 [2.5,4.5]  F1 [4.5,5.5]  B1 [5.5,7.5]  F2 [8.5,9.5]  B2 [9.5,11.5]
+    # Stage 0 warms up with one forward, then alternates; stage 1 alternates from the start.
+    # B0 on stage 0 waits for stage 1's B0 plus the transfer (4.5 + 0.5); F2 on stage 1 for
+    # stage 0's F2 plus the transfer (8 + 0.5); B2 on stage 0 for stage 1's B2 (11.5 + 0.5).
+    stages = [StageTimes(1.0, 2.0, send_s=0.5), StageTimes(1.0, 2.0)]
+    ops = {(o.stage, o.kind, o.micro): (o.start_s, o.end_s) for o in schedule_1f1b(stages, 3)}
+    assert ops == {
+        (0, "F", 0): (0.0, 1.0),
+        (0, "F", 1): (1.0, 2.0),
+        (1, "F", 0): (1.5, 2.5),
+        (1, "B", 0): (2.5, 4.5),
+        (1, "F", 1): (4.5, 5.5),
+        (0, "B", 0): (5.0, 7.0),
+        (1, "B", 1): (5.5, 7.5),
+        (0, "F", 2): (7.0, 8.0),
+        (1, "F", 2): (8.5, 9.5),
+        (0, "B", 1): (8.0, 10.0),
+        (1, "B", 2): (9.5, 11.5),
+        (0, "B", 2): (12.0, 14.0),
+    }
+    assert pipeline_time(stages, 3) == 14.0
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    stages=st.integers(1, 4),
+    micro=st.integers(1, 12),
+    forward=st.floats(0.01, 5.0),
+    backward=st.floats(0.01, 5.0),
+    sync=st.floats(0.0, 5.0),
+)
+def test_with_equal_stages_and_free_transfers_the_closed_form_is_the_schedule(
+    stages, micro, forward, backward, sync
+):
+    times = [StageTimes(forward, backward, sync_s=sync)] * stages
+    expected = (micro + stages - 1) * (forward + backward) + sync
+    assert pipeline_time(times, micro) == pytest.approx(expected)
+    assert one_f_one_b_estimate(times, micro) == pytest.approx(expected)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    data=st.lists(st.tuples(_TIME, _TIME, _TIME, _TIME), min_size=1, max_size=5),
+    micro=st.integers(1, 10),
+)
+def test_no_schedule_beats_its_bottleneck_stage(data, micro):
+    """Stage b cannot start before the micro-batch reached it, must run M forwards and M
+    backwards, and the last backward must still travel back to stage 0."""
+    times = [StageTimes(*t) for t in data]
+    ops = schedule_1f1b(times, micro)
+    for b in range(len(times)):
+        before = sum(t.busy_s + 2 * t.send_s for t in times[:b])
+        assert max(o.end_s for o in ops) >= before + micro * times[b].busy_s - 1e-9
+    # Every stage runs each micro-batch's forward before its backward, one op at a time.
+    for s in range(len(times)):
+        mine = sorted((o for o in ops if o.stage == s), key=lambda o: o.start_s)
+        assert len(mine) == 2 * micro
+        for a, b in itertools.pairwise(mine):
+            assert b.start_s >= a.end_s - 1e-9
+
+
+@settings(max_examples=40, deadline=None)
+@given(stages=st.integers(1, 6), micro=st.integers(1, 12))
+def test_the_micro_batches_held_at_once_are_what_the_schedule_holds(stages, micro):
+    ops = schedule_1f1b([StageTimes(1.0, 2.0, send_s=0.1)] * stages, micro)
+    for s in range(stages):
+        held = most = 0
+        for o in sorted((o for o in ops if o.stage == s), key=lambda o: o.start_s):
+            held += 1 if o.kind == "F" else -1
+            most = max(most, held)
+        assert most == in_flight(s, stages, micro)
+
+
+def test_2bw_has_no_bubble_and_is_bounded_by_its_slowest_stage_or_link():
+    stages = [StageTimes(1.0, 2.0, send_s=0.5, sync_s=1.0), StageTimes(2.0, 2.0, sync_s=0.5)]
+    assert two_bw_time(stages, 8) == 8 * 4.0 + 0.5
+    assert pipeline_time(stages, 8, "2bw") == two_bw_time(stages, 8)
+    assert pipeline_time(stages, 8) > two_bw_time(stages, 8)  # 1F1B flushes
+    slow_link = [StageTimes(1.0, 1.0, send_s=3.0), StageTimes(1.0, 1.0)]
+    assert two_bw_time(slow_link, 4) == 12.0
+
+
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda: pipeline_time([], 2), "at least one stage"),
+        (lambda: pipeline_time([StageTimes(1, 1)], 0), "micro_batches must be a positive"),
+        (lambda: pipeline_time([StageTimes(1, 1)], 2, "gpipe"), "schedule must be one of"),
+        (lambda: StageTimes(-1.0, 1.0), "forward_s must be a finite time"),
+        (lambda: StageTimes(1.0, math.nan), "backward_s must be a finite time"),
+        (lambda: in_flight(3, 3, 4), "stage 3 is not one of the 3 stages"),
+    ],
+)
+def test_bad_schedules_are_refused_by_name(call, message):
+    with pytest.raises(PipelineError, match=message):
+        call()
+
+
+# -- the stage search -----------------------------------------------------------------------
+
+
+def _exhaustive(busy: np.ndarray, send: np.ndarray, stages: int, micro: int) -> float:
+    n = busy.shape[1] - 1
+    best = math.inf
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        bounds = (0, *cuts, n)
+        parts = [
+            (bounds[k], bounds[k + 1], stages - k) for k in range(stages)
+        ]  # (first, stop, r: stages from the end)
+        times = [busy[r, i, j] for i, j, r in parts]
+        if not all(math.isfinite(t) for t in times):
+            continue
+        value = sum(times) + sum(send[j] for _, j, _ in parts[:-1]) + (micro - 1) * max(times)
+        best = min(best, value)
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    segments=st.integers(1, 6),
+    stages=st.integers(1, 4),
+    micro=st.integers(1, 8),
+    seed=st.integers(0, 2**16),
+)
+def test_the_stage_dynamic_program_equals_exhaustive_search(segments, stages, micro, seed):
+    if stages > segments:
+        stages = segments
+    rng = np.random.default_rng(seed)
+    n = segments
+    busy = np.full((stages + 1, n + 1, n + 1), math.inf)
+    for r in range(1, stages + 1):
+        for i in range(n):
+            for j in range(i + 1, n + 1):
+                if rng.random() < 0.85:  # some stages do not fit
+                    busy[r, i, j] = float(rng.integers(1, 20))
+    send = np.concatenate([[0.0], rng.integers(0, 3, n - 1).astype(float), [0.0]])
+    found = _best_cuts(busy, send, stages, micro)
+    expected = _exhaustive(busy, send, stages, micro)
+    if math.isinf(expected):
+        assert found is None
+        return
+    value, cuts = found
+    assert value == pytest.approx(expected)
+    assert cuts[0][0] == 0 and cuts[-1][1] == n
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(cuts))
+
+
+def test_micro_batch_counts_are_multiples_of_the_stages_that_divide_the_batch():
+    assert micro_batch_counts(96, 4) == (4, 8, 16, 32)
+    assert micro_batch_counts(96, 1) == (1, 2, 4, 8, 16, 32)
+    assert micro_batch_counts(6, 4) == ()
+
+
+def test_a_stage_is_a_block_of_whole_nodes():
+    machine = Machine.preset("summit", nodes=8)
+    block = stage_machine(machine, 2)
+    assert block.num_devices == 12 and block.counts == (2, 2, 3)
+    with pytest.raises(PipelineError, match="do not divide into such stages"):
+        stage_machine(machine, 3)
+
+
+@pytest.fixture(scope="module")
+def small_transformer():
+    return build("transformer", batch=8, seq=4, hidden=8, layers=4, heads=2, vocab=11, loss=True)
+
+
+@pytest.fixture(scope="module")
+def four_nodes():
+    return Machine.preset("dgx-a100", nodes=4, devices_per_node=2)
+
+
+def test_a_pipelined_plan_covers_the_model_once_in_order_on_disjoint_blocks(
+    small_transformer, four_nodes
+):
+    plan = pipeline_search(small_transformer, four_nodes, stage_counts=[4], min_ops=4)
+    assert len(plan.stages) == 4
+    computed = [n.name for n in small_transformer.nodes if n.op not in ("input", "weight")]
+    assert [x for s in plan.stages for x in s.nodes] == computed
+    devices = [d for s in plan.stages for d in s.devices]
+    assert devices == list(range(four_nodes.num_devices))
+    # Each stage's plan computes its part of the model: the model is their composition.
+    segments = split_segments(small_transformer, 4)
+    for s in plan.stages:
+        segs = segments[s.first : s.last + 1]
+        merged = Segment(s.index, s.nodes, segs[0].entry, segs[-1].exit)
+        assert_equivalent(s.plan, segment_pcg(small_transformer, merged), compare="logical")
+    assert plan.time_s == pytest.approx(
+        pipeline_time([s.times for s in plan.stages], plan.micro_batches)
+    )
+    text = plan.explain()
+    assert "4 stage(s)" in text and "stage 3: segments" in text
+
+
+def test_stage_memory_holds_the_activations_of_the_micro_batches_in_flight(
+    small_transformer, four_nodes
+):
+    plan = pipeline_search(small_transformer, four_nodes, stage_counts=[4], min_ops=4)
+    for s in plan.stages:
+        m = s.cost.memory
+        held = in_flight(s.index, 4, plan.micro_batches)
+        assert held == min(4 - s.index, plan.micro_batches)
+        assert s.memory_bytes == (
+            m.weights + m.gradients + m.optimizer_state + held * m.activations
+        )
+    # 2BW keeps a second version of the weights.
+    two = pipeline_search(
+        small_transformer,
+        four_nodes,
+        stage_counts=[4],
+        micro_batches=[plan.micro_batches],
+        schedule="2bw",
+        min_ops=4,
+    )
+    assert "one update old" in two.explain()
+    for s in two.stages:
+        m = s.cost.memory
+        held = in_flight(s.index, 4, plan.micro_batches)
+        assert s.memory_bytes == (
+            2 * m.weights + m.gradients + m.optimizer_state + held * m.activations
+        )
+
+
+def test_the_search_equals_exhaustive_search_over_cuts_and_stage_plans(
+    small_transformer, four_nodes
+):
+    """Every way to cut the small model into two stages, each stage under every plan, costed
+    with the segments' summed times: the search's objective is the least of them."""
+    from pcgopt.extract.strategies.pipeline import _Costs, _search_one
+
+    segments = split_segments(small_transformer, 4)
+    costs = _Costs(small_transformer, four_nodes, segments, "adam")
+    names = list(costs.strategies)
+    units, micro, count = 2, 4, 2
+    plan = _search_one(costs, names, count, units, micro, "1f1b", 2**62)
+    n = len(segments)
+    best = math.inf
+    for cut in range(1, n):
+        for a, b in itertools.product(names, repeat=2):
+            ta = sum(
+                costs.part(i, a, units, micro).forward_s + costs.part(i, a, units, micro).backward_s
+                for i in range(cut)
+            )
+            tb = sum(
+                costs.part(i, b, units, micro).forward_s + costs.part(i, b, units, micro).backward_s
+                for i in range(cut, n)
+            )
+            send = 2 * costs.send_s(cut - 1, units, micro)
+            best = min(best, ta + tb + send + (micro - 1) * max(ta, tb))
+    first = plan.stages[0]
+    chosen = [
+        sum(
+            costs.part(i, s.strategy, units, micro).forward_s
+            + costs.part(i, s.strategy, units, micro).backward_s
+            for i in range(s.first, s.last + 1)
+        )
+        for s in plan.stages
+    ]
+    value = sum(chosen) + 2 * costs.send_s(first.last, units, micro) + (micro - 1) * max(chosen)
+    assert value == pytest.approx(best)
+
+
+def test_a_weight_two_stages_read_is_synchronized_between_them(four_nodes):
+    """The tied embedding of BERT (the lookup in the first stage, the logits in the last) adds
+    an AllReduce between the two stages to both their synchronizations."""
+    pcg = build("bert_large", batch=8, seq=4, hidden=8, layers=2, heads=2, vocab=11, loss=True)
+    plan = pipeline_search(pcg, four_nodes, stage_counts=[2], min_ops=4, runtime=ADDITIVE)
+    first, last = plan.stages
+    assert "embed/tokens" in first.cost.per_node and "embed/tokens" in last.cost.per_node
+    own = [
+        sum(
+            c.seconds
+            for node in s.cost.per_node.values()
+            for c in node.collectives
+            if c.purpose == "weight sync"
+        )
+        + s.cost.update_s
+        for s in plan.stages
+    ]
+    assert first.times.sync_s > own[0] and last.times.sync_s > own[1]
+    assert first.times.sync_s - own[0] == pytest.approx(last.times.sync_s - own[1])
+    # DDP's runtime overlaps the stages' own synchronization with their last backward.
+    overlapped = pipeline_search(
+        pcg, four_nodes, stage_counts=[2], min_ops=4, micro_batches=[plan.micro_batches]
+    )
+    for a, b in zip(overlapped.stages, plan.stages, strict=True):
+        if (a.first, a.strategy) == (b.first, b.strategy):
+            assert a.times.sync_s <= b.times.sync_s + 1e-12
+
+
+def test_one_stage_is_the_plan_without_a_pipeline(small_transformer, four_nodes):
+    plan = pipeline_search(small_transformer, four_nodes, stage_counts=[1], micro_batches=[1])
+    (stage,) = plan.stages
+    assert stage.devices == range(four_nodes.num_devices)
+    assert plan.bubble_s == pytest.approx(0.0, abs=1e-12)
+    assert plan.time_s == pytest.approx(stage.times.busy_s + stage.times.sync_s)
+
+
+def test_impossible_stage_counts_and_schedules_are_refused(small_transformer, four_nodes):
+    with pytest.raises(PipelineError, match=r"stage count\(s\) \[3\] not possible"):
+        pipeline_search(small_transformer, four_nodes, stage_counts=[3])
+    with pytest.raises(PipelineError, match="schedule must be one of"):
+        pipeline_search(small_transformer, four_nodes, schedule="gpipe")
+    with pytest.raises(PipelineError, match="one device"):
+        pipeline_search(small_transformer, Machine.preset("dgx-a100", devices_per_node=1))
+    assert issubclass(PipelineError, PCGError)
+    with pytest.raises(PipelineError, match=r"\(batch_norm\) computes across the samples"):
+        pipeline_search(build("resnext50", small=True), four_nodes)
+
+
+def test_a_stage_entry_pays_for_its_gradient(small_transformer):
+    """A stage's entry is an input whose gradient goes back to the stage before it: its
+    readers compute that gradient too."""
+    segments = split_segments(small_transformer, 4)
+    second = segment_pcg(small_transformer, segments[1])
+    machine = Machine.preset("dgx-a100", devices_per_node=1)
+    entry = segments[1].entry.node
+    without = iteration_cost(second, machine)
+    with_grad = iteration_cost(second, machine, grad_inputs=[entry])
+    assert with_grad.backward_s > without.backward_s
+    with pytest.raises(CostError, match="'nope', which is not an input"):
+        iteration_cost(second, machine, grad_inputs=["nope"])
