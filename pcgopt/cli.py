@@ -255,6 +255,7 @@ def _optimize(args: argparse.Namespace) -> int:
         optimizer=optimizer,
         runtime=runtime,
         deterministic=args.deterministic,
+        pipeline=not args.no_pipeline,
     )
     print(plan.explain(max_rows=args.rows))
     if timeline_out:
@@ -542,6 +543,12 @@ def _add_optimize(sub: argparse._SubParsersAction) -> None:
         help="shard the optimizer state (1) and also the gradients (2) of every weight kept in "
         "copies over its copies, as ZeRO does, for every plan (default 0: the search also tries "
         "ZeRO-1 and ZeRO-2 on the data-parallel plan)",
+    )
+    p.add_argument(
+        "--no-pipeline",
+        action="store_true",
+        help="do not cut the model into pipeline stages (by default, on a machine of several "
+        "devices, a pipelined plan faster than the plan is shown first)",
     )
     p.add_argument("--small", action="store_true", help="the zoo model's small test variant")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")

@@ -1246,7 +1246,8 @@ def iteration_cost(
     figures stay in the breakdown. ``precision``: the runtime's (``"f32"``, ``"bf16-mixed"``,
     ``"f16-mixed"``; :class:`~pcgopt.extract.costmodel.simulate.Runtime`), if given.
     ``grad_inputs``: names of inputs whose gradient the iteration computes (a pipeline stage's
-    entry, whose gradient goes back to the stage before it); other inputs get none.
+    entry, whose gradient goes back to the stage before it, in the layout the input came in:
+    the gradients of an input fed in copies are summed by a Reduce); other inputs get none.
 
     >>> from pcgopt import PCGBuilder
     >>> b = PCGBuilder()
@@ -1453,13 +1454,12 @@ class _Iteration:
             groups = placement.groups(n, degree, width)
             for kind, purpose in parallel_collectives(n.op, self.needs_grad[n.inputs[0].node]):
                 a.add(self.collective(kind, groups, nbytes, n.name), purpose)
-        elif self.needs_grad[n.name] and pcg.node(source).op == "input":
-            # An input fed in this layout whose gradient goes back (grad_inputs): loading it is
-            # free, its gradient's way back through the layout is not.
+        elif n.op == "replicate" and self.needs_grad[n.name] and pcg.node(source).op == "input":
+            # An input fed in copies whose gradient goes back (grad_inputs): each copy's
+            # gradient is a share of it, summed before it goes back. (A split input's gradient
+            # goes back split, as the input came: free.)
             groups = placement.groups(n, degree, width)
-            for kind, purpose in parallel_collectives(n.op, True):
-                if purpose == "backward":
-                    a.add(self.collective(kind, groups, nbytes, n.name), purpose)
+            a.add(self.collective("reduce", groups, nbytes, n.name), "backward")
         elif n.op == "replicate" and self.needs_grad[n.name]:
             # A replicated trainable weight: every copy must receive the summed gradient (under
             # ZeRO-2 its shard of it), and under ZeRO its updated weight is gathered.

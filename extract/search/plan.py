@@ -41,7 +41,12 @@ Phases, each timed in :attr:`Plan.stats`:
    (:func:`mapped_cost`); :attr:`Plan.placement` holds the chosen matrix,
    :attr:`Plan.machine_mapping` the chosen mapping and :attr:`Plan.mapping` the device groups
    they imply;
-6. **check**: the plan is evaluated against the input on random inputs with the reference
+6. **pipeline**: on a machine of several nodes, a model with cuts is also cut into pipeline
+   stages (:func:`~pcgopt.extract.strategies.pipeline.pipeline_search`: stages on equal blocks
+   of nodes, a plan per stage, micro-batches under the 1F1B schedule, 4% of the time budget);
+   when that is faster than the plan (or fits where it does not), :attr:`Plan.pipeline` holds
+   it, every stage checked as the plan is;
+7. **check**: the plan is evaluated against the input on random inputs with the reference
    evaluator (:func:`pcgopt.equivalent`), and :class:`PlanCheckError` is raised if they differ.
    A model too large for the evaluator is checked on a smaller instance of both graphs
    (:func:`pcgopt.scaled.scaled_down`: every size that can shrink, shrunk consistently; a
@@ -103,6 +108,7 @@ from pcgopt.extract.strategies.baselines import (
 )
 from pcgopt.extract.strategies.branches import ElasticViews, branch_parallel, elastic_views
 from pcgopt.extract.strategies.layerwise import coordinate_descent, metropolis_hastings
+from pcgopt.extract.strategies.pipeline import PipelineError, PipelinePlan, pipeline_search
 from pcgopt.extract.strategies.placement import (
     PlanPlacement,
     batch_split_only,
@@ -115,6 +121,7 @@ from pcgopt.names import model_names
 from pcgopt.render import to_dot as pcg_to_dot
 from pcgopt.rewrite import Rule
 from pcgopt.scaled import CHECK_FLOPS_LIMIT, checkable_pair
+from pcgopt.segments import segment_pcg
 from pcgopt.serialize import pcg_to_dict
 
 __all__ = [
@@ -235,6 +242,19 @@ class Plan:
     #: The input model's node names (the plan's layers are named after them; empty: the
     #: plan's own names).
     model_node_names: frozenset[str] = field(default=frozenset(), repr=False)
+    #: A pipelined plan of the model that is faster than ``pcg`` (or fits where it does not):
+    #: stages on blocks of nodes, each with its own plan, micro-batches under a schedule
+    #: (:class:`~pcgopt.extract.strategies.pipeline.PipelinePlan`); None when none is, or with
+    #: ``saturate_and_extract(pipeline=False)``. ``pcg``, ``cost`` and the JAX lowering stay
+    #: those of the fastest plan that runs as one program: pipelined plans do not lower to JAX
+    #: yet.
+    pipeline: PipelinePlan | None = field(default=None, repr=False)
+
+    @property
+    def time_s(self) -> float:
+        """The predicted iteration time of the fastest plan found: the pipeline's when there is
+        one (:attr:`pipeline`), else ``cost.total_s``."""
+        return self.cost.total_s if self.pipeline is None else self.pipeline.time_s
 
     @property
     def speedup(self) -> float:
@@ -337,6 +357,7 @@ class Plan:
                     for u in self.machine_mapping.units
                 ],
             },
+            "pipeline": None if self.pipeline is None else self.pipeline.to_dict(),
             "input_total_s": self.input_cost.total_s,
             "stats": self.stats.to_dict(),
             "check": self.check,
@@ -581,10 +602,11 @@ PHASE_SHARES = {
     "coordinate descent": 0.12,
     "metropolis-hastings": 0.06,
     "saturate": 0.42,
-    "extract greedy": 0.16,
-    "extract exact": 0.08,
+    "extract greedy": 0.14,
+    "extract exact": 0.06,
     "branch parallel": 0.08,
     "placement and mapping": 0.08,
+    "pipeline": 0.04,
 }
 
 
@@ -607,6 +629,7 @@ def saturate_and_extract(
     degrees: Sequence[int] | None = None,
     presets: Sequence[str] | None = None,
     deterministic: bool = False,
+    pipeline: bool = True,
 ) -> Plan:
     """Optimize ``pcg`` for training on ``machine`` (module docstring): returns the fastest
     plan found that fits in device memory, with its predicted cost.
@@ -656,6 +679,11 @@ def saturate_and_extract(
     phases run to their end. Otherwise these phases stop at their share of the time budget, so
     what they find depends on how fast they run: the layer-wise searches, saturation,
     extraction, the branch-parallel search and the placement search.
+
+    ``pipeline``: also cut the model into pipeline stages (module docstring, phase 6) on a
+    machine of several nodes when it has cuts (segments of ``min_segment_ops``); the result, if
+    faster, is :attr:`Plan.pipeline`. A model whose operators mix the samples of a batch (batch
+    normalization) is not pipelined.
 
     A candidate that the placement or the machine mapping rejects (:class:`CostError`, a
     bug) is left out with a warning, and the others still compete; if none is left, the
@@ -714,8 +742,18 @@ def saturate_and_extract(
 
     chosen, (best, best_cost) = _best(candidates, failed)
     say(f"chose {chosen}: {best_cost.total_s * 1e3:.4g} ms per iteration")
+    piped = _pipeline_phase(search, best_cost, min_segment_ops) if pipeline else None
     verdict = _check_phase(search, best, check, check_flops_limit)
+    if piped is not None and check:
+        verdict += "; " + _check_pipeline(pcg, piped, check_flops_limit)
     stats = explored.stats(candidates, chosen, phases)
+    if piped is not None:
+        stats = replace(
+            stats,
+            candidates={**stats.candidates, _pipeline_name(piped): piped.time_s},
+            infeasible=stats.infeasible
+            | ({_pipeline_name(piped)} if not piped.feasible else frozenset()),
+        )
     return Plan(
         pcg=best,
         machine=machine,
@@ -729,7 +767,63 @@ def saturate_and_extract(
         placement=placements[chosen],
         machine_mapping=mappings[chosen],
         model_node_names=frozenset(n.name for n in pcg.nodes),
+        pipeline=piped,
     )
+
+
+def _pipeline_name(piped: PipelinePlan) -> str:
+    return f"pipeline ({len(piped.stages)} stages x {piped.micro_batches} micro-batches)"
+
+
+def _pipeline_phase(
+    search: _Search, best_cost: CostBreakdown, min_segment_ops: int
+) -> PipelinePlan | None:
+    """Phase 6 (module docstring): the fastest pipelined plan, kept if it has several stages
+    and beats ``best_cost`` (fits where it does not, or is faster)."""
+    machine = search.machine
+    if machine.num_devices < 2:
+        return None
+    if len(split_segments(search.pcg, min_segment_ops)) < 2:
+        return None
+    start = time.perf_counter()
+    search.say("cutting the model into pipeline stages")
+    try:
+        piped = pipeline_search(
+            search.pcg,
+            machine,
+            optimizer=search.optimizer,
+            runtime=search.runtime,
+            min_ops=min_segment_ops,
+            min_stages=2,
+            time_budget_s=None if search.deterministic else search.clock.limit("pipeline"),
+        )
+    except (PipelineError, BaselineError, CostError) as e:
+        search.say(f"no pipelined plan: {e}")
+        piped = None
+    search.phases["pipeline"] = time.perf_counter() - start
+    if piped is None or len(piped.stages) < 2:
+        return None
+    if (not piped.feasible, piped.time_s) >= (not best_cost.feasible, best_cost.total_s):
+        search.say(f"the pipeline ({piped.time_s * 1e3:.4g} ms) is not faster")
+        return None
+    search.say(f"a pipeline is faster: {piped.time_s * 1e3:.4g} ms per iteration")
+    return piped
+
+
+def _check_pipeline(model: PCG, piped: PipelinePlan, limit: float) -> str:
+    """Every stage's plan against its part of ``model`` (as :func:`_check` checks a plan); the
+    stages cover the model's computing nodes once, in order, so the pipeline computes what the
+    model does (micro-batches: no operator mixes samples, checked by the search)."""
+    computed = [n.name for n in model.nodes if n.op not in ("input", "weight")]
+    covered = [x for s in piped.stages for x in s.nodes]
+    if covered != computed:
+        raise PlanCheckError(
+            "the pipeline's stages do not cover the model's operators once, in order; this is a "
+            "bug in pcgopt, please report it with the model"
+        )
+    verdicts = [_check(segment_pcg(model, s.segment), s.plan, limit) for s in piped.stages]
+    kinds = sorted(set(v.split(" (")[0] for v in verdicts))
+    return f"pipeline stages: {len(verdicts)} checked ({'; '.join(kinds)})"
 
 
 def _seed_phase(

@@ -553,10 +553,29 @@ def search_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def pipeline_lines(plan: Plan) -> list[str]:
+    """When the search found a faster pipelined plan (:attr:`Plan.pipeline`): it first, its
+    stages, micro-batches and schedule; the rest of the text is the plan that runs as one
+    program."""
+    piped = plan.pipeline
+    if piped is None:
+        return []
+    c = plan.cost
+    return [
+        f"PIPELINED: {piped.time_s * 1e3:.4g} ms per training iteration, "
+        f"{c.total_s / piped.time_s:.3g}x the plan below ({c.total_s * 1e3:.4g} ms), which "
+        "runs as one program (pipelined plans do not lower to JAX yet)",
+        *piped.explain().splitlines(),
+        "",
+        "the plan as one program:",
+    ]
+
+
 def explain(plan: Plan, model_names: Iterable[str], *, max_rows: int | None = 40) -> str:
     """The whole text (module docstring); ``max_rows`` bounds the node table (None: all)."""
     rows = layer_rows(plan, model_names)
     sections = [
+        pipeline_lines(plan),
         headline(plan),
         layer_table(rows),
         device_map(plan, rows),
@@ -577,6 +596,7 @@ __all__ = [
     "layer_of",
     "layer_rows",
     "node_layers",
+    "pipeline_lines",
     "repeated_layer_boxes",
     "strategy_words",
 ]

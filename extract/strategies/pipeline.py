@@ -9,12 +9,13 @@ segments. The machine's stage unit is its outermost level with more than one uni
 cluster); every stage gets the same number of whole units, consecutive ones, so stage ``s`` of
 ``S`` runs on units ``s N/S .. (s + 1) N/S - 1`` and hands its output to the next stage over the
 link between them. A stage reads its entry from the previous stage and sends back its gradient,
-so its entry needs a gradient (``iteration_cost(..., grad_inputs=...)``); what it hands on goes
-by the transfer, not by gathering it (the collectives that bring a stage's exit to one device
-are not charged to the stage): one micro-batch of the cut tensor crosses the stage level's link,
-each unit of the block sending its share, ``latency + bytes / (units * bandwidth)``.
-Micro-batches compute what the whole batch does only if no operator mixes samples, so a model
-with training batch normalization is refused.
+so its entry needs a gradient (``iteration_cost(..., grad_inputs=...)``: it arrives in the
+layout the stage reads it in, and its gradient goes back so, summed over the copies of a
+replicated entry); what it hands on goes by the transfer, not by gathering it (the collectives
+that bring a stage's exit to one device are not charged to the stage): one micro-batch of the
+cut tensor crosses the stage level's link, each unit of the block sending its share, ``latency +
+bytes / (units * bandwidth)``. Micro-batches compute what the whole batch does only if no
+operator mixes samples, so a model with training batch normalization is refused.
 
 **Inside a stage.** Each stage runs one of the hand-written plans (:func:`stage_strategies`:
 data parallelism, FSDP, Megatron at every tensor degree that divides the block, with and without
@@ -47,9 +48,11 @@ accumulation over ``M``), so a pipeline is returned only where it is faster.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -69,6 +72,7 @@ from pcgopt.extract.strategies.baselines import batch_size, data_parallel, fsdp,
 from pcgopt.graph import PCG, TensorRef
 from pcgopt.machine import Machine
 from pcgopt.segments import Segment, canonical, is_parallel, segment_pcg, split_segments
+from pcgopt.serialize import pcg_to_dict
 
 __all__ = [
     "PipelinePlan",
@@ -80,6 +84,11 @@ __all__ = [
 ]
 
 StageStrategy = Callable[[PCG, Machine], PCG]
+
+#: Candidates are costed in full until the closed-form estimate of the next (which leaves the
+#: synchronization out, so it is mostly below the full cost) exceeds the best full cost that
+#: fits by this factor.
+ASSEMBLY_MARGIN = 1.1
 
 #: Operators whose output for one sample depends on the other samples of the batch (training
 #: batch normalization): micro-batches change what they compute.
@@ -212,7 +221,8 @@ def _part(cost: CostBreakdown, plan: PCG, micro: int, exit_chain: bool) -> _Part
 class Stage:
     """One stage of a :class:`PipelinePlan`: segments ``first .. last`` of the model (its
     ``nodes``), on ``devices``, running ``strategy``; ``plan`` is its PCG (its entry an input,
-    its exit an output) and ``cost`` that PCG's iteration with the plan's micro-batches."""
+    its exit an output), the plan of ``segment`` (its part of the model, :func:`pcgopt.segments.
+    segment_pcg`), and ``cost`` that PCG's iteration with the plan's micro-batches."""
 
     index: int
     first: int
@@ -224,6 +234,7 @@ class Stage:
     memory_bytes: int
     plan: PCG = field(repr=False, compare=False)
     cost: CostBreakdown = field(repr=False, compare=False)
+    segment: Segment = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return (
@@ -247,6 +258,9 @@ class PipelinePlan:
     memory_bytes: int
     memory_capacity: int
     machine: str
+    #: The model the stages cut, and the optimizer it was costed with (for running it).
+    model: PCG = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+    optimizer: str = "adam"
 
     @property
     def feasible(self) -> bool:
@@ -259,6 +273,42 @@ class PipelinePlan:
         return max(
             0.0, self.time_s - self.micro_batches * worst - max(s.times.sync_s for s in self.stages)
         )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The schedule and every stage's place, plan and times, as JSON-ready values (each
+        stage's PCG as :func:`pcgopt.serialize.pcg_to_dict` writes it)."""
+        return {
+            "schedule": self.schedule,
+            "micro_batches": self.micro_batches,
+            "time_s": self.time_s,
+            "estimate_s": self.estimate_s,
+            "memory_bytes": self.memory_bytes,
+            "feasible": self.feasible,
+            "stages": [
+                {
+                    "segments": [s.first, s.last],
+                    "nodes": [s.nodes[0], s.nodes[-1]],
+                    "devices": [s.devices.start, s.devices.stop],
+                    "strategy": s.strategy,
+                    "forward_s": s.times.forward_s,
+                    "backward_s": s.times.backward_s,
+                    "send_s": s.times.send_s,
+                    "sync_s": s.times.sync_s,
+                    "memory_bytes": s.memory_bytes,
+                    "pcg": pcg_to_dict(s.plan),
+                }
+                for s in self.stages
+            ],
+        }
+
+    def to_jax(self, devices: Any = None, **options: Any) -> Any:
+        """The pipeline as programs on its stages' devices, run micro-batch by micro-batch
+        (:func:`pcgopt.lower.pipelined.lower_pipeline`, which takes the same ``options``; needs
+        ``pip install 'pcgopt[jax]'``)."""
+        # pcgopt.lower is the layer above this one; it is loaded only when asked for.
+        from pcgopt.lower.pipelined import lower_pipeline
+
+        return lower_pipeline(self, devices, **options)
 
     def explain(self) -> str:
         """The stages, micro-batches and schedule, a line each."""
@@ -307,6 +357,7 @@ class _Costs:
         self.own = [segment_pcg(pcg, s) for s in segments]
         self.keys = [canonical(own)[0] for own in self.own]
         self.memo: dict[tuple, _Part] = {}
+        self.plans: dict[tuple, PCG | None] = {}
         # Every plan any block may run; a block runs those its devices allow.
         self.strategies = stage_strategies(machine.num_devices)
 
@@ -316,11 +367,24 @@ class _Costs:
             self.memo[key] = self._part(index, strategy, units, micro)
         return self.memo[key]
 
+    def plan(self, index: int, strategy: str, units: int) -> PCG | None:
+        """Segment ``index`` under ``strategy`` on a block of ``units`` (None: it cannot be)."""
+        key = (self.keys[index], strategy, units, index)
+        if key not in self.plans:
+            try:
+                block = stage_machine(self.machine, units)
+                self.plans[key] = self.strategies[strategy](self.own[index], block)
+            except PCGError:
+                self.plans[key] = None
+        return self.plans[key]
+
     def _part(self, index: int, strategy: str, units: int, micro: int) -> _Part:
         block = stage_machine(self.machine, units)
         seg = self.segments[index]
+        plan = self.plan(index, strategy, units)
+        if plan is None:
+            return _NO_PART
         try:
-            plan = self.strategies[strategy](self.own[index], block)
             cost = iteration_cost(
                 plan,
                 block,
@@ -386,6 +450,8 @@ def pipeline_search(
     min_ops: int | None = None,
     strategies: Sequence[str] | None = None,
     runtime: Runtime = DDP,
+    time_budget_s: float | None = None,
+    min_stages: int = 1,
 ) -> PipelinePlan:
     """The fastest pipelined plan of ``pcg`` on ``machine`` that fits (module docstring), or,
     when none fits, the one that needs the least memory.
@@ -398,7 +464,10 @@ def pipeline_search(
     ``strategies``: the stage plans allowed, by :func:`stage_strategies` name (default: all; a
     single name gives every stage that plan, as Megatron-LM's hand-set degrees do);
     ``runtime``: how a stage overlaps its synchronization with its last backward (module
-    docstring; default PyTorch DDP's).
+    docstring; default PyTorch DDP's); ``time_budget_s``: stop trying stage and micro-batch
+    counts (fewest stages first) and costing candidates once this much time has passed
+    (None: no limit; what is found by then is returned); ``min_stages``: the fewest stages
+    tried when ``stage_counts`` is not given (2: pipelines only, not the plans as one stage).
     Raises :class:`~pcgopt.extract.costmodel.pipeline.PipelineError` when nothing can be
     scheduled (one device, no batch split that fits the counts)."""
     if schedule not in SCHEDULES:
@@ -411,7 +480,7 @@ def pipeline_search(
             )
     segments = split_segments(pcg) if min_ops is None else split_segments(pcg, min_ops)
     _, level = _stage_level(machine)
-    counts = [s for s in divisors(level.count) if s <= len(segments)]
+    counts = [s for s in divisors(level.count) if min_stages <= s <= len(segments)]
     if stage_counts is not None:
         bad = [s for s in stage_counts if s not in counts]
         if bad:
@@ -431,7 +500,8 @@ def pipeline_search(
     batch = batch_size(pcg)
     costs = _Costs(pcg, machine, segments, optimizer, runtime)
     capacity = machine.device.memory_bytes
-    found: list[PipelinePlan] = []
+    deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
+    ranked: list[tuple] = []
     for count in counts:
         units = level.count // count
         allowed = stage_strategies(units * machine.num_devices // level.count)
@@ -440,9 +510,21 @@ def pipeline_search(
             continue
         micros = micro_batch_counts(batch, count) if micro_batches is None else micro_batches
         for micro in micros:
-            plan = _search_one(costs, names, count, units, micro, schedule, capacity)
-            if plan is not None:
-                found.append(plan)
+            if ranked and time.perf_counter() > deadline:
+                break
+            cuts = _search_one(costs, names, count, units, micro, schedule, capacity)
+            if cuts is not None:
+                ranked.append((cuts[0], count, units, micro, cuts[1], cuts[2], names))
+    # Costed in full in the order of their estimates, until an estimate (which leaves the
+    # synchronization out) is ASSEMBLY_MARGIN over the best full cost that fits.
+    found: list[PipelinePlan] = []
+    for estimate, count, units, micro, cuts, which, names in sorted(ranked, key=lambda r: r[0]):
+        best = min((p.time_s for p in found if p.feasible), default=math.inf)
+        if estimate > ASSEMBLY_MARGIN * best or (found and time.perf_counter() > deadline):
+            break
+        plan = _assemble(costs, names, cuts, count, units, micro, schedule, which)
+        if plan is not None:
+            found.append(plan)
     if not found:
         raise PipelineError(
             f"no pipelined plan of the model on {machine.name!r}: no stage count, micro-batch "
@@ -463,8 +545,10 @@ def _search_one(
     micro: int,
     schedule: str,
     capacity: int,
-) -> PipelinePlan | None:
-    """The best cuts for ``count`` stages of ``units`` units and ``micro`` micro-batches."""
+) -> tuple[float, list[tuple[int, int, int]], np.ndarray] | None:
+    """The best cuts for ``count`` stages of ``units`` units and ``micro`` micro-batches: the
+    dynamic program's objective, the stages (:func:`_best_cuts`) and each stage's strategy by
+    ``[r, first, stop]``."""
     n = len(costs.segments)
     versions = 2 if schedule == "2bw" else 1
     parts = [[costs.part(i, name, units, micro) for i in range(n)] for name in names]
@@ -501,7 +585,7 @@ def _search_one(
             break
     if best is None:
         return None
-    return _assemble(costs, names, best[1], count, units, micro, schedule, which)
+    return best[0], best[1], which
 
 
 def _tied_weights(stages: list[Stage], machine: Machine) -> list[Stage]:
@@ -596,6 +680,7 @@ def _assemble(
                 memory,
                 plan,
                 cost,
+                merged,
             )
         )
     stages = _tied_weights(stages, machine)
@@ -609,4 +694,6 @@ def _assemble(
         max(s.memory_bytes for s in stages),
         machine.device.memory_bytes,
         f"{machine.name} ({machine.num_devices} x {machine.device.name})",
+        pcg,
+        costs.optimizer,
     )

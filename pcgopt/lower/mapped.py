@@ -260,6 +260,9 @@ class MappedLowered:
     outside: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     _compiled: dict[int, tuple[Any, Any]] = field(default_factory=dict, repr=False)
     _updates: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: A model output a piece computes under another name (a pipeline stage's plan returns
+    #: it through its layout's last operator): the model's tensor -> the piece's.
+    aliases: Mapping[TensorRef, TensorRef] = field(default_factory=dict, repr=False)
 
     def __repr__(self) -> str:
         return (
@@ -369,9 +372,9 @@ class MappedLowered:
             values.update(zip(piece.outputs, outs, strict=True))
             tapes.append(vjp)
         for r in self.pcg.outputs:  # a model output that is a source as given
-            if r not in values:
+            if self.aliases.get(r, r) not in values:
                 values[r] = jnp.asarray(feeds[r.node], _dtype(self.pcg.shape(r).dtype.value))
-        terms = _loss_terms(self.pcg)
+        terms = [self.aliases.get(r, r) for r in _loss_terms(self.pcg)]
         loss = sum(jnp.mean(values[r].astype(jnp.float32)) for r in terms)
         if not backward:
             return loss, values, {}
@@ -418,7 +421,7 @@ class MappedLowered:
         check_sources(self.pcg, inputs, self.input_names, "inputs")
         check_sources(self.pcg, weights, self.weight_names, "weights")
         _, values, _ = self._run({**inputs, **weights}, backward=False)
-        return tuple(values[r] for r in self.pcg.outputs)
+        return tuple(values[self.aliases.get(r, r)] for r in self.pcg.outputs)
 
     def loss_and_grads(
         self, inputs: Mapping[str, Any], weights: Mapping[str, Any]

@@ -3,7 +3,9 @@ search (cuts and per-stage plans) against exhaustive search."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import json
 import math
 
 import numpy as np
@@ -11,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pcgopt import Machine
+from pcgopt import Machine, PCGBuilder
 from pcgopt.errors import PCGError
 from pcgopt.evaluate import assert_equivalent
 from pcgopt.extract.costmodel.cost import CostError, iteration_cost
@@ -25,6 +27,7 @@ from pcgopt.extract.costmodel.pipeline import (
     two_bw_time,
 )
 from pcgopt.extract.costmodel.simulate import ADDITIVE
+from pcgopt.extract.search.plan import PlanCheckError, _check_pipeline, saturate_and_extract
 from pcgopt.extract.strategies.pipeline import (
     _best_cuts,
     micro_batch_counts,
@@ -32,6 +35,7 @@ from pcgopt.extract.strategies.pipeline import (
     stage_machine,
 )
 from pcgopt.models import build
+from pcgopt.scaled import CHECK_FLOPS_LIMIT
 from pcgopt.segments import Segment, segment_pcg, split_segments
 
 _TIME = st.floats(0.0, 10.0, allow_nan=False)
@@ -276,32 +280,27 @@ def test_the_search_equals_exhaustive_search_over_cuts_and_stage_plans(
     costs = _Costs(small_transformer, four_nodes, segments, "adam")
     names = list(costs.strategies)
     units, micro, count = 2, 4, 2
-    plan = _search_one(costs, names, count, units, micro, "1f1b", 2**62)
+    objective, cuts, which = _search_one(costs, names, count, units, micro, "1f1b", 2**62)
     n = len(segments)
+
+    def busy(strategy, segments):
+        return sum(
+            costs.part(i, strategy, units, micro).forward_s
+            + costs.part(i, strategy, units, micro).backward_s
+            for i in segments
+        )
+
     best = math.inf
     for cut in range(1, n):
         for a, b in itertools.product(names, repeat=2):
-            ta = sum(
-                costs.part(i, a, units, micro).forward_s + costs.part(i, a, units, micro).backward_s
-                for i in range(cut)
-            )
-            tb = sum(
-                costs.part(i, b, units, micro).forward_s + costs.part(i, b, units, micro).backward_s
-                for i in range(cut, n)
-            )
+            ta, tb = busy(a, range(cut)), busy(b, range(cut, n))
             send = 2 * costs.send_s(cut - 1, units, micro)
             best = min(best, ta + tb + send + (micro - 1) * max(ta, tb))
-    first = plan.stages[0]
-    chosen = [
-        sum(
-            costs.part(i, s.strategy, units, micro).forward_s
-            + costs.part(i, s.strategy, units, micro).backward_s
-            for i in range(s.first, s.last + 1)
-        )
-        for s in plan.stages
-    ]
-    value = sum(chosen) + 2 * costs.send_s(first.last, units, micro) + (micro - 1) * max(chosen)
-    assert value == pytest.approx(best)
+    assert objective == pytest.approx(best)
+    # The stages it returns are worth what it says.
+    chosen = [busy(names[which[r][i, j]], range(i, j)) for i, j, r in cuts]
+    sends = 2 * costs.send_s(cuts[0][1] - 1, units, micro)
+    assert sum(chosen) + sends + (micro - 1) * max(chosen) == pytest.approx(objective)
 
 
 def test_a_weight_two_stages_read_is_synchronized_between_them(four_nodes):
@@ -364,3 +363,61 @@ def test_a_stage_entry_pays_for_its_gradient(small_transformer):
     assert with_grad.backward_s > without.backward_s
     with pytest.raises(CostError, match="'nope', which is not an input"):
         iteration_cost(second, machine, grad_inputs=["nope"])
+
+
+# -- in saturate_and_extract -----------------------------------------------------------------
+
+
+def _wide_chain():
+    """Six 4096 x 4096 layers on a batch of 256: weights heavy, activations light, so that
+    two single-GPU stages beat every plan as one program on two nodes."""
+    b = PCGBuilder()
+    x = b.input((256, 4096), name="x")
+    for i in range(6):
+        w = b.weight((4096, 4096), name=f"l{i}/w")
+        x = b.relu(b.matmul(x, w, name=f"l{i}/mm"), name=f"l{i}/relu")
+    return b.build(b.reduce_mean(x, axes=(0, 1), name="loss"))
+
+
+@pytest.fixture(scope="module")
+def pipelined_search():
+    machine = Machine.preset("dgx-a100", nodes=2, devices_per_node=1)
+    return saturate_and_extract(_wide_chain(), machine, deterministic=True, min_segment_ops=2)
+
+
+def test_saturate_and_extract_keeps_a_faster_pipeline_and_checks_its_stages(pipelined_search):
+    plan = pipelined_search
+    piped = plan.pipeline
+    assert piped is not None and len(piped.stages) == 2
+    assert plan.time_s == piped.time_s < plan.cost.total_s
+    name = f"pipeline (2 stages x {piped.micro_batches} micro-batches)"
+    assert plan.stats.candidates[name] == piped.time_s
+    assert "pipeline" in plan.stats.phase_seconds
+    assert "pipeline stages: 2 checked" in plan.check
+    text = plan.explain()
+    assert text.startswith("PIPELINED: ")
+    assert "stage 1: segments" in text and "the plan as one program:" in text
+    saved = json.loads(plan.to_json())["pipeline"]
+    assert [s["devices"] for s in saved["stages"]] == [[0, 1], [1, 2]]
+    assert saved["micro_batches"] == piped.micro_batches
+
+
+def test_a_pipeline_stage_that_computes_something_else_fails_the_check(pipelined_search):
+    piped = pipelined_search.pipeline
+    model = _wide_chain()
+    wrong = dataclasses.replace(piped.stages[0], plan=segment_pcg(model, piped.stages[1].segment))
+    broken = dataclasses.replace(piped, stages=(wrong, piped.stages[1]))
+    with pytest.raises(PlanCheckError):
+        _check_pipeline(model, broken, CHECK_FLOPS_LIMIT)
+
+
+def test_no_pipeline_when_asked_or_on_one_device():
+    model = _wide_chain()
+    two = Machine.preset("dgx-a100", nodes=2, devices_per_node=1)
+    off = saturate_and_extract(model, two, time_budget_s=3, min_segment_ops=2, pipeline=False)
+    assert off.pipeline is None and "pipeline" not in off.stats.phase_seconds
+    assert off.time_s == off.cost.total_s
+    assert not off.explain().startswith("PIPELINED")
+    one = Machine.preset("dgx-a100", devices_per_node=1)
+    alone = saturate_and_extract(model, one, time_budget_s=3, min_segment_ops=2)
+    assert alone.pipeline is None

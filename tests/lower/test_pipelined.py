@@ -1,0 +1,77 @@
+"""Pipelined plans run on their stages' devices (pcgopt.lower.pipelined): a program per stage on
+its block, micro-batches through the stages, the loss and gradients those of the unsharded
+model over the same micro-batches, and a training step its optimizer's step."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pcgopt import Machine
+from pcgopt.extract.strategies.pipeline import pipeline_search
+from pcgopt.models import build
+
+jax = pytest.importorskip("jax", reason="running plans needs the optional extra pcgopt[jax]")
+
+from pcgopt.lower.jax import LoweringError, reference_loss_and_grads  # noqa: E402
+from pcgopt.lower.pipelined import PipelinedLowered  # noqa: E402
+
+RTOL = 1e-4
+
+
+def _close(got, want) -> float:
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    return float(np.max(np.abs(got - want), initial=0.0) / max(1.0, np.max(np.abs(want))))
+
+
+@pytest.fixture(scope="module")
+def bert():
+    """A small BERT (its token table tied: read by the first and the last stage), cut into two
+    stages of two devices each, with Megatron in the stages; its program, random sources and
+    the unsharded model's loss and gradients over the same four micro-batches."""
+    model = build("bert_large", batch=8, seq=4, hidden=8, layers=2, heads=2, vocab=11, loss=True)
+    machine = Machine.preset("dgx-a100", nodes=2, devices_per_node=2)
+    piped = pipeline_search(
+        model,
+        machine,
+        stage_counts=[2],
+        micro_batches=[4],
+        min_ops=4,
+        strategies=["megatron t=2"],
+    )
+    program = piped.to_jax(optimizer="sgd", learning_rate=0.5)
+    inputs, weights = program.random_sources(seed=3)
+    reference = reference_loss_and_grads(model, inputs, weights, micro_batches=4)
+    return model, program, inputs, weights, reference
+
+
+def test_a_pipeline_computes_the_unsharded_models_loss_and_gradients(bert):
+    _, program, inputs, weights, (ref_loss, ref_grads) = bert
+    assert isinstance(program, PipelinedLowered)
+    assert [p.devices for p in program.pieces] == [(0, 1), (2, 3)]
+    loss, grads = program.loss_and_grads(inputs, weights)
+    assert _close(loss, ref_loss) <= RTOL
+    assert set(grads) == set(ref_grads)
+    for name in ref_grads:
+        assert _close(grads[name], ref_grads[name]) <= RTOL, name
+    # The tied table's gradient sums both stages': the lookup's and the logits'.
+    assert "embed/tokens" in program.pieces[0].lowered.weight_names
+    assert "embed/tokens" in program.pieces[1].lowered.weight_names
+
+
+def test_a_training_step_of_a_pipeline_is_the_optimizer_step_on_the_micro_batches(bert):
+    _, program, inputs, weights, (_, ref_grads) = bert
+    state, _ = program.train_step(program.init(weights), inputs)
+    for name, g in ref_grads.items():
+        want = np.asarray(weights[name]) - 0.5 * np.asarray(g)  # SGD
+        assert _close(state.params[name], want) <= RTOL, name
+
+
+def test_a_2bw_pipeline_is_not_run(bert):
+    model = bert[0]
+    machine = Machine.preset("dgx-a100", nodes=2, devices_per_node=2)
+    two = pipeline_search(
+        model, machine, stage_counts=[2], micro_batches=[4], min_ops=4, schedule="2bw"
+    )
+    with pytest.raises(LoweringError, match="only 1F1B plans"):
+        two.to_jax()
