@@ -82,10 +82,11 @@ import math
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 
+import numpy as np
 from networkx.utils import UnionFind
 
 from pcgopt.errors import PCGError
-from pcgopt.evaluate import index_uses
+from pcgopt.evaluate import evaluate, index_uses, random_feeds
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.ops import OpKind
 from pcgopt.ops.params import Params
@@ -93,7 +94,7 @@ from pcgopt.ops.spec import DimRef, SizeRelation
 from pcgopt.render import forward_flops
 from pcgopt.shapes import ParallelTensorShape
 
-__all__ = ["ScaleDownError", "ScaledDown", "scaled_down"]
+__all__ = ["ScaleDownError", "ScaledDown", "micro_batch_difference", "micro_batched", "scaled_down"]
 
 
 class ScaleDownError(PCGError):
@@ -672,6 +673,65 @@ def micro_batched(pcg: PCG, micro_batches: int) -> PCG:
                 node=node.name,
             )
     return small
+
+
+def micro_batch_difference(pcg: PCG) -> str | None:
+    """Why running ``pcg`` as micro-batches would not compute what it computes on the whole
+    batch, or None: the reference evaluator runs a scaled-down instance (:func:`scaled_down`)
+    on the whole batch and on two micro-batches (:func:`micro_batched`, the first and second
+    half of every data input's dimension 0), dropout off (a micro-batch draws its own masks by
+    design). An output with the batch in dimension 0 must be the micro-batches' joined, any
+    other (a mean loss) their mean. What gradient accumulation and pipelines assume; an
+    operator that mixes samples (batch normalization, a softmax or a sum over the batch)
+    breaks it. Raises :class:`ScaleDownError` when no small instance can be split in two (nor
+    ``pcg`` itself, if the evaluator can run it)."""
+    small = scaled_down(pcg).pcgs[0]
+    try:
+        micro_batched(small, 2)
+    except ScaleDownError:
+        if over_check_limits(pcg, pcg) is not None:
+            raise
+        small = pcg  # small enough as it is, with a batch the scaled instance lost
+    small = PCG(
+        [
+            Node(n.name, n.op, n.inputs, {**n.params, "rate": 0.0}) if n.op == "dropout" else n
+            for n in small.nodes
+        ],
+        small.outputs,
+    )
+    batch = {
+        small.shape(n.name).sizes[0]
+        for n in small.nodes
+        if n.op == "input" and small.shape(n.name).rank
+    }
+    if len(batch) != 1 or min(batch) % 2:
+        return None  # no two equal micro-batches: nothing a micro-batch loop would run
+    half = micro_batched(small, 2)
+    feeds = random_feeds(small)
+    whole = [r.logical() for r in evaluate(small, feeds).outputs]
+    data = {n.name for n in small.nodes if n.op == "input" and small.shape(n.name).rank}
+    parts = []
+    for i in range(2):
+        chunk = {
+            k: (v[i * len(v) // 2 : (i + 1) * len(v) // 2] if k in data else v)
+            for k, v in feeds.items()
+        }
+        parts.append([r.logical() for r in evaluate(half, chunk).outputs])
+    for k, want in enumerate(whole):
+        got = [p[k] for p in parts]
+        if np.ndim(want) and np.shape(got[0])[0] * 2 == np.shape(want)[0]:
+            joined = np.concatenate(got)
+        else:
+            joined = (got[0] + got[1]) / 2
+        scale = max(1.0, float(np.max(np.abs(want), initial=0.0)))
+        if np.shape(joined) != np.shape(want) or not np.allclose(
+            joined, want, rtol=1e-7, atol=1e-9 * scale
+        ):
+            return (
+                f"output {k} ({pcg.outputs[k]}) of two micro-batches is not the whole batch's: an "
+                "operator mixes the samples of the batch"
+            )
+    return None
 
 
 def scaled_down(*pcgs: PCG, min_size: int = 4, max_rebuilds: int = 16) -> ScaledDown:

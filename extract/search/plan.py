@@ -120,7 +120,7 @@ from pcgopt.machine import Machine, MachineError
 from pcgopt.names import model_names
 from pcgopt.render import to_dot as pcg_to_dot
 from pcgopt.rewrite import Rule
-from pcgopt.scaled import CHECK_FLOPS_LIMIT, checkable_pair
+from pcgopt.scaled import CHECK_FLOPS_LIMIT, checkable_pair, micro_batch_difference
 from pcgopt.segments import segment_pcg
 from pcgopt.serialize import pcg_to_dict
 
@@ -811,9 +811,10 @@ def _pipeline_phase(
 
 
 def _check_pipeline(model: PCG, piped: PipelinePlan, limit: float) -> str:
-    """Every stage's plan against its part of ``model`` (as :func:`_check` checks a plan); the
-    stages cover the model's computing nodes once, in order, so the pipeline computes what the
-    model does (micro-batches: no operator mixes samples, checked by the search)."""
+    """Every stage's plan against its part of ``model`` (as :func:`_check` checks a plan), the
+    stages covering the model's computing nodes once, in order, and the model on two
+    micro-batches against the whole batch (:func:`pcgopt.scaled.micro_batch_difference`): so the
+    pipeline computes what the model does."""
     computed = [n.name for n in model.nodes if n.op not in ("input", "weight")]
     covered = [x for s in piped.stages for x in s.nodes]
     if covered != computed:
@@ -821,9 +822,18 @@ def _check_pipeline(model: PCG, piped: PipelinePlan, limit: float) -> str:
             "the pipeline's stages do not cover the model's operators once, in order; this is a "
             "bug in pcgopt, please report it with the model"
         )
+    why = micro_batch_difference(model)
+    if why is not None:
+        raise PlanCheckError(
+            f"the pipeline runs micro-batches, which change what the model computes ({why}); "
+            "this is a bug in pcgopt, please report it with the model"
+        )
     verdicts = [_check(segment_pcg(model, s.segment), s.plan, limit) for s in piped.stages]
     kinds = sorted(set(v.split(" (")[0] for v in verdicts))
-    return f"pipeline stages: {len(verdicts)} checked ({'; '.join(kinds)})"
+    return (
+        f"pipeline stages: {len(verdicts)} checked ({'; '.join(kinds)}), micro-batches "
+        "checked against the whole batch"
+    )
 
 
 def _seed_phase(

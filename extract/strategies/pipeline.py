@@ -21,28 +21,31 @@ operator mixes samples, so a model with training batch normalization is refused.
 data parallelism, FSDP, Megatron at every tensor degree that divides the block, with and without
 sequence parallelism) on its block, chosen per stage. A segment's times are costed once per
 distinct segment (equal up to names), strategy, block and micro-batch count by
-:func:`~pcgopt.extract.costmodel.cost.iteration_cost` with the additive runtime, and a stage's
-are the sums of its segments'. The stage's forward and backward per micro-batch are its compute
-and its collectives on activations, divided by the micro-batch count; its synchronization is
-what its iteration under the runtime (default PyTorch DDP's, which overlaps the gradient
-synchronization with the last micro-batch's backward) adds to its micro-batches' forwards and
-backwards: the synchronization left exposed and the optimizer update; plus, for a weight two
-stages read (a tied embedding), an AllReduce of its gradient between them, not overlapped.
-Memory per device: weights, gradients and optimizer state once (twice the weights under 2BW),
-and the activations of the micro-batches it holds at once
-(:func:`~pcgopt.extract.costmodel.pipeline.in_flight`).
+:func:`~pcgopt.extract.costmodel.cost.iteration_cost` under the runtime's precision and ZeRO
+stage with its tasks one after another, and a stage's are the sums of its segments'. The stage's
+forward and backward per micro-batch are its compute and its collectives on activations, divided
+by the micro-batch count (no overlap of the two: an upper bound); its synchronization is what
+its iteration under the runtime (default PyTorch DDP's, which overlaps the gradient
+synchronization with the last micro-batch's backward) adds to those: the synchronization left
+exposed and the optimizer update, at least the update; plus, for a weight two stages read (a
+tied embedding), an AllReduce of its gradient between them, not overlapped. Memory per device:
+weights, gradients and optimizer state once (twice the weights under 2BW), and the activations
+of the micro-batches it holds at once (:func:`~pcgopt.extract.costmodel.pipeline.in_flight`).
 
 **Search.** For every stage count ``S`` that divides the units (and is at most the segments),
 and every micro-batch count ``M`` from :func:`micro_batch_counts`, a dynamic program over cut
 points picks the cuts and each stage's strategy that minimize the 1F1B closed form without the
 synchronization (which runs once per iteration, not per micro-batch): ``sum_s (F_s + B_s + 2
-P_s) + (M - 1) max_s (F_s + B_s)``, every stage fitting in memory. The maximum is handled as
-Alpa's inter-operator pass does: for each bound ``T`` on a stage's ``F + B``, the cheapest sum
-with every stage within ``T``, plus ``(M - 1) T``; the least over ``T`` is the optimum. Each
-``(S, M)``'s choice is then costed in full, every stage as one PCG, by the event schedule with
-its synchronizations (:func:`~pcgopt.extract.costmodel.pipeline.pipeline_time`), and the
-fastest that fits is returned. ``S = 1`` is the same plans without a pipeline (gradient
-accumulation over ``M``), so a pipeline is returned only where it is faster.
+P_s) + (M - 1) max_s (F_s + B_s)`` (for 2BW, ``M max_s (F_s + B_s)``), every stage fitting in
+memory. The maximum is handled as Alpa's inter-operator pass does: for each bound ``T`` on a
+stage's ``F + B``, the cheapest sum with every stage within ``T``, plus ``(M - 1) T``; the least
+over ``T`` is the optimum. The ``(S, M)`` candidates are then costed in full, every stage as one
+PCG, by the event schedule with its synchronizations
+(:func:`~pcgopt.extract.costmodel.pipeline.pipeline_time`), in the order of their objectives,
+skipping those whose lower bound (the bottleneck stage's ``M (F + B)`` and, for 1F1B, the first
+micro-batch's way to it and the last one's back) is over the best cost so far; the fastest that
+fits is returned. A model that micro-batches would change (an operator that mixes the samples
+of the batch: :func:`pcgopt.scaled.micro_batch_difference`) is refused.
 """
 
 from __future__ import annotations
@@ -58,7 +61,12 @@ import numpy as np
 
 from pcgopt.divisors import divisors
 from pcgopt.errors import PCGError
-from pcgopt.extract.costmodel.cost import CostBreakdown, collective_cost, iteration_cost
+from pcgopt.extract.costmodel.cost import (
+    OPTIMIZERS,
+    CostBreakdown,
+    collective_cost,
+    iteration_cost,
+)
 from pcgopt.extract.costmodel.pipeline import (
     SCHEDULES,
     PipelineError,
@@ -67,10 +75,11 @@ from pcgopt.extract.costmodel.pipeline import (
     one_f_one_b_estimate,
     pipeline_time,
 )
-from pcgopt.extract.costmodel.simulate import ADDITIVE, DDP, Runtime
+from pcgopt.extract.costmodel.simulate import DDP, Runtime
 from pcgopt.extract.strategies.baselines import batch_size, data_parallel, fsdp, megatron
 from pcgopt.graph import PCG, TensorRef
 from pcgopt.machine import Machine
+from pcgopt.scaled import ScaleDownError, micro_batch_difference
 from pcgopt.segments import Segment, canonical, is_parallel, segment_pcg, split_segments
 from pcgopt.serialize import pcg_to_dict
 
@@ -85,14 +94,8 @@ __all__ = [
 
 StageStrategy = Callable[[PCG, Machine], PCG]
 
-#: Candidates are costed in full until the closed-form estimate of the next (which leaves the
-#: synchronization out, so it is mostly below the full cost) exceeds the best full cost that
-#: fits by this factor.
-ASSEMBLY_MARGIN = 1.1
-
-#: Operators whose output for one sample depends on the other samples of the batch (training
-#: batch normalization): micro-batches change what they compute.
-_MIXES_SAMPLES = frozenset({"batch_norm"})
+#: Parallel operators that add partial sums up: work of the stage, never of the transfer.
+_SUMS = frozenset({"reduce", "all_reduce", "reduce_scatter"})
 
 
 def _megatron(tensor_degree: int, sequence_parallel: bool) -> StageStrategy:
@@ -171,12 +174,14 @@ _NO_PART = _Part(math.inf, math.inf, math.inf, 0, 0, 0)
 
 def _exit_chain(plan: PCG) -> set[str]:
     """The parallel nodes that only bring an output to its returned layout: every consumer of
-    theirs, down to the outputs, is one too (the transfer does their work)."""
+    theirs, down to the outputs, is one too, and they add nothing up (a gather or a dropped
+    copy is the transfer's work; a sum of partial sums, Megatron's row-parallel AllReduce, is
+    the stage's)."""
     consumers = plan.consumers()
     outputs = {r.node for r in plan.outputs}
     chain: set[str] = set()
     for n in reversed(plan.nodes):
-        if not is_parallel(n):
+        if not is_parallel(n) or n.op in _SUMS or plan.input_shapes(n.name)[0].is_partial:
             continue
         readers = {
             c
@@ -353,7 +358,8 @@ class _Costs:
         runtime: Runtime = DDP,
     ):
         self.pcg, self.machine, self.segments, self.optimizer = pcg, machine, segments, optimizer
-        self.runtime = runtime
+        # The runtime's precision and ZeRO stage, its tasks one after another: a stage's times.
+        self.runtime, self.in_sequence = runtime, replace(runtime, overlap=False, bucket_bytes=0)
         self.own = [segment_pcg(pcg, s) for s in segments]
         self.keys = [canonical(own)[0] for own in self.own]
         self.memo: dict[tuple, _Part] = {}
@@ -390,7 +396,7 @@ class _Costs:
                 block,
                 optimizer=self.optimizer,
                 micro_batches=micro,
-                runtime=ADDITIVE,
+                runtime=self.in_sequence,
                 grad_inputs=() if seg.entry is None else (seg.entry.node,),
             )
         except PCGError:
@@ -408,17 +414,20 @@ class _Costs:
 
 
 def _best_cuts(
-    busy: np.ndarray, send: np.ndarray, stages: int, micro: int
+    busy: np.ndarray, send: np.ndarray, stages: int, micro: int, schedule: str = "1f1b"
 ) -> tuple[float, list[tuple[int, int, int]]] | None:
     """The dynamic program (module docstring). ``busy[r][i, j]``: the least ``F + B`` of a stage
     of segments ``i .. j-1`` that is stage ``r`` from the end (1-based) and fits (inf if none);
-    ``send[j]``: both transfers after segment ``j - 1``. Returns the objective and the stages as
-    ``(first, stop, r)``, or None when no cut fits."""
+    ``send[j]``: both transfers after segment ``j - 1``. The objective: 1F1B's closed form
+    without the synchronization, or for ``"2bw"`` its steady state, ``M`` times the bottleneck
+    (the sum only breaks ties). Returns the objective and the stages as ``(first, stop, r)``,
+    or None when no cut fits."""
     n = busy.shape[1] - 1
     bounds = np.unique(busy[np.isfinite(busy)])
+    summed, weight = (0.0, micro) if schedule == "2bw" else (1.0, micro - 1)
     best: tuple[float, list[tuple[int, int, int]]] | None = None
     for bound in bounds:
-        if best is not None and (micro - 1) * bound >= best[0]:
+        if best is not None and weight * bound >= best[0]:
             break  # every later bound costs more in its last term alone
         f = np.full((stages + 1, n + 1), math.inf)
         choice = np.zeros((stages + 1, n + 1), dtype=int)
@@ -428,7 +437,9 @@ def _best_cuts(
             total = c + f[r - 1][None, :]
             choice[r] = np.argmin(total, axis=1)
             f[r] = total[np.arange(n + 1), choice[r]]
-        value = f[stages, 0] + (micro - 1) * bound
+        if not math.isfinite(f[stages, 0]):
+            continue  # no cut keeps every stage within this bound
+        value = summed * f[stages, 0] + weight * bound
         if math.isfinite(value) and (best is None or value < best[0]):
             cuts, i = [], 0
             for r in range(stages, 0, -1):
@@ -472,24 +483,33 @@ def pipeline_search(
     scheduled (one device, no batch split that fits the counts)."""
     if schedule not in SCHEDULES:
         raise PipelineError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-    for node in pcg.nodes:
-        if node.op in _MIXES_SAMPLES:
-            raise PipelineError(
-                f"node {node.name!r} ({node.op}) computes across the samples of the batch: run as "
-                "micro-batches it would compute something else, so the model cannot be pipelined"
-            )
+    if optimizer not in OPTIMIZERS:
+        raise PipelineError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    stage_counts = _positive_ints(stage_counts, "stage_counts")
+    micro_batches = _positive_ints(micro_batches, "micro_batches")
+    if strategies is not None and (isinstance(strategies, str) or not strategies):
+        raise PipelineError(
+            f"strategies must be a non-empty sequence of stage plan names, got {strategies!r}"
+        )
     segments = split_segments(pcg) if min_ops is None else split_segments(pcg, min_ops)
     _, level = _stage_level(machine)
-    counts = [s for s in divisors(level.count) if min_stages <= s <= len(segments)]
+    possible = [s for s in divisors(level.count) if s <= len(segments)]
+    counts = [s for s in possible if s >= min_stages]
     if stage_counts is not None:
-        bad = [s for s in stage_counts if s not in counts]
+        bad = [s for s in stage_counts if s not in possible]
         if bad:
             raise PipelineError(
                 f"stage count(s) {bad} not possible: stages take equal blocks of the "
                 f"{level.count} {level.name}s and at least one of the {len(segments)} segment(s) "
-                f"each; possible: {counts}"
+                f"each; possible: {possible}"
             )
         counts = list(stage_counts)
+    if not counts:
+        raise PipelineError(
+            f"no stage count of at least {min_stages} is possible: stages take equal blocks of "
+            f"the {level.count} {level.name}s and at least one of the {len(segments)} "
+            f"segment(s) each; possible: {possible}"
+        )
     if strategies is not None:
         known = stage_strategies(machine.num_devices)
         unknown = [name for name in strategies if name not in known]
@@ -497,6 +517,8 @@ def pipeline_search(
             raise PipelineError(
                 f"unknown stage plan(s) {unknown}; on this machine: {', '.join(known)}"
             )
+    if any(m > 1 for m in micro_batches or (2,)) or any(c > 1 for c in counts):
+        _check_micro_batches(pcg)
     batch = batch_size(pcg)
     costs = _Costs(pcg, machine, segments, optimizer, runtime)
     capacity = machine.device.memory_bytes
@@ -512,29 +534,55 @@ def pipeline_search(
         for micro in micros:
             if ranked and time.perf_counter() > deadline:
                 break
-            cuts = _search_one(costs, names, count, units, micro, schedule, capacity)
-            if cuts is not None:
-                ranked.append((cuts[0], count, units, micro, cuts[1], cuts[2], names))
-    # Costed in full in the order of their estimates, until an estimate (which leaves the
-    # synchronization out) is ASSEMBLY_MARGIN over the best full cost that fits.
+            found_cuts = _search_one(costs, names, count, units, micro, schedule, capacity)
+            if found_cuts is not None:
+                ranked.append((*found_cuts, count, units, micro, names))
+    # Costed in full in the order of their estimates, each unless its lower bound (the
+    # bottleneck stage's work and the way to it and back) is already over the best full cost.
     found: list[PipelinePlan] = []
-    for estimate, count, units, micro, cuts, which, names in sorted(ranked, key=lambda r: r[0]):
+    for _, cuts, which, bound, count, units, micro, names in sorted(ranked, key=lambda r: r[0]):
         best = min((p.time_s for p in found if p.feasible), default=math.inf)
-        if estimate > ASSEMBLY_MARGIN * best or (found and time.perf_counter() > deadline):
+        if bound >= best:
+            continue
+        if found and time.perf_counter() > deadline:
             break
         plan = _assemble(costs, names, cuts, count, units, micro, schedule, which)
         if plan is not None:
             found.append(plan)
     if not found:
+        allowed = "" if strategies is None else f" with stage plans {list(strategies)}"
         raise PipelineError(
-            f"no pipelined plan of the model on {machine.name!r}: no stage count, micro-batch "
-            "count and stage plan could be costed (the batch must divide by the micro-batches "
-            "and each stage's data-parallel degree)"
+            f"no pipelined plan of the model on {machine.name!r}{allowed}: no stage count, "
+            "micro-batch count and stage plan could be costed (the batch must divide by the "
+            "micro-batches and each stage's data-parallel degree, and a stage plan must fit its "
+            "block)"
         )
     fitting = [p for p in found if p.feasible]
     if fitting:
         return min(fitting, key=lambda p: p.time_s)
     return min(found, key=lambda p: p.memory_bytes)
+
+
+def _positive_ints(values: Sequence[int] | None, what: str) -> list[int] | None:
+    if values is None:
+        return None
+    if isinstance(values, str) or not isinstance(values, Sequence) or not values:
+        raise PipelineError(f"{what} must be a non-empty sequence of integers, got {values!r}")
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise PipelineError(f"{what} must hold positive integers, got {v!r}")
+    return list(values)
+
+
+def _check_micro_batches(pcg: PCG) -> None:
+    """Refuses a model that micro-batches would change (:func:`pcgopt.scaled.
+    micro_batch_difference`)."""
+    try:
+        why = micro_batch_difference(pcg)
+    except ScaleDownError as err:
+        why = f"no instance small enough to check it could be split in two ({err})"
+    if why is not None:
+        raise PipelineError(f"the model cannot run as micro-batches: {why}")
 
 
 def _search_one(
@@ -545,28 +593,33 @@ def _search_one(
     micro: int,
     schedule: str,
     capacity: int,
-) -> tuple[float, list[tuple[int, int, int]], np.ndarray] | None:
+) -> tuple[float, list[tuple[int, int, int]], np.ndarray, float] | None:
     """The best cuts for ``count`` stages of ``units`` units and ``micro`` micro-batches: the
-    dynamic program's objective, the stages (:func:`_best_cuts`) and each stage's strategy by
-    ``[r, first, stop]``."""
+    dynamic program's objective, the stages (:func:`_best_cuts`), each stage's strategy by
+    ``[r, first, stop]``, and a lower bound of their time under the schedule."""
     n = len(costs.segments)
     versions = 2 if schedule == "2bw" else 1
     parts = [[costs.part(i, name, units, micro) for i in range(n)] for name in names]
 
     def spans(values: list[list[float]]) -> np.ndarray:
         """``[k, i, j]``: strategy ``k``'s sum over segments ``i .. j-1`` (inf when j <= i)."""
-        ends = np.concatenate([np.zeros((len(values), 1)), np.cumsum(values, axis=1)], axis=1)
+        # Finite values and impossible segments (inf) summed apart: one impossible segment
+        # rules out the spans that hold it, not every later one.
+        array = np.asarray(values, dtype=float)
+        impossible = ~np.isfinite(array)
+        zeros = np.zeros((len(values), 1))
+        ends = np.concatenate([zeros, np.cumsum(np.where(impossible, 0.0, array), axis=1)], 1)
+        bad = np.concatenate([zeros, np.cumsum(impossible, axis=1)], axis=1)
         out = ends[:, None, :] - ends[:, :, None]
+        held_bad = bad[:, None, :] - bad[:, :, None]
         upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)
-        return np.where(upper[None], out, math.inf)
+        return np.where(upper[None] & (held_bad == 0), out, math.inf)
 
-    with np.errstate(invalid="ignore"):
-        times = spans([[p.forward_s + p.backward_s for p in row] for row in parts])
-        static = spans(
-            [[p.static_bytes + (versions - 1) * p.weight_bytes for p in row] for row in parts]
-        )
-        held = spans([[p.activation_bytes for p in row] for row in parts])
-    times = np.where(np.isnan(times), math.inf, times)
+    times = spans([[p.forward_s + p.backward_s for p in row] for row in parts])
+    static = spans(
+        [[p.static_bytes + (versions - 1) * p.weight_bytes for p in row] for row in parts]
+    )
+    held = spans([[p.activation_bytes for p in row] for row in parts])
     send = np.zeros(n + 1)
     for j in range(1, n):
         send[j] = 2 * costs.send_s(j - 1, units, micro)
@@ -580,12 +633,22 @@ def _search_one(
             ranked = np.where(fits, times, math.inf)
             which[r] = np.argmin(ranked, axis=0)
             busy[r] = np.min(ranked, axis=0)
-        best = _best_cuts(busy, send, count, micro)
+        best = _best_cuts(busy, send, count, micro, schedule)
         if best is not None:
             break
     if best is None:
         return None
-    return best[0], best[1], which
+    objective, cuts = best
+    # A lower bound of the schedule's time with these stages: the bottleneck stage's work,
+    # and (1F1B) the way of the first micro-batch to it and of the last one back.
+    stage_busy = [float(busy[r, i, j]) for i, j, r in cuts]
+    if schedule == "2bw":
+        bound = micro * max(stage_busy)
+    else:
+        ways = [b + send[j] for b, (_, j, _) in zip(stage_busy, cuts, strict=True)]
+        before = np.cumsum([0.0, *ways])
+        bound = max(before[k] + micro * b for k, b in enumerate(stage_busy))
+    return objective, cuts, which, bound
 
 
 def _tied_weights(stages: list[Stage], machine: Machine) -> list[Stage]:
@@ -644,7 +707,7 @@ def _assemble(
                 block,
                 optimizer=costs.optimizer,
                 micro_batches=micro,
-                runtime=ADDITIVE,
+                runtime=costs.in_sequence,
                 grad_inputs=() if merged.entry is None else (merged.entry.node,),
             )
             # The stage's iteration under the runtime: what it adds to its micro-batches'
@@ -660,8 +723,11 @@ def _assemble(
         except PCGError:
             return None
         part = _part(cost, plan, micro, merged.exit is not None)
+        # What the runtime's iteration adds to the micro-batches' forwards and backwards in
+        # sequence (and to the exit's gathers, the transfer's work): its synchronization as it
+        # overlaps it, and the update, which nothing overlaps.
         busy = micro * (part.forward_s + part.backward_s)
-        sync = max(0.0, run.total_s - busy - part.exit_s)
+        sync = max(run.update_s, run.total_s - busy - part.exit_s)
         send = costs.send_s(stop - 1, units, micro) if s < count - 1 else 0.0
         t = StageTimes(part.forward_s, part.backward_s, send, sync)
         held = in_flight(s, count, micro)
