@@ -859,7 +859,10 @@ class CostBreakdown:
     def timeline(self) -> Timeline:
         """When every task runs (:class:`~pcgopt.extract.costmodel.simulate.Timeline`)."""
         if self.schedule is None:
-            raise CostError("this cost has no timeline (it was built by hand)")
+            if self.simulation is None:
+                raise CostError("this cost has no timeline (it was built by hand)")
+            # Simulated when first asked for: the additive runtime's time does not need it.
+            object.__setattr__(self, "schedule", self.simulation.run())
         return self.schedule
 
     @property
@@ -1574,9 +1577,10 @@ class _Iteration:
         total_update_s = sum(c.update_s for c in nodes)
         additive_s = forward_s + backward_s + comm_s + total_update_s
         simulation = self.simulation(total_update_s, devices_used)
-        timeline = simulation.run()
-        # The additive runtime's time is the sum itself, in the order extraction adds it up.
-        total_s = additive_s if self.runtime.additive else timeline.time_s
+        # The additive runtime's time is the sum itself, in the order extraction adds it up;
+        # its timeline is simulated only if asked for (CostBreakdown.timeline).
+        timeline = None if self.runtime.additive else simulation.run()
+        total_s = additive_s if timeline is None else timeline.time_s
         return CostBreakdown(
             machine=f"{machine.name} ({machine.num_devices} x {device.name})",
             optimizer=self.opt.name,
