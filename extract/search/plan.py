@@ -640,7 +640,8 @@ def saturate_and_extract(
     :data:`RESERVE_SHARE` (5%) of the budget, which also absorbs overruns; the phases share the
     rest as :data:`PHASE_SHARES` says (the layer-wise searches 18%, saturation 42% with
     building the baselines and the rest of loading the rules before it and exporting the
-    e-graph after it, extraction 24%, the branch-parallel plan 8%, placement and mapping 8%).
+    e-graph after it, extraction 20%, the branch-parallel plan 8%, placement and mapping 8%,
+    the pipeline 4%).
     Saturation runs into greedy extraction's share as long as its e-graph leaves the time to
     cost and extract it, and stops before an iteration predicted not to leave that time (the
     first one included). Time a phase leaves unused goes to the next one; time it overruns

@@ -94,6 +94,10 @@ __all__ = [
 
 StageStrategy = Callable[[PCG, Machine], PCG]
 
+#: The micro-batches per stage a time-limited search tries first (1F1B's bubble is then
+#: (S - 1) / (M + S - 1), about a fifth).
+TYPICAL_MICRO_BATCHES_PER_STAGE = 4
+
 #: Parallel operators that add partial sums up: work of the stage, never of the transfer.
 _SUMS = frozenset({"reduce", "all_reduce", "reduce_scatter"})
 
@@ -476,9 +480,10 @@ def pipeline_search(
     single name gives every stage that plan, as Megatron-LM's hand-set degrees do);
     ``runtime``: how a stage overlaps its synchronization with its last backward (module
     docstring; default PyTorch DDP's); ``time_budget_s``: stop trying stage and micro-batch
-    counts (fewest stages first) and costing candidates once this much time has passed
-    (None: no limit; what is found by then is returned); ``min_stages``: the fewest stages
-    tried when ``stage_counts`` is not given (2: pipelines only, not the plans as one stage).
+    counts (about four micro-batches per stage first) and costing candidates once this much
+    time has passed (None: no limit; what is found by then is returned); ``min_stages``: the
+    fewest stages tried when ``stage_counts`` is not given (2: pipelines only, not the plans
+    as one stage).
     Raises :class:`~pcgopt.extract.costmodel.pipeline.PipelineError` when nothing can be
     scheduled (one device, no batch split that fits the counts)."""
     if schedule not in SCHEDULES:
@@ -523,20 +528,26 @@ def pipeline_search(
     costs = _Costs(pcg, machine, segments, optimizer, runtime)
     capacity = machine.device.memory_bytes
     deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
+    pairs = [
+        (count, micro)
+        for count in counts
+        for micro in (micro_batch_counts(batch, count) if micro_batches is None else micro_batches)
+    ]
+    # Under a time limit the likeliest first: every stage count at about 4 micro-batches per
+    # stage (a bubble of about a fifth), then further from it.
+    pairs.sort(key=lambda p: (abs(math.log2(p[1] / (TYPICAL_MICRO_BATCHES_PER_STAGE * p[0]))), p))
     ranked: list[tuple] = []
-    for count in counts:
+    for count, micro in pairs:
+        if ranked and time.perf_counter() > deadline:
+            break
         units = level.count // count
         allowed = stage_strategies(units * machine.num_devices // level.count)
         names = [name for name in allowed if strategies is None or name in strategies]
         if not names:
             continue
-        micros = micro_batch_counts(batch, count) if micro_batches is None else micro_batches
-        for micro in micros:
-            if ranked and time.perf_counter() > deadline:
-                break
-            found_cuts = _search_one(costs, names, count, units, micro, schedule, capacity)
-            if found_cuts is not None:
-                ranked.append((*found_cuts, count, units, micro, names))
+        found_cuts = _search_one(costs, names, count, units, micro, schedule, capacity)
+        if found_cuts is not None:
+            ranked.append((*found_cuts, count, units, micro, names))
     # Costed in full in the order of their estimates, each unless its lower bound (the
     # bottleneck stage's work and the way to it and back) is already over the best full cost.
     found: list[PipelinePlan] = []

@@ -70,6 +70,22 @@ def test_a_hand_built_1f1b_schedule_of_two_stages_and_three_micro_batches():
     assert pipeline_time(stages, 3) == 14.0
 
 
+def test_a_hand_built_1f1b_schedule_of_three_stages_and_two_micro_batches():
+    # F = 1, B = 2, free transfers. Stage 0 warms up with both forwards, stage 1 with one,
+    # stage 2 with none:
+    #   stage 0: F0 [0,1]  F1 [1,2]                          B0 [7,9]   B1 [10,12]
+    #   stage 1:       F0 [1,2]  F1 [2,3]           B0 [5,7]      B1 [8,10]
+    #   stage 2:             F0 [2,3]  B0 [3,5]  F1 [5,6]  B1 [6,8]
+    ops = schedule_1f1b([StageTimes(1.0, 2.0)] * 3, 2)
+    got = {(o.stage, o.kind, o.micro): (o.start_s, o.end_s) for o in ops}
+    assert got == {
+        (0, "F", 0): (0, 1), (0, "F", 1): (1, 2), (0, "B", 0): (7, 9), (0, "B", 1): (10, 12),
+        (1, "F", 0): (1, 2), (1, "F", 1): (2, 3), (1, "B", 0): (5, 7), (1, "B", 1): (8, 10),
+        (2, "F", 0): (2, 3), (2, "B", 0): (3, 5), (2, "F", 1): (5, 6), (2, "B", 1): (6, 8),
+    }  # fmt: skip
+    assert pipeline_time([StageTimes(1.0, 2.0)] * 3, 2) == 12.0  # (M + S - 1)(F + B)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     stages=st.integers(1, 4),
