@@ -678,16 +678,17 @@ def micro_batched(pcg: PCG, micro_batches: int) -> PCG:
 def micro_batch_difference(pcg: PCG) -> str | None:
     """Why running ``pcg`` as micro-batches would not compute what it computes on the whole
     batch, or None: the reference evaluator runs a scaled-down instance (:func:`scaled_down`)
-    on the whole batch and on two micro-batches (:func:`micro_batched`, the first and second
-    half of every data input's dimension 0), dropout off (a micro-batch draws its own masks by
-    design). An output with the batch in dimension 0 must be the micro-batches' joined, any
-    other (a mean loss) their mean. What gradient accumulation and pipelines assume; an
-    operator that mixes samples (batch normalization, a softmax or a sum over the batch)
-    breaks it. Raises :class:`ScaleDownError` when no small instance can be split in two (nor
-    ``pcg`` itself, if the evaluator can run it)."""
+    on the whole batch and on ``d`` micro-batches (:func:`micro_batched`, consecutive parts of
+    every data input's dimension 0; ``d`` the batch's least divisor above 1), dropout off (a
+    micro-batch draws its own masks by design). An output with the batch in dimension 0 must
+    be the micro-batches' joined, any other (a mean loss) their mean. What gradient
+    accumulation and pipelines assume; an operator that mixes samples (batch normalization
+    over the batch, a softmax or a sum across it) breaks it. None for a batch of one. Raises
+    :class:`ScaleDownError` when no small instance can be split so (nor ``pcg`` itself, if
+    the evaluator can run it)."""
     small = scaled_down(pcg).pcgs[0]
     try:
-        micro_batched(small, 2)
+        micro_batched(small, _least_divisor(small))
     except ScaleDownError:
         if over_check_limits(pcg, pcg) is not None:
             raise
@@ -699,39 +700,47 @@ def micro_batch_difference(pcg: PCG) -> str | None:
         ],
         small.outputs,
     )
-    batch = {
-        small.shape(n.name).sizes[0]
-        for n in small.nodes
-        if n.op == "input" and small.shape(n.name).rank
-    }
-    if len(batch) != 1 or min(batch) % 2:
-        return None  # no two equal micro-batches: nothing a micro-batch loop would run
-    half = micro_batched(small, 2)
+    d = _least_divisor(small)
+    if d is None:
+        return None  # a batch of one: nothing a micro-batch loop would run
+    part = micro_batched(small, d)
     feeds = random_feeds(small)
     whole = [r.logical() for r in evaluate(small, feeds).outputs]
     data = {n.name for n in small.nodes if n.op == "input" and small.shape(n.name).rank}
     parts = []
-    for i in range(2):
+    for i in range(d):
         chunk = {
-            k: (v[i * len(v) // 2 : (i + 1) * len(v) // 2] if k in data else v)
+            k: (v[i * len(v) // d : (i + 1) * len(v) // d] if k in data else v)
             for k, v in feeds.items()
         }
-        parts.append([r.logical() for r in evaluate(half, chunk).outputs])
+        parts.append([r.logical() for r in evaluate(part, chunk).outputs])
     for k, want in enumerate(whole):
         got = [p[k] for p in parts]
-        if np.ndim(want) and np.shape(got[0])[0] * 2 == np.shape(want)[0]:
+        if np.ndim(want) and np.shape(got[0])[0] * d == np.shape(want)[0]:
             joined = np.concatenate(got)
         else:
-            joined = (got[0] + got[1]) / 2
+            joined = sum(got) / d
         scale = max(1.0, float(np.max(np.abs(want), initial=0.0)))
         if np.shape(joined) != np.shape(want) or not np.allclose(
             joined, want, rtol=1e-7, atol=1e-9 * scale
         ):
             return (
-                f"output {k} ({pcg.outputs[k]}) of two micro-batches is not the whole batch's: an "
+                f"output {k} ({pcg.outputs[k]}) of {d} micro-batches is not the whole batch's: an "
                 "operator mixes the samples of the batch"
             )
     return None
+
+
+def _least_divisor(pcg: PCG) -> int | None:
+    """The least divisor above 1 of the batch (dimension 0 of the data inputs, which must
+    agree), or None when the batch is one or the inputs disagree."""
+    batch = {
+        pcg.shape(n.name).sizes[0] for n in pcg.nodes if n.op == "input" and pcg.shape(n.name).rank
+    }
+    if len(batch) != 1:
+        return None
+    (size,) = batch
+    return next((d for d in range(2, size + 1) if size % d == 0), None)
 
 
 def scaled_down(*pcgs: PCG, min_size: int = 4, max_rebuilds: int = 16) -> ScaledDown:

@@ -55,6 +55,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
+from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
@@ -171,9 +172,12 @@ class _Part:
     weight_bytes: int  # of which weights
     activation_bytes: int  # one micro-batch's, per device
     exit_s: float = 0.0  # the collectives bringing its exit to one device (the transfer's work)
+    #: Its computation alone, per micro-batch: what a stage of it and its neighbours computes
+    #: exactly (its collectives on the entry are a segment's own, not a stage's).
+    compute_s: float = 0.0
 
 
-_NO_PART = _Part(math.inf, math.inf, math.inf, 0, 0, 0)
+_NO_PART = _Part(math.inf, math.inf, math.inf, 0, 0, 0, compute_s=math.inf)
 
 
 def _exit_chain(plan: PCG) -> set[str]:
@@ -223,6 +227,7 @@ def _part(cost: CostBreakdown, plan: PCG, micro: int, exit_chain: bool) -> _Part
         memory.weights,
         memory.activations,
         exit_s,
+        (cost.forward_s + cost.backward_s) / micro,
     )
 
 
@@ -490,6 +495,16 @@ def pipeline_search(
         raise PipelineError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if optimizer not in OPTIMIZERS:
         raise PipelineError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    if isinstance(min_stages, bool) or not isinstance(min_stages, Integral) or min_stages < 1:
+        raise PipelineError(f"min_stages must be a positive integer, got {min_stages!r}")
+    if time_budget_s is not None and (
+        isinstance(time_budget_s, bool)
+        or not isinstance(time_budget_s, Real)
+        or not 0 <= time_budget_s < math.inf
+    ):
+        raise PipelineError(
+            f"time_budget_s must be a finite number of seconds >= 0 or None, got {time_budget_s!r}"
+        )
     stage_counts = _positive_ints(stage_counts, "stage_counts")
     micro_batches = _positive_ints(micro_batches, "micro_batches")
     if strategies is not None and (isinstance(strategies, str) or not strategies):
@@ -580,9 +595,9 @@ def _positive_ints(values: Sequence[int] | None, what: str) -> list[int] | None:
     if isinstance(values, str) or not isinstance(values, Sequence) or not values:
         raise PipelineError(f"{what} must be a non-empty sequence of integers, got {values!r}")
     for v in values:
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+        if isinstance(v, bool) or not isinstance(v, Integral) or v < 1:
             raise PipelineError(f"{what} must hold positive integers, got {v!r}")
-    return list(values)
+    return [int(v) for v in values]
 
 
 def _check_micro_batches(pcg: PCG) -> None:
@@ -627,6 +642,7 @@ def _search_one(
         return np.where(upper[None] & (held_bad == 0), out, math.inf)
 
     times = spans([[p.forward_s + p.backward_s for p in row] for row in parts])
+    computing = spans([[p.compute_s for p in row] for row in parts])
     static = spans(
         [[p.static_bytes + (versions - 1) * p.weight_bytes for p in row] for row in parts]
     )
@@ -650,9 +666,10 @@ def _search_one(
     if best is None:
         return None
     objective, cuts = best
-    # A lower bound of the schedule's time with these stages: the bottleneck stage's work,
-    # and (1F1B) the way of the first micro-batch to it and of the last one back.
-    stage_busy = [float(busy[r, i, j]) for i, j, r in cuts]
+    # A lower bound of the schedule's time with these stages: the bottleneck stage's
+    # computation, and (1F1B) the way of the first micro-batch to it and of the last one back
+    # (computation alone: the segments' sums of their collectives are not the stage's).
+    stage_busy = [float(computing[which[r][i, j], i, j]) for i, j, r in cuts]
     if schedule == "2bw":
         bound = micro * max(stage_busy)
     else:

@@ -54,8 +54,8 @@ __all__ = ["PipelinedLowered", "lower_pipeline"]
 class PipelinedLowered(MappedLowered):
     """A pipelined plan as programs on its stages' sub-meshes, run micro-batch by micro-batch
     (module docstring). The same calls as :class:`~pcgopt.lower.mapped.MappedLowered`, on
-    whole batches: ``loss_and_grads``, ``init``, ``train_step``, ``forward`` (outputs with a
-    batch dimension joined along it, a scalar output averaged over the micro-batches)."""
+    whole batches: ``loss_and_grads``, ``init``, ``train_step``, ``forward`` (outputs with the
+    batch in dimension 0 joined along it, others averaged over the micro-batches)."""
 
     stages: int = 1
 
@@ -84,9 +84,14 @@ class PipelinedLowered(MappedLowered):
             for name, g in got.items():
                 grads[name] = grads[name] + g if name in grads else g
         joined: dict[TensorRef, Any] = {}
-        for r in (self.aliases.get(r, r) for r in self.pcg.outputs):
+        for model_ref in self.pcg.outputs:
+            r = self.aliases.get(model_ref, model_ref)
             parts = [o[r] for o in outputs]
-            joined[r] = jnp.concatenate(parts) if jnp.ndim(parts[0]) else sum(parts) / m
+            sizes = self.pcg.shape(model_ref).sizes
+            # Joined along the batch where the output has it (its micro-batch parts hold 1/m
+            # of dimension 0), averaged otherwise (a mean over the samples).
+            batched = bool(sizes) and jnp.ndim(parts[0]) and sizes[0] == m * parts[0].shape[0]
+            joined[r] = jnp.concatenate(parts) if batched else sum(parts) / m
         return sum(losses) / m, joined, {k: g / m for k, g in grads.items()}
 
 

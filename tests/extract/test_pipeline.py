@@ -29,6 +29,7 @@ from pcgopt.extract.costmodel.pipeline import (
 from pcgopt.extract.costmodel.simulate import ADDITIVE
 from pcgopt.extract.search.plan import PlanCheckError, _check_pipeline, saturate_and_extract
 from pcgopt.extract.strategies.pipeline import (
+    _assemble,
     _best_cuts,
     micro_batch_counts,
     pipeline_search,
@@ -316,8 +317,16 @@ def test_the_search_equals_exhaustive_search_over_cuts_and_stage_plans(
     chosen = [busy(names[which[r][i, j]], range(i, j)) for i, j, r in cuts]
     sends = 2 * costs.send_s(cuts[0][1] - 1, units, micro)
     assert sum(chosen) + sends + (micro - 1) * max(chosen) == pytest.approx(objective)
-    # Its lower bound is one: the first stage's work, or the second's after the way to it.
-    assert bound == pytest.approx(max(micro * chosen[0], chosen[0] + sends + micro * chosen[1]))
+    # Its lower bound: the first stage's computation, or the second's after the way to it;
+    # and the stages' own costs are at least it.
+    computed = [
+        sum(costs.part(k, names[which[r][i, j]], units, micro).compute_s for k in range(i, j))
+        for i, j, r in cuts
+    ]
+    first_way = computed[0] + sends + micro * computed[1]
+    assert bound == pytest.approx(max(micro * computed[0], first_way))
+    plan = _assemble(costs, names, cuts, count, units, micro, "1f1b", which)
+    assert plan.time_s >= bound
 
 
 def test_a_weight_two_stages_read_is_synchronized_between_them(four_nodes):
@@ -369,6 +378,8 @@ def test_impossible_stage_counts_and_schedules_are_refused(small_transformer, fo
         ({"stage_counts": 2}, "stage_counts must be a non-empty sequence"),
         ({"strategies": "fsdp"}, "strategies must be a non-empty sequence"),
         ({"optimizer": "lamb"}, "optimizer must be one of"),
+        ({"min_stages": True}, "min_stages must be a positive integer"),
+        ({"time_budget_s": float("nan")}, "time_budget_s must be a finite number"),
         ({"min_stages": 16}, "no stage count of at least 16 is possible"),
         ({"strategies": ["megatron t=3"]}, r"unknown stage plan\(s\) \['megatron t=3'\]"),
     ]:
@@ -376,11 +387,11 @@ def test_impossible_stage_counts_and_schedules_are_refused(small_transformer, fo
             pipeline_search(small_transformer, four_nodes, min_ops=4, **bad)
 
 
-def _mixing(op: str):
+def _mixing(op: str, batch: int = 8):
     """Two dense layers whose samples meet: centred on the batch's mean, or a softmax across
     the batch; micro-batches would compute something else."""
     b = PCGBuilder()
-    x = b.input((8, 16), name="x")
+    x = b.input((batch, 16), name="x")
     for i in range(2):
         x = b.relu(b.matmul(x, b.weight((16, 16), name=f"w{i}")))
     if op == "centre":
@@ -394,6 +405,10 @@ def _mixing(op: str):
 def test_a_model_whose_samples_meet_is_not_pipelined(op, four_nodes):
     with pytest.raises(PipelineError, match="mixes the samples of the batch"):
         pipeline_search(_mixing(op), four_nodes, min_ops=1)
+    # An odd batch is split in three for the check, as a search of three stages would.
+    three = Machine.preset("dgx-a100", nodes=3, devices_per_node=1)
+    with pytest.raises(PipelineError, match="of 3 micro-batches is not the whole batch's"):
+        pipeline_search(_mixing(op, batch=3), three, stage_counts=[3], min_ops=1)
     if op == "centre":  # nor by saturate_and_extract, which keeps the plan as one program
         plan = saturate_and_extract(_mixing(op), four_nodes, time_budget_s=2, min_segment_ops=1)
         assert plan.pipeline is None and "pipeline" in plan.stats.phase_seconds

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pcgopt import Machine
+from pcgopt import Machine, PCGBuilder, evaluate
 from pcgopt.extract.strategies.pipeline import pipeline_search
 from pcgopt.models import build
 
@@ -75,3 +75,21 @@ def test_a_2bw_pipeline_is_not_run(bert):
     )
     with pytest.raises(LoweringError, match="only 1F1B plans"):
         two.to_jax()
+
+
+def test_forward_joins_batched_outputs_and_averages_the_others():
+    """An output without the batch (a mean over it, [6]) is the micro-batches' mean, not their
+    concatenation; one with the batch in dimension 0 is joined along it."""
+    b = PCGBuilder()
+    x = b.input((8, 6), name="x")
+    for i in range(2):
+        x = b.relu(b.matmul(x, b.weight((6, 6), name=f"w{i}")))
+    model = b.build(b.reduce_mean(x, axes=(0,), name="column_mean"), b.scale(x, factor=2.0))
+    machine = Machine.preset("dgx-a100", nodes=2, devices_per_node=1)
+    piped = pipeline_search(model, machine, stage_counts=[2], micro_batches=[2], min_ops=1)
+    program = piped.to_jax()
+    inputs, weights = program.random_sources(seed=1)
+    outputs = program.forward(inputs, weights)
+    want = [r.logical() for r in evaluate(model, {**inputs, **weights}).outputs]
+    assert [np.shape(o) for o in outputs] == [(6,), (8, 6)]
+    assert all(_close(o, w) <= RTOL for o, w in zip(outputs, want, strict=True))
