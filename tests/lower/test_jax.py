@@ -64,8 +64,9 @@ def _width(pcg) -> int:
 @settings(max_examples=25)
 @given(small_pcgs(max_ops=8))
 def test_random_plans_run_as_the_reference_evaluator_and_the_unsharded_model_say(pcg):
-    assume(_width(pcg) > 1 and devices_needed(pcg) <= 8)
     try:
+        # devices_needed lays the plan out too, and may find the same tie (a CI run drew one).
+        assume(_width(pcg) > 1 and devices_needed(pcg) <= 8)
         _runs_as_its_reference(pcg)
     except LayoutError:
         # Some random plans tie two splits of one tensor to the same devices (a transpose that
