@@ -400,17 +400,24 @@ class _Costs:
         if plan is None:
             return _NO_PART
         try:
-            cost = iteration_cost(
-                plan,
-                block,
-                optimizer=self.optimizer,
-                micro_batches=micro,
-                runtime=self.in_sequence,
-                grad_inputs=() if seg.entry is None else (seg.entry.node,),
-            )
+            cost = self.cost(plan, block, micro, seg, self.in_sequence)
         except PCGError:
             return _NO_PART
         return _part(cost, plan, micro, seg.exit is not None)
+
+    def cost(
+        self, plan: PCG, block: Machine, micro: int, segment: Segment, runtime: Runtime
+    ) -> CostBreakdown:
+        """``plan`` of ``segment`` (or of a stage's segments) on ``block``: an iteration of
+        ``micro`` micro-batches under ``runtime``, its entry's gradient computed."""
+        return iteration_cost(
+            plan,
+            block,
+            optimizer=self.optimizer,
+            micro_batches=micro,
+            runtime=runtime,
+            grad_inputs=() if segment.entry is None else (segment.entry.node,),
+        )
 
     def send_s(self, index: int, units: int, micro: int) -> float:
         """Segment ``index``'s exit, one micro-batch of it, to the next stage's block."""
@@ -730,24 +737,8 @@ def _assemble(
         own = segment_pcg(pcg, merged)
         try:
             plan = costs.strategies[name](own, block)
-            cost = iteration_cost(
-                plan,
-                block,
-                optimizer=costs.optimizer,
-                micro_batches=micro,
-                runtime=costs.in_sequence,
-                grad_inputs=() if merged.entry is None else (merged.entry.node,),
-            )
-            # The stage's iteration under the runtime: what it adds to its micro-batches'
-            # forwards and backwards is its synchronization as the runtime overlaps it.
-            run = iteration_cost(
-                plan,
-                block,
-                optimizer=costs.optimizer,
-                micro_batches=micro,
-                runtime=costs.runtime,
-                grad_inputs=() if merged.entry is None else (merged.entry.node,),
-            )
+            cost = costs.cost(plan, block, micro, merged, costs.in_sequence)
+            run = costs.cost(plan, block, micro, merged, costs.runtime)
         except PCGError:
             return None
         part = _part(cost, plan, micro, merged.exit is not None)
