@@ -75,7 +75,7 @@ def any_distribution(draw, shape: ParallelTensorShape):
 
 
 @pytest.mark.parametrize("op", MODELLED)
-@settings(max_examples=30)  # per operator: 42 operators, each example a Z3 check
+@settings(max_examples=20)  # per operator: 42 operators, each example a Z3 check
 @given(data=st.data())
 def test_symbolic_model_accepts_legal_distributions_with_the_same_outputs(op, data):
     instance = data.draw(op_instances([op]))
@@ -84,7 +84,7 @@ def test_symbolic_model_accepts_legal_distributions_with_the_same_outputs(op, da
 
 
 @pytest.mark.parametrize("op", MODELLED)
-@settings(max_examples=30)  # per operator: 42 operators, each example a Z3 check
+@settings(max_examples=20)  # per operator: 42 operators, each example a Z3 check
 @given(data=st.data())
 def test_symbolic_model_agrees_on_arbitrary_distributions(op, data):
     instance = data.draw(op_instances([op]))
