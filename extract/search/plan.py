@@ -681,10 +681,8 @@ def saturate_and_extract(
     what they find depends on how fast they run: the layer-wise searches, saturation,
     extraction, the branch-parallel search and the placement search.
 
-    ``pipeline``: also cut the model into pipeline stages (module docstring, phase 6) on a
-    machine of several nodes when it has cuts (segments of ``min_segment_ops``); the result, if
-    faster, is :attr:`Plan.pipeline`. A model whose operators mix the samples of a batch (batch
-    normalization) is not pipelined.
+    ``pipeline``: also cut a model with cuts into pipeline stages (module docstring, phase 6);
+    a faster result is :attr:`Plan.pipeline` (never for a model micro-batches would change).
 
     A candidate that the placement or the machine mapping rejects (:class:`CostError`, a
     bug) is left out with a warning, and the others still compete; if none is left, the
@@ -744,17 +742,8 @@ def saturate_and_extract(
     chosen, (best, best_cost) = _best(candidates, failed)
     say(f"chose {chosen}: {best_cost.total_s * 1e3:.4g} ms per iteration")
     piped = _pipeline_phase(search, best_cost, min_segment_ops) if pipeline else None
-    verdict = _check_phase(search, best, check, check_flops_limit)
-    if piped is not None and check:
-        verdict += "; " + _check_pipeline(pcg, piped, check_flops_limit)
-    stats = explored.stats(candidates, chosen, phases)
-    if piped is not None:
-        stats = replace(
-            stats,
-            candidates={**stats.candidates, _pipeline_name(piped): piped.time_s},
-            infeasible=stats.infeasible
-            | ({_pipeline_name(piped)} if not piped.feasible else frozenset()),
-        )
+    verdict = _check_phase(search, best, check, check_flops_limit, piped)
+    stats = _with_pipeline(explored.stats(candidates, chosen, phases), piped)
     return Plan(
         pcg=best,
         machine=machine,
@@ -769,6 +758,18 @@ def saturate_and_extract(
         machine_mapping=mappings[chosen],
         model_node_names=frozenset(n.name for n in pcg.nodes),
         pipeline=piped,
+    )
+
+
+def _with_pipeline(stats: SearchStats, piped: PipelinePlan | None) -> SearchStats:
+    """``stats`` with the kept pipeline among the candidates (and the infeasible, if so)."""
+    if piped is None:
+        return stats
+    name = _pipeline_name(piped)
+    return replace(
+        stats,
+        candidates={**stats.candidates, name: piped.time_s},
+        infeasible=stats.infeasible | ({name} if not piped.feasible else frozenset()),
     )
 
 
@@ -859,14 +860,22 @@ def _seed_phase(
     return layerwise, extra
 
 
-def _check_phase(search: _Search, best: PCG, check: bool, flops_limit: float) -> str:
-    """The check phase: ``best`` verified against the input by the reference evaluator (if
-    ``check``); what was found."""
+def _check_phase(
+    search: _Search,
+    best: PCG,
+    check: bool,
+    flops_limit: float,
+    piped: PipelinePlan | None = None,
+) -> str:
+    """The check phase: ``best`` (and the pipeline kept beside it, if any) verified against the
+    input by the reference evaluator (if ``check``); what was found."""
     start = time.perf_counter()
     verdict = "not checked (check=False)"
     if check:
         search.say("checking the plan against the input with the reference evaluator")
         verdict = _check(search.pcg, best, flops_limit)
+        if piped is not None:
+            verdict += "; " + _check_pipeline(search.pcg, piped, flops_limit)
     search.phases["check"] = time.perf_counter() - start
     return verdict
 
