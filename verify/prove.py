@@ -83,6 +83,9 @@ class Prover:
     axioms: Sequence[Axiom | SizeAxiom] = AXIOMS
     encoder: Encoder = field(default_factory=Encoder)
     _formulas: dict[str, tuple[z3.BoolRef, frozenset[str]]] = field(default_factory=dict)
+    #: Each guarded axiom as SMT-LIB text (its declarations, its assertion): printing the
+    #: axioms is most of a query's text and took a third of the proving time when redone per rule.
+    _smt2: dict[str, tuple[tuple[str, ...], str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for a in self.axioms:
@@ -164,17 +167,38 @@ class Prover:
         # (even through ``translate``) Z3's search, and so the unsat core recorded as the rule's
         # axioms, depends on what the process built before; the same flags must write the same
         # rule file.
-        guards = {name: z3.Bool(f"axiom:{name}") for name in relevant}
-        query = z3.Solver()
-        query.add(facts)
-        query.add([z3.Implies(guards[n], self._formulas[n][0]) for n in relevant])
+        text = _smt2_text([*map(_smt2_pieces, facts), *map(self._guarded_smt2, relevant)])
         ctx = z3.Context()
         s = z3.Solver(ctx=ctx)
         s.set("timeout", int(timeout_s * 1000))
-        s.add(z3.parse_smt2_string(query.sexpr(), ctx=ctx))
+        s.add(z3.parse_smt2_string(text, ctx=ctx))
         if s.check(*(z3.Bool(f"axiom:{n}", ctx) for n in relevant)) != z3.unsat:
             return None, ()
         return True, tuple(sorted(str(c).removeprefix("axiom:") for c in s.unsat_core()))
+
+    def _guarded_smt2(self, name: str) -> tuple[tuple[str, ...], str]:
+        if name not in self._smt2:
+            guarded = z3.Implies(z3.Bool(f"axiom:{name}"), self._formulas[name][0])
+            self._smt2[name] = _smt2_pieces(guarded)
+        return self._smt2[name]
+
+
+def _smt2_pieces(assertion: z3.BoolRef) -> tuple[tuple[str, ...], str]:
+    """An assertion as a solver prints it: its declarations in order of first use, and the rest.
+    Joining the declarations of a list of assertions (first use first) and then their rest gives
+    the text a solver holding them all prints, character for character."""
+    printer = z3.Solver()
+    printer.add(assertion)
+    lines = printer.sexpr().split("\n")
+    declarations = tuple(line for line in lines if line.startswith("(declare-"))
+    return declarations, "\n".join(line for line in lines if not line.startswith("(declare-"))
+
+
+def _smt2_text(pieces: Sequence[tuple[tuple[str, ...], str]]) -> str:
+    """The text a solver holding the assertions prints, from their pieces (`_smt2_pieces`): the
+    declarations of all, each once, in order of first use, then the assertions in order."""
+    declarations = dict.fromkeys(d for decls, _ in pieces for d in decls)
+    return "\n".join(declarations) + "\n" + "".join(body for _, body in pieces)
 
 
 def _axiom_ranks(a: Axiom | SizeAxiom) -> dict:

@@ -1,6 +1,7 @@
 """Saturation: Unity's Figure 2 plans are found, every extraction is equivalent to the input,
 rules apply only where their other side is well-formed, and budgets are honoured."""
 
+import functools
 import importlib
 import os
 import random
@@ -716,16 +717,21 @@ def dense_gelu(plan=None, d=2):
     return b.build(b.combine(y, dim=out_dim, degree=d))
 
 
+@functools.cache
+def saturated_on_two_gpus(model, iterations: int, presets=None):
+    """One saturation per model, iteration count and presets, shared by the tests that look
+    for different plans in it (a saturation's fixed cost in egglog is most of such a test's)."""
+    return saturate(model, TWO_GPUS, presets=presets, budget=Budget(iterations=iterations))
+
+
 def assert_shipped_rules_reach(model, target, iterations: int) -> None:
     """With the shipped rules the saturated e-graph holds ``target`` and extracting it gives a
     PCG equivalent to ``model``; the matrix rules alone (typed on rank-2 tensors) do not."""
-    sat = saturate(model, TWO_GPUS, budget=Budget(iterations=iterations))
+    sat = saturated_on_two_gpus(model, iterations)
     assert sat.contains(target)
     assert_equivalent(model, sat.egraph.to_pcg(sat.egraph.choice_for(target)))
     # The matrix rules' preset: loaded once per process, as saturate loads shipped rules.
-    budget = Budget(iterations=iterations)
-    matrix_only = saturate(model, TWO_GPUS, presets=("matrix",), budget=budget)
-    assert not matrix_only.contains(target)
+    assert not saturated_on_two_gpus(model, iterations, ("matrix",)).contains(target)
 
 
 @pytest.mark.parametrize("plan", ["batch", "columns"])

@@ -2,6 +2,7 @@
 and raises the alarm when the axioms prove something the evaluator refutes."""
 
 import pytest
+import z3
 
 from pcgopt.rewrite import Rule
 from pcgopt.verify import Axiom, Prover, verify_rule
@@ -246,3 +247,19 @@ def test_the_axioms_recorded_do_not_depend_on_what_was_proved_before():
     ):
         verify_rule(other, timeout_s=10)
     assert verify_rule(rule, timeout_s=10).axioms == first.axioms
+
+
+def test_a_query_pieced_from_printed_assertions_is_the_text_a_solver_prints():
+    # The prover prints each axiom once and pieces each query's text together; the text decides
+    # the unsat core recorded in the rule files, so it must be what printing the query gives.
+    from pcgopt.verify.prove import _smt2_pieces, _smt2_text
+
+    prover = Prover()
+    names = sorted(prover._formulas)[:40:3]
+    x, y = z3.Consts("x y", z3.DeclareSort("Tensor"))
+    size = z3.Function("size", x.sort(), z3.IntSort(), z3.IntSort())
+    assertions = [size(x, 0) >= 2, size(y, 1) == size(x, 0)]
+    assertions += [z3.Implies(z3.Bool(f"axiom:{n}"), prover._formulas[n][0]) for n in names]
+    solver = z3.Solver()
+    solver.add(assertions)
+    assert _smt2_text([_smt2_pieces(a) for a in assertions]) == solver.sexpr()
