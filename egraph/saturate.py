@@ -119,7 +119,10 @@ class Budget:
     matches in one iteration (over it, the rule is banned for ``ban_length`` iterations and
     its limit doubles); ``parallel_match_limit``: a parallel or cleanup rule's (the rules with
     degrees), None (the default) for ``match_limit`` grown with the number of degrees the
-    rewrites may choose (:data:`MATCH_LIMIT_DEGREES`, :meth:`match_limits`)."""
+    rewrites may choose (:data:`MATCH_LIMIT_DEGREES`, :meth:`match_limits`).
+    ``algebra_from``: the first iteration the algebraic rules run in (the iterations before
+    it run the parallel and cleanup rules alone); None (the default): the first, or
+    :data:`MATRIX_ALGEBRA_FROM` when the shipped matrix rules' algebra is loaded."""
 
     iterations: int = 30
     enodes: int = 200_000
@@ -131,6 +134,7 @@ class Budget:
     speculate: bool = True
     after_seconds_per_enode: float = 0.0
     parallel_match_limit: int | None = None
+    algebra_from: int | None = None
 
     def match_limits(self, num_degrees: int) -> tuple[int, int]:
         """The back-off match limits (algebraic rules, parallel and cleanup rules) of a
@@ -161,9 +165,10 @@ class Budget:
             "match_limit",
             "ban_length",
             "parallel_match_limit",
+            "algebra_from",
         ):
             v = getattr(self, name)
-            if name == "parallel_match_limit" and v is None:
+            if name in ("parallel_match_limit", "algebra_from") and v is None:
                 continue
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ValueError(f"Budget.{name} must be a positive int, got {v!r}")
@@ -174,6 +179,18 @@ class Budget:
                 f"Budget.after_seconds_per_enode must be >= 0, got {self.after_seconds_per_enode!r}"
             )
 
+
+#: The first iteration the shipped matrix rules' algebra runs in (:attr:`Budget.algebra_from`).
+#: Its 266 rules (associativity, distribution over concatenations and splits, on tensors of rank
+#: 2) grow an MLP's e-graph faster than the layouts do: with them from the first iteration,
+#: the cleanup rule that introduces a layout at every tensor passes its match limit and is
+#: banned, and within a 20 s budget the e-graph of Unity's MLP on 24 and 48 Summit GPUs held
+#: its first dense layers on one device (the plan of the e-graph alone: 958 and 1,900 ms;
+#: CANDLE-Uno on 48, 1,033 ms). Held back by one iteration, the layouts reach every tensor
+#: first: 218, 225 and 266 ms, 1.25-1.66x the full search's (``python bench/ablation.py``,
+#: bench/RESULTS.md). The transformer rules' four algebraic rules unfuse layers for the
+#: layouts, so they are not held back.
+MATRIX_ALGEBRA_FROM = 2
 
 #: How the second iteration is predicted: egglog's first has a fixed cost (about a second with
 #: the shipped rules, whatever the size), so its time says little about the second. Its
@@ -301,10 +318,12 @@ def _header(lang: Language) -> str:
 
 
 class _Base:
-    """An egglog e-graph holding the declarations and the rules, reused by pushing and popping."""
+    """An egglog e-graph holding the declarations and the rules, reused by pushing and popping.
+    ``algebra_from``: the first iteration its algebraic rules run in, unless a budget says."""
 
-    def __init__(self, lang: Language, rules: Sequence[Rule]) -> None:
+    def __init__(self, lang: Language, rules: Sequence[Rule], algebra_from: int = 1) -> None:
         self.lang = lang
+        self.algebra_from = algebra_from
         ok, skipped = _translate(lang, rules)
         self.rules = tuple(ok)
         self.untranslated = tuple(skipped)
@@ -385,7 +404,7 @@ def _load_shipped_base(presets: tuple[str, ...]) -> _Base:
             raise ValueError(f"unknown selection {p!r} of a shipped rule file")
         loaded = load(SHIPPED[name])
         rules += [r for r in loaded if rule_kind(r) != "algebraic"] if slash else loaded
-    return _Base(language(), rules)
+    return _Base(language(), rules, MATRIX_ALGEBRA_FROM if "matrix" in presets else 1)
 
 
 def _serves(loaded: tuple[str, ...], wanted: tuple[str, ...]) -> bool:
@@ -596,13 +615,16 @@ _SCHEDULE = (
     + " ".join(f"(run-with {'$bo' if r == 'algebraic' else '$bp'} {r})" for r in RULESETS)
     + ")"
 )
+_SCHEDULE_WITHOUT_ALGEBRA = (
+    "(run-schedule " + " ".join(f"(run-with $bp {r})" for r in RULESETS if r != "algebraic") + ")"
+)
 
 
-def _iteration(eg: egg.EGraph) -> tuple[bool, int]:
-    """One iteration of every ruleset; (whether anything changed or may still change, number
-    of rewrites applied)."""
+def _iteration(eg: egg.EGraph, algebra: bool = True) -> tuple[bool, int]:
+    """One iteration of every ruleset (``algebra=False``: but the algebraic one); (whether
+    anything changed or may still change, number of rewrites applied)."""
     try:
-        (out,) = eg.parse_and_run_program(_SCHEDULE)
+        (out,) = eg.parse_and_run_program(_SCHEDULE if algebra else _SCHEDULE_WITHOUT_ALGEBRA)
     except egg.EggSmolError as e:
         if "merge" in str(e).lower():
             raise ShapeConflictError(
@@ -768,7 +790,8 @@ def _run(
         if _footprint() >= budget.memory_bytes:
             return StopReason.MEMORY, state
     for it in range(len(history) + 1, limit + 1):
-        changed, matches = _iteration(eg)
+        algebra = it >= (budget.algebra_from or base.algebra_from)
+        changed, matches = _iteration(eg, algebra)
         nodes = _enodes(eg, lang)
         now = time.perf_counter()
         elapsed = now - start
@@ -785,8 +808,9 @@ def _run(
             report(history[-1])
         if progress is not None:
             _show(progress, budget, it, nodes, elapsed)
-        # With back-off, one quiet iteration is not saturation: banned rules come back.
-        state.quiet = state.quiet + 1 if not changed else 0
+        # With back-off, one quiet iteration is not saturation: banned rules come back; nor is
+        # one without the algebraic rules.
+        state.quiet = state.quiet + 1 if not changed and algebra else 0
         if state.quiet >= 2:
             reason = StopReason.SATURATED
             break

@@ -243,6 +243,35 @@ def test_a_rule_applies_only_where_the_degree_divides_the_size():
     assert not any(n.op == "partition" for n in odd.egraph.nodes)
 
 
+def test_the_algebraic_rules_join_at_the_iteration_the_budget_says():
+    """Before ``algebra_from`` an iteration runs the parallel and cleanup rules alone (layouts
+    reach every tensor before the algebra grows the e-graph); iterations that change nothing
+    then are not saturation."""
+    b = PCGBuilder()
+    model = b.build(b.relu(b.relu(b.input((4, 4), name="x"))))
+    fold = Rule.parse("relu_twice", "relu(relu(x))", "relu(x)", {"x": "[m, n]"})
+    for rules in ([fold], [fold, introduce_partition_rule()]):
+        held = Budget(iterations=2, algebra_from=3)
+        assert not saturate(model, TWO_GPUS, rules=rules, budget=held).contains(relu_model(4))
+        joined = replace(held, iterations=3)
+        assert saturate(model, TWO_GPUS, rules=rules, budget=joined).contains(relu_model(4))
+    layouts = saturate(model, TWO_GPUS, rules=rules, budget=held).egraph
+    assert any(n.op == "partition" for n in layouts.nodes)
+    with pytest.raises(ValueError, match="algebra_from"):
+        Budget(algebra_from=0)
+
+
+def test_the_matrix_algebra_waits_an_iteration_for_the_layouts():
+    # Run from the first iteration, the matrix algebra outgrew the layouts of Unity's MLP on
+    # 24 GPUs (MATRIX_ALGEBRA_FROM): its first iteration now introduces layouts, not fusions.
+    model = mnist_mlp(batch=B, in_features=CI, hidden=H, out_features=CO)
+    held = saturate(model, TWO_GPUS, budget=Budget(iterations=1)).egraph
+    assert "partition" in {n.op for n in held.nodes}
+    assert "linear" not in {n.op for n in held.nodes}
+    at_once = saturate(model, TWO_GPUS, budget=Budget(iterations=1, algebra_from=1)).egraph
+    assert "linear" in {n.op for n in at_once.nodes}
+
+
 def test_a_degree_two_operators_share_must_be_the_same_degree_in_both():
     # The matcher binds the second occurrence of k to its own variable and checks it equal
     # (a shared join variable made egglog pair every two Reduces of one degree: 22 s on
@@ -577,10 +606,10 @@ def _in_child(monkeypatch, action) -> None:
     """Makes every iteration in a forked child call ``action`` first."""
     parent, iteration = os.getpid(), saturate_module._iteration
 
-    def in_child(eg):
+    def in_child(eg, algebra=True):
         if os.getpid() != parent:
             action()
-        return iteration(eg)
+        return iteration(eg, algebra)
 
     monkeypatch.setattr(saturate_module, "_iteration", in_child)
 
