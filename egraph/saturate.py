@@ -122,7 +122,7 @@ class Budget:
     rewrites may choose (:data:`MATCH_LIMIT_DEGREES`, :meth:`match_limits`).
     ``algebra_from``: the first iteration the algebraic rules run in (the iterations before
     it run the parallel and cleanup rules alone); None (the default): the first, or
-    :data:`MATRIX_ALGEBRA_FROM` when the shipped matrix rules' algebra is loaded."""
+    :data:`MATRIX_ALGEBRA_FROM` when the shipped rules asked for include the matrix algebra."""
 
     iterations: int = 30
     enodes: int = 200_000
@@ -188,8 +188,10 @@ class Budget:
 #: its first dense layers on one device (the plan of the e-graph alone: 958 and 1,900 ms;
 #: CANDLE-Uno on 48, 1,033 ms). Held back by one iteration, the layouts reach every tensor
 #: first: 218, 225 and 266 ms, 1.25-1.66x the full search's (``python bench/ablation.py``,
-#: bench/RESULTS.md). The transformer rules' four algebraic rules unfuse layers for the
-#: layouts, so they are not held back.
+#: bench/RESULTS.md). Only where the matrix algebra is asked for (rank-2 models, and models
+#: with a rank-2 classifier such as ResNeXt-50 and Inception-v3, whose transformer rules'
+#: four algebraic ones, which unfuse layers, then wait too): a transformer's saturation
+#: (``"matrix/parallel"``) runs its algebraic rules from the first iteration.
 MATRIX_ALGEBRA_FROM = 2
 
 #: How the second iteration is predicted: egglog's first has a fixed cost (about a second with
@@ -199,8 +201,13 @@ MATRIX_ALGEBRA_FROM = 2
 #: leaves. Measured by ``python bench/iteration_growth.py`` (bench/RESULTS.md, "Saturation's
 #: first iterations"; nine models with their seeds, e.g. BERT-Large's 4 distinct segments on
 #: dgx-a100:4: 666 e-nodes loaded, 76,578 after the first iteration, 151,896 after the second
-#: in 4.7 s): the constants below predict 1.04-1.60x the measured e-nodes. Later iterations are
-#: predicted from the last one.
+#: in 4.7 s): the constants below predicted 1.04-1.60x the measured e-nodes. Since the matrix
+#: algebra waits for the second iteration (:data:`MATRIX_ALGEBRA_FROM`) they predict 1.08-1.53x
+#: for the transformers, 0.68-0.92x for the rank-2 models (MLP, DLRM, CANDLE-Uno, XDL: their
+#: second iteration, the algebra's first, takes 0.4-0.6 s, so the underestimate costs a
+#: fraction of a second) and 4.8-7.0x for Inception-v3 and ResNeXt-50 (their first iteration,
+#: layouts alone, hardly grows them; a cautious stop). Later iterations are predicted from the
+#: last one.
 SECOND_ITERATION_GROWTH = 2.0
 SECOND_ITERATION_ENODES_PER_LOADED = 40
 SECOND_ITERATION_MIN_ADDED = 10_000
@@ -318,12 +325,10 @@ def _header(lang: Language) -> str:
 
 
 class _Base:
-    """An egglog e-graph holding the declarations and the rules, reused by pushing and popping.
-    ``algebra_from``: the first iteration its algebraic rules run in, unless a budget says."""
+    """An egglog e-graph holding the declarations and the rules, reused by pushing and popping."""
 
-    def __init__(self, lang: Language, rules: Sequence[Rule], algebra_from: int = 1) -> None:
+    def __init__(self, lang: Language, rules: Sequence[Rule]) -> None:
         self.lang = lang
-        self.algebra_from = algebra_from
         ok, skipped = _translate(lang, rules)
         self.rules = tuple(ok)
         self.untranslated = tuple(skipped)
@@ -404,7 +409,7 @@ def _load_shipped_base(presets: tuple[str, ...]) -> _Base:
             raise ValueError(f"unknown selection {p!r} of a shipped rule file")
         loaded = load(SHIPPED[name])
         rules += [r for r in loaded if rule_kind(r) != "algebraic"] if slash else loaded
-    return _Base(language(), rules, MATRIX_ALGEBRA_FROM if "matrix" in presets else 1)
+    return _Base(language(), rules)
 
 
 def _serves(loaded: tuple[str, ...], wanted: tuple[str, ...]) -> bool:
@@ -498,6 +503,18 @@ def _check_presets(presets: Sequence[str]) -> tuple[str, ...]:
                 f"'<name>{WITHOUT_ALGEBRA}' for one without its algebraic rules"
             )
     return tuple(presets)
+
+
+def _algebra_from(
+    rules: Sequence[Rule] | None, pcgs: Sequence[PCG], presets: Sequence[str] | None
+) -> int:
+    """The default :attr:`Budget.algebra_from`: :data:`MATRIX_ALGEBRA_FROM` when the shipped
+    rules asked for include the matrix rules' algebra, else 1. Read from what was asked, not
+    from the base that serves it (a base loaded earlier may hold more rules)."""
+    if rules is not None:
+        return 1
+    wanted = shipped_presets(pcgs) if presets is None else tuple(presets)
+    return MATRIX_ALGEBRA_FROM if "matrix" in wanted else 1
 
 
 def _base(
@@ -790,7 +807,7 @@ def _run(
         if _footprint() >= budget.memory_bytes:
             return StopReason.MEMORY, state
     for it in range(len(history) + 1, limit + 1):
-        algebra = it >= (budget.algebra_from or base.algebra_from)
+        algebra = it >= (budget.algebra_from or 1)
         changed, matches = _iteration(eg, algebra)
         nodes = _enodes(eg, lang)
         now = time.perf_counter()
@@ -955,6 +972,8 @@ def saturate_together(
     loading = time.perf_counter()
     base = _base(rules, _every_pcg(problems), presets)
     t0 += time.perf_counter() - loading  # once per process (warm_up), not this call's work
+    if budget.algebra_from is None:
+        budget = replace(budget, algebra_from=_algebra_from(rules, _every_pcg(problems), presets))
     fit: int | None = None
     reason: StopReason | None = None
     if budget.isolate:

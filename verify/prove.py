@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import math
+import re
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -184,21 +185,27 @@ class Prover:
 
 
 def _smt2_pieces(assertion: z3.BoolRef) -> tuple[tuple[str, ...], str]:
-    """An assertion as a solver prints it: its declarations in order of first use, and the rest.
-    Joining the declarations of a list of assertions (first use first) and then their rest gives
-    the text a solver holding them all prints, character for character."""
+    """An assertion as a solver prints it: its declarations (sorts, then functions, in order of
+    first use) and its assertion. A solver prints each command from the first column and
+    breaks a long one over indented lines, and it prints each assertion on its own."""
+    commands = re.split(r"\n(?=\S)", _printed(assertion))
+    k = next((i for i, c in enumerate(commands) if not c.startswith("(declare-")), len(commands))
+    return tuple(commands[:k]), "\n".join(commands[k:])
+
+
+def _printed(assertion: z3.BoolRef) -> str:
     printer = z3.Solver()
     printer.add(assertion)
-    lines = printer.sexpr().split("\n")
-    declarations = tuple(line for line in lines if line.startswith("(declare-"))
-    return declarations, "\n".join(line for line in lines if not line.startswith("(declare-"))
+    return printer.sexpr()
 
 
 def _smt2_text(pieces: Sequence[tuple[tuple[str, ...], str]]) -> str:
-    """The text a solver holding the assertions prints, from their pieces (`_smt2_pieces`): the
-    declarations of all, each once, in order of first use, then the assertions in order."""
+    """The text a solver holding the assertions prints, from their pieces (`_smt2_pieces`):
+    every sort's declaration, then every function's, each once and in order of first use, then
+    the assertions in order."""
     declarations = dict.fromkeys(d for decls, _ in pieces for d in decls)
-    return "\n".join(declarations) + "\n" + "".join(body for _, body in pieces)
+    ordered = sorted(declarations, key=lambda d: not d.startswith("(declare-sort"))
+    return "\n".join(ordered) + "\n" + "".join(body for _, body in pieces)
 
 
 def _axiom_ranks(a: Axiom | SizeAxiom) -> dict:

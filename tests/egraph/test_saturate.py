@@ -32,6 +32,7 @@ from pcgopt.egraph import (
     warm_up_in_background,
 )
 from pcgopt.egraph.language import language
+from pcgopt.egraph.saturate import MATRIX_ALGEBRA_FROM
 from pcgopt.egraph.translate import translate_rule
 from pcgopt.errors import PCGError
 from pcgopt.extract import iteration_cost
@@ -250,12 +251,12 @@ def test_the_algebraic_rules_join_at_the_iteration_the_budget_says():
     b = PCGBuilder()
     model = b.build(b.relu(b.relu(b.input((4, 4), name="x"))))
     fold = Rule.parse("relu_twice", "relu(relu(x))", "relu(x)", {"x": "[m, n]"})
+    held, joined = Budget(iterations=2, algebra_from=3), Budget(iterations=3, algebra_from=3)
     for rules in ([fold], [fold, introduce_partition_rule()]):
-        held = Budget(iterations=2, algebra_from=3)
         assert not saturate(model, TWO_GPUS, rules=rules, budget=held).contains(relu_model(4))
-        joined = replace(held, iterations=3)
         assert saturate(model, TWO_GPUS, rules=rules, budget=joined).contains(relu_model(4))
-    layouts = saturate(model, TWO_GPUS, rules=rules, budget=held).egraph
+    with_layouts = [fold, introduce_partition_rule()]
+    layouts = saturate(model, TWO_GPUS, rules=with_layouts, budget=held).egraph
     assert any(n.op == "partition" for n in layouts.nodes)
     with pytest.raises(ValueError, match="algebra_from"):
         Budget(algebra_from=0)
@@ -270,6 +271,12 @@ def test_the_matrix_algebra_waits_an_iteration_for_the_layouts():
     assert "linear" not in {n.op for n in held.nodes}
     at_once = saturate(model, TWO_GPUS, budget=Budget(iterations=1, algebra_from=1)).egraph
     assert "linear" in {n.op for n in at_once.nodes}
+    # Read from the rules asked for, whatever base serves them: a transformer's algebra (rules
+    # that unfuse layers for the layouts) and custom rules run from the first iteration.
+    assert saturate_module._algebra_from(None, [model], None) == MATRIX_ALGEBRA_FROM
+    assert saturate_module._algebra_from(None, [dense_gelu()], None) == 1
+    assert saturate_module._algebra_from(None, [model], ("matrix/parallel",)) == 1
+    assert saturate_module._algebra_from([introduce_partition_rule()], [model], None) == 1
 
 
 def test_a_degree_two_operators_share_must_be_the_same_degree_in_both():
@@ -747,10 +754,11 @@ def dense_gelu(plan=None, d=2):
 
 
 @functools.cache
-def saturated_on_two_gpus(model, iterations: int, presets=None):
+def saturated_on_two_gpus(model, iterations: int, presets=None, algebra_from=None):
     """One saturation per model, iteration count and presets, shared by the tests that look
     for different plans in it (a saturation's fixed cost in egglog is most of such a test's)."""
-    return saturate(model, TWO_GPUS, presets=presets, budget=Budget(iterations=iterations))
+    budget = Budget(iterations=iterations, algebra_from=algebra_from)
+    return saturate(model, TWO_GPUS, presets=presets, budget=budget)
 
 
 def assert_shipped_rules_reach(model, target, iterations: int) -> None:
@@ -759,8 +767,9 @@ def assert_shipped_rules_reach(model, target, iterations: int) -> None:
     sat = saturated_on_two_gpus(model, iterations)
     assert sat.contains(target)
     assert_equivalent(model, sat.egraph.to_pcg(sat.egraph.choice_for(target)))
-    # The matrix rules' preset: loaded once per process, as saturate loads shipped rules.
-    assert not saturated_on_two_gpus(model, iterations, ("matrix",)).contains(target)
+    # The matrix rules' preset (loaded once per process, as saturate loads shipped rules), its
+    # algebra in every iteration.
+    assert not saturated_on_two_gpus(model, iterations, ("matrix",), 1).contains(target)
 
 
 @pytest.mark.parametrize("plan", ["batch", "columns"])

@@ -251,15 +251,22 @@ def test_the_axioms_recorded_do_not_depend_on_what_was_proved_before():
 
 def test_a_query_pieced_from_printed_assertions_is_the_text_a_solver_prints():
     # The prover prints each axiom once and pieces each query's text together; the text decides
-    # the unsat core recorded in the rule files, so it must be what printing the query gives.
+    # the unsat core recorded in the rule files, so it must be what printing the query gives:
+    # with every axiom, a first fact without a tensor (sorts are printed first) and a function
+    # whose declaration is longer than a line (printed over several).
     from pcgopt.verify.prove import _smt2_pieces, _smt2_text
 
     prover = Prover()
-    names = sorted(prover._formulas)[:40:3]
-    x, y = z3.Consts("x y", z3.DeclareSort("Tensor"))
-    size = z3.Function("size", x.sort(), z3.IntSort(), z3.IntSort())
-    assertions = [size(x, 0) >= 2, size(y, 1) == size(x, 0)]
-    assertions += [z3.Implies(z3.Bool(f"axiom:{n}"), prover._formulas[n][0]) for n in names]
+    tensor = z3.DeclareSort("Tensor")
+    x, y = z3.Consts("x y", tensor)
+    n = z3.Int("n")
+    size = z3.Function("size", tensor, z3.IntSort(), z3.IntSort())
+    wide = z3.Function("conv2d_r44_2_2_2_2", *[z3.IntSort()] * 10, tensor, tensor, tensor)
+    assertions = [n >= 2, size(x, 0) == n, wide(*range(10), x, y) == y]
+    assertions += [
+        z3.Implies(z3.Bool(f"axiom:{name}"), formula)
+        for name, (formula, _) in sorted(prover._formulas.items())
+    ]
     solver = z3.Solver()
     solver.add(assertions)
     assert _smt2_text([_smt2_pieces(a) for a in assertions]) == solver.sexpr()
