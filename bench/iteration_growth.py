@@ -57,6 +57,12 @@ def predicted_second(loaded: int, first: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--only", nargs="+", metavar="MODEL@MACHINE", help="e.g. mlp@summit:2")
+    parser.add_argument(
+        "--algebra-from",
+        type=int,
+        default=None,
+        help="the first iteration the algebraic rules run in (default: saturation's own)",
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     cases = [c for c in CASES if args.only is None or "@".join(c) in args.only]
@@ -74,7 +80,13 @@ def main() -> None:
             with contextlib.suppress(Exception):
                 seeds.append(make(pcg, machine))
         warm_up(pcgs=[pcg])
-        budget = Budget(iterations=3, enodes=10**7, seconds=1e9, memory_bytes=16 * 2**30)
+        budget = Budget(
+            iterations=3,
+            enodes=10**7,
+            seconds=1e9,
+            memory_bytes=16 * 2**30,
+            algebra_from=args.algebra_from,
+        )
         split = len(split_segments(pcg, MIN_SEGMENT_OPS)) >= 2
         if split:
             sat = saturate_split(pcg, machine, budget=budget, seeds=seeds)

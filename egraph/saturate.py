@@ -505,26 +505,23 @@ def _check_presets(presets: Sequence[str]) -> tuple[str, ...]:
     return tuple(presets)
 
 
-def _algebra_from(
+def _asked_presets(
     rules: Sequence[Rule] | None, pcgs: Sequence[PCG], presets: Sequence[str] | None
-) -> int:
-    """The default :attr:`Budget.algebra_from`: :data:`MATRIX_ALGEBRA_FROM` when the shipped
-    rules asked for include the matrix rules' algebra, else 1. Read from what was asked, not
-    from the base that serves it (a base loaded earlier may hold more rules)."""
+) -> tuple[str, ...] | None:
+    """The shipped rule files a saturation asks for (checked), or None for custom ``rules``."""
     if rules is not None:
-        return 1
-    wanted = shipped_presets(pcgs) if presets is None else tuple(presets)
-    return MATRIX_ALGEBRA_FROM if "matrix" in wanted else 1
+        if presets is not None:
+            raise ValueError("give rules or presets, not both")
+        return None
+    return shipped_presets(pcgs) if presets is None else _check_presets(presets)
 
 
-def _base(
-    rules: Sequence[Rule] | None, pcgs: Sequence[PCG], presets: Sequence[str] | None = None
-) -> _Base:
-    if rules is None:
-        return _shipped_base(shipped_presets(pcgs) if presets is None else tuple(presets))
-    if presets is not None:
-        raise ValueError("give rules or presets, not both")
-    return _Base(language(), rules)
+def _algebra_from(asked: tuple[str, ...] | None) -> int:
+    """The default :attr:`Budget.algebra_from` for the shipped rule files ``asked`` for (None:
+    custom rules): :data:`MATRIX_ALGEBRA_FROM` when they include the matrix rules' algebra,
+    else 1. Read from what was asked, not from the base that serves it (a base loaded earlier
+    may hold more rules)."""
+    return MATRIX_ALGEBRA_FROM if asked is not None and "matrix" in asked else 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -967,13 +964,12 @@ def saturate_together(
     problems: list[_Problem] = list(zip(pcgs, seeds, strict=True))
     budget = budget or Budget()
     legal = legal_degrees(machine.num_devices, degrees)
-    if presets is not None:
-        presets = _check_presets(presets)
+    asked = _asked_presets(rules, _every_pcg(problems), presets)
     loading = time.perf_counter()
-    base = _base(rules, _every_pcg(problems), presets)
+    base = _Base(language(), rules) if asked is None else _shipped_base(asked)
     t0 += time.perf_counter() - loading  # once per process (warm_up), not this call's work
     if budget.algebra_from is None:
-        budget = replace(budget, algebra_from=_algebra_from(rules, _every_pcg(problems), presets))
+        budget = replace(budget, algebra_from=_algebra_from(asked))
     fit: int | None = None
     reason: StopReason | None = None
     if budget.isolate:

@@ -79,12 +79,14 @@ True
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from networkx.utils import UnionFind
 
+from pcgopt.divisors import divisors
 from pcgopt.errors import PCGError
 from pcgopt.evaluate import evaluate, index_uses, random_feeds
 from pcgopt.graph import PCG, Node, TensorRef
@@ -94,7 +96,14 @@ from pcgopt.ops.spec import DimRef, SizeRelation
 from pcgopt.render import forward_flops
 from pcgopt.shapes import ParallelTensorShape
 
-__all__ = ["ScaleDownError", "ScaledDown", "micro_batch_difference", "micro_batched", "scaled_down"]
+__all__ = [
+    "ScaleDownError",
+    "ScaledDown",
+    "joined_micro_batches",
+    "micro_batch_difference",
+    "micro_batched",
+    "scaled_down",
+]
 
 
 class ScaleDownError(PCGError):
@@ -686,24 +695,20 @@ def micro_batch_difference(pcg: PCG) -> str | None:
     over the batch, a softmax or a sum across it) breaks it. None for a batch of one. Raises
     :class:`ScaleDownError` when no small instance can be split so (nor ``pcg`` itself, if
     the evaluator can run it)."""
-    small = scaled_down(pcg).pcgs[0]
-    try:
-        micro_batched(small, _least_divisor(small))
-    except ScaleDownError:
-        if over_check_limits(pcg, pcg) is not None:
-            raise
-        small = pcg  # small enough as it is, with a batch the scaled instance lost
-    small = PCG(
-        [
-            Node(n.name, n.op, n.inputs, {**n.params, "rate": 0.0}) if n.op == "dropout" else n
-            for n in small.nodes
-        ],
-        small.outputs,
-    )
+    small = _without_dropout(scaled_down(pcg).pcgs[0])
     d = _least_divisor(small)
     if d is None:
         return None  # a batch of one: nothing a micro-batch loop would run
-    part = micro_batched(small, d)
+    try:
+        part = micro_batched(small, d)
+    except ScaleDownError:
+        if over_check_limits(pcg, pcg) is not None:
+            raise
+        small = _without_dropout(pcg)  # small enough as it is, with a batch the scaled one lost
+        d = _least_divisor(small)
+        if d is None:
+            return None
+        part = micro_batched(small, d)
     feeds = random_feeds(small)
     whole = [r.logical() for r in evaluate(small, feeds).outputs]
     data = {n.name for n in small.nodes if n.op == "input" and small.shape(n.name).rank}
@@ -715,11 +720,7 @@ def micro_batch_difference(pcg: PCG) -> str | None:
         }
         parts.append([r.logical() for r in evaluate(part, chunk).outputs])
     for k, want in enumerate(whole):
-        got = [p[k] for p in parts]
-        if np.ndim(want) and np.shape(got[0])[0] * d == np.shape(want)[0]:
-            joined = np.concatenate(got)
-        else:
-            joined = sum(got) / d
+        joined = joined_micro_batches([p[k] for p in parts], np.shape(want)[:1])
         scale = max(1.0, float(np.max(np.abs(want), initial=0.0)))
         if np.shape(joined) != np.shape(want) or not np.allclose(
             joined, want, rtol=1e-7, atol=1e-9 * scale
@@ -731,6 +732,27 @@ def micro_batch_difference(pcg: PCG) -> str | None:
     return None
 
 
+def joined_micro_batches(parts: Sequence[Any], batch: tuple[int, ...], xp: Any = np) -> Any:
+    """An output of the whole batch from its micro-batches' ``parts`` (arrays of module ``xp``,
+    numpy's or jax.numpy's): joined along dimension 0 where the whole output's ``batch`` (its
+    first size, or ``()`` for a scalar) is theirs together, their mean otherwise (a mean over
+    the samples). What gradient accumulation and pipelines assume an output is."""
+    if batch and xp.ndim(parts[0]) and batch[0] == len(parts) * xp.shape(parts[0])[0]:
+        return xp.concatenate(parts)
+    return sum(parts) / len(parts)
+
+
+def _without_dropout(pcg: PCG) -> PCG:
+    """``pcg`` with every dropout's rate 0 (a micro-batch draws its own masks by design)."""
+    return PCG(
+        [
+            Node(n.name, n.op, n.inputs, {**n.params, "rate": 0.0}) if n.op == "dropout" else n
+            for n in pcg.nodes
+        ],
+        pcg.outputs,
+    )
+
+
 def _least_divisor(pcg: PCG) -> int | None:
     """The least divisor above 1 of the batch (dimension 0 of the data inputs, which must
     agree), or None when the batch is one or the inputs disagree."""
@@ -740,7 +762,7 @@ def _least_divisor(pcg: PCG) -> int | None:
     if len(batch) != 1:
         return None
     (size,) = batch
-    return next((d for d in range(2, size + 1) if size % d == 0), None)
+    return next((d for d in divisors(size) if d > 1), None)
 
 
 def scaled_down(*pcgs: PCG, min_size: int = 4, max_rebuilds: int = 16) -> ScaledDown:

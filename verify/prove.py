@@ -188,15 +188,11 @@ def _smt2_pieces(assertion: z3.BoolRef) -> tuple[tuple[str, ...], str]:
     """An assertion as a solver prints it: its declarations (sorts, then functions, in order of
     first use) and its assertion. A solver prints each command from the first column and
     breaks a long one over indented lines, and it prints each assertion on its own."""
-    commands = re.split(r"\n(?=\S)", _printed(assertion))
-    k = next((i for i, c in enumerate(commands) if not c.startswith("(declare-")), len(commands))
-    return tuple(commands[:k]), "\n".join(commands[k:])
-
-
-def _printed(assertion: z3.BoolRef) -> str:
     printer = z3.Solver()
     printer.add(assertion)
-    return printer.sexpr()
+    commands = re.split(r"\n(?=\S)", printer.sexpr())
+    k = next((i for i, c in enumerate(commands) if not c.startswith("(declare-")), len(commands))
+    return tuple(commands[:k]), "\n".join(commands[k:])
 
 
 def _smt2_text(pieces: Sequence[tuple[tuple[str, ...], str]]) -> str:

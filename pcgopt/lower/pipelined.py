@@ -45,7 +45,7 @@ from pcgopt.lower.jax import (
     lower,
 )
 from pcgopt.lower.mapped import MappedLowered, Piece
-from pcgopt.scaled import micro_batched
+from pcgopt.scaled import joined_micro_batches, micro_batched
 
 __all__ = ["PipelinedLowered", "lower_pipeline"]
 
@@ -86,12 +86,8 @@ class PipelinedLowered(MappedLowered):
         joined: dict[TensorRef, Any] = {}
         for model_ref in self.pcg.outputs:
             r = self.aliases.get(model_ref, model_ref)
-            parts = [o[r] for o in outputs]
             sizes = self.pcg.shape(model_ref).sizes
-            # Joined along the batch where the output has it (its micro-batch parts hold 1/m
-            # of dimension 0), averaged otherwise (a mean over the samples).
-            batched = bool(sizes) and jnp.ndim(parts[0]) and sizes[0] == m * parts[0].shape[0]
-            joined[r] = jnp.concatenate(parts) if batched else sum(parts) / m
+            joined[r] = joined_micro_batches([o[r] for o in outputs], sizes[:1], jnp)
         return sum(losses) / m, joined, {k: g / m for k, g in grads.items()}
 
 

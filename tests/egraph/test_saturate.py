@@ -273,10 +273,12 @@ def test_the_matrix_algebra_waits_an_iteration_for_the_layouts():
     assert "linear" in {n.op for n in at_once.nodes}
     # Read from the rules asked for, whatever base serves them: a transformer's algebra (rules
     # that unfuse layers for the layouts) and custom rules run from the first iteration.
-    assert saturate_module._algebra_from(None, [model], None) == MATRIX_ALGEBRA_FROM
-    assert saturate_module._algebra_from(None, [dense_gelu()], None) == 1
-    assert saturate_module._algebra_from(None, [model], ("matrix/parallel",)) == 1
-    assert saturate_module._algebra_from([introduce_partition_rule()], [model], None) == 1
+    asked = saturate_module._asked_presets
+    algebra_from = saturate_module._algebra_from
+    assert algebra_from(asked(None, [model], None)) == MATRIX_ALGEBRA_FROM
+    assert algebra_from(asked(None, [dense_gelu()], None)) == 1
+    assert algebra_from(asked(None, [model], ("matrix/parallel",))) == 1
+    assert algebra_from(asked([introduce_partition_rule()], [model], None)) == 1
 
 
 def test_a_degree_two_operators_share_must_be_the_same_degree_in_both():
