@@ -203,6 +203,9 @@ class SearchStats:
     segments: int = 1
     #: The candidates that do not fit device memory (ranked after every one that does).
     infeasible: frozenset[str] = frozenset()
+    #: The candidates left out because the time budget ran out before they were placed and
+    #: mapped (their cost is None; they are placed fastest first, by their cost before it).
+    unplaced: frozenset[str] = frozenset()
 
     @property
     def seconds(self) -> float:
@@ -221,6 +224,7 @@ class SearchStats:
             "peak_rss_bytes": self.peak_rss_bytes,
             "segments": self.segments,
             "infeasible": sorted(self.infeasible),
+            "unplaced": sorted(self.unplaced),
         }
 
 
@@ -568,6 +572,15 @@ class _Clock:
             0.02 * self.budget_s, self.deadline - time.perf_counter() - after * self.budget_s
         )
 
+    def spent(self, phase: str) -> bool:
+        """Whether ``phase`` has used up its time: what is left of the budget is not more than
+        the shares of the phases after it (never, in a deterministic search)."""
+        if math.isinf(self.deadline):
+            return False
+        names = list(PHASE_SHARES)
+        after = sum(PHASE_SHARES[n] for n in names[names.index(phase) + 1 :])
+        return self.deadline - time.perf_counter() <= after * self.budget_s
+
     def left(self) -> float:
         if math.isinf(self.deadline):
             return math.inf
@@ -651,7 +664,10 @@ def saturate_and_extract(
     cost and extract it, and stops before an iteration predicted not to leave that time (the
     first one included). Time a phase leaves unused goes to the next one; time it overruns
     comes out of its own successors' (limits are checked between steps, so a step in progress
-    can overrun them).
+    can overrun them). A phase whose time the phases before it used up is cut short:
+    saturation and the pipeline phase do not start, and placement, which places the
+    candidates fastest first (by their cost before placement), places only the first
+    (:attr:`SearchStats.unplaced` names the others).
     ``python bench/budgets.py`` measures the adherence. A check predicted to take more than
     the budget still runs (the search keeps :data:`MIN_SEARCH_SHARE`): the call then
     overruns by it;
@@ -738,18 +754,21 @@ def saturate_and_extract(
         candidates["branch parallel"] = _branch_parallel(search)
     candidates.update(layerwise)
     candidates.update(extra)
-    _in_model_names(pcg, candidates)
     start = time.perf_counter()
     distinct = len({v[0] for v in candidates.values() if v is not None})
     say(f"placing and mapping {distinct} distinct candidate plans on the machine")
-    placements, mappings, failed = _place_and_map(candidates, machine, optimizer, clock, say)
+    keys = {k: (v[0], v[1].runtime) for k, v in candidates.items() if v is not None}
+    placements, mappings, failed = _place_and_map(
+        candidates, machine, optimizer, clock, say, model=pcg
+    )
     phases["placement and mapping"] = time.perf_counter() - start
+    unplaced = frozenset(k for k, key in keys.items() if failed.get(key) == UNPLACED)
 
     chosen, (best, best_cost) = _best(candidates, failed)
     say(f"chose {chosen}: {best_cost.total_s * 1e3:.4g} ms per iteration")
     piped = _pipeline_phase(search, best_cost, min_segment_ops) if pipeline else None
     verdict = _check_phase(search, best, check, check_flops_limit, piped)
-    stats = _with_pipeline(explored.stats(candidates, chosen, phases), piped)
+    stats = _with_pipeline(explored.stats(candidates, chosen, phases, unplaced), piped)
     return Plan(
         pcg=best,
         machine=machine,
@@ -793,6 +812,10 @@ def _pipeline_phase(
         return None
     if len(split_segments(search.pcg, min_segment_ops)) < 2:
         return None
+    if search.clock.spent("pipeline"):
+        search.say("no pipeline: the time budget ran out before its phase")
+        search.phases["pipeline"] = 0.0
+        return None
     start = time.perf_counter()
     search.say("cutting the model into pipeline stages")
     try:
@@ -804,6 +827,7 @@ def _pipeline_phase(
             min_ops=min_segment_ops,
             min_stages=2,
             time_budget_s=None if search.deterministic else search.clock.limit("pipeline"),
+            faster_than_s=best_cost.total_s if best_cost.feasible else None,
         )
     except (PipelineError, BaselineError, CostError) as e:
         search.say(f"no pipelined plan: {e}")
@@ -1108,17 +1132,29 @@ def _branch_parallel(search: _Search) -> tuple[PCG, CostBreakdown] | None:
     return branches.pcg, search.cost(branches.pcg)
 
 
-def _in_model_names(pcg: PCG, candidates: dict[str, tuple[PCG, CostBreakdown] | None]) -> None:
-    """Puts the model's names back on the candidates' nodes that compute what the model's nodes
-    compute, so that the plan reads in the user's terms (the searches name what they build by
-    operator). Their costs are renamed with them, not computed again."""
-    for name, value in candidates.items():
-        if value is None:
-            continue
-        plan, cost = value
-        names = model_names(pcg, plan)
-        if any(k != v for k, v in names.items()):
-            candidates[name] = (plan.renamed(names), cost.renamed(names))
+#: Why a candidate is left out when the placement phase's time is spent before its turn.
+UNPLACED = "not placed and mapped: the time budget ran out"
+
+
+def _in_model_names(
+    model: PCG, plan: PCG, cost: CostBreakdown, memo: dict[PCG, tuple[PCG, dict[str, str]]]
+) -> tuple[PCG, CostBreakdown]:
+    """``plan`` with the model's names put back on the nodes that compute what the model's nodes
+    compute, so that it reads in the user's terms (the searches name what they build by
+    operator); its cost is renamed with it, not computed again. ``memo``: the plans renamed
+    so far."""
+    if plan not in memo:
+        names = model_names(model, plan)
+        memo[plan] = (
+            (plan.renamed(names), names)
+            if any(k != v for k, v in names.items())
+            else (
+                plan,
+                {},
+            )
+        )
+    renamed, names = memo[plan]
+    return (renamed, cost.renamed(names)) if names else (plan, cost)
 
 
 def _place_and_map(
@@ -1127,13 +1163,18 @@ def _place_and_map(
     optimizer: str,
     clock: _Clock,
     say: Callable[[str], None],
+    model: PCG | None = None,
 ) -> tuple[dict[str, PlanPlacement], dict[str, MachineMapping], dict[tuple[PCG, Runtime], str]]:
     """Places every candidate's parallelism axes on the hierarchy (P^2's parallelism matrices,
     reductions priced with synthesized programs), then maps each onto the machine (branches at
     once on disjoint devices where faster), with one memo table: candidates share most
     sub-graphs. Each candidate's cost becomes its placed and mapped cost, under the runtime its
-    cost carries; one that fails is left out (None). Returns the placements, the mappings and
-    why plans failed."""
+    cost carries, and (given the ``model``) its nodes take the model's names
+    (:func:`_in_model_names`); one that fails is left out (None). The candidates are placed
+    fastest first (by their cost before placement); once the phase's time is spent
+    (:meth:`_Clock.spent`), those not yet placed are left out too (None, with a message),
+    the first always placed. Returns the placements, the mappings and why plans failed or
+    were not placed."""
     placements: dict[str, PlanPlacement] = {}
     mappings: dict[str, MachineMapping] = {}
     cache = MappingCache(machine)
@@ -1144,26 +1185,35 @@ def _place_and_map(
     # keeps that placement under another (ZeRO changes each weight's sync, not its groups).
     done: dict[tuple[PCG, Runtime], tuple[PlanPlacement, MachineMapping, CostBreakdown]] = {}
     placed_as: dict[PCG, PlanPlacement] = {}
-    pending = [name for name, value in candidates.items() if value is not None]
+    pending = sorted(
+        (name for name, value in candidates.items() if value is not None),
+        key=lambda n: _rank(candidates[n][1]),  # type: ignore[index]
+    )
     failed: dict[tuple[PCG, Runtime], str] = {}
+    renamed: dict[PCG, tuple[PCG, dict[str, str]]] = {}
     for k, name in enumerate(pending):
         plan, cost = candidates[name]  # type: ignore[misc]
         key = (plan, cost.runtime)
+        if key not in done and key not in failed and done and clock.spent("placement and mapping"):
+            failed[key] = UNPLACED
         if key not in done and key not in failed:
             # What is left of the budget, shared by the plans still to place.
             left = {(candidates[n][0], candidates[n][1].runtime) for n in pending[k:]}  # type: ignore[index]
             try:
+                named, named_cost = (
+                    (plan, cost) if model is None else _in_model_names(model, plan, cost, renamed)
+                )
                 done[key] = mapped_cost(
-                    plan,
+                    named,
                     machine,
                     optimizer=optimizer,
                     runtime=cost.runtime,
-                    cost=cost,
+                    cost=named_cost,
                     cache=cache,
                     time_limit_s=clock.left() / max(1, len(left - done.keys())),
-                    placement=placed_as.get(plan),
+                    placement=placed_as.get(named),
                 )
-                placed_as.setdefault(plan, done[key][0])
+                placed_as.setdefault(named, done[key][0])
             except CostError as e:  # a bug, but the other candidates still stand
                 failed[key] = str(e)
                 warnings.warn(
@@ -1172,11 +1222,15 @@ def _place_and_map(
                     stacklevel=3,
                 )
         if key in failed:
-            say(f"{name}: left out, placing and mapping it failed: {failed[key]}")
+            why = failed[key]
+            say(
+                f"{name}: left out, "
+                + (why if why == UNPLACED else f"placing and mapping failed: {why}")
+            )
             candidates[name] = None
             continue
         placements[name], mappings[name], final = done[key]
-        candidates[name] = (plan, final)
+        candidates[name] = (renamed.get(plan, (plan, {}))[0], final)
     return placements, mappings, failed
 
 
@@ -1197,6 +1251,7 @@ class _Explored:
         candidates: Mapping[str, tuple[PCG, CostBreakdown] | None],
         chosen: str,
         phases: dict[str, float],
+        unplaced: frozenset[str] = frozenset(),
     ) -> SearchStats:
         """The search's statistics, with every candidate's cost and the one chosen."""
         costs = {k: (v[1].total_s if v is not None else None) for k, v in candidates.items()}
@@ -1214,6 +1269,7 @@ class _Explored:
             infeasible=frozenset(
                 k for k, v in candidates.items() if v is not None and not v[1].feasible
             ),
+            unplaced=unplaced,
         )
 
 
@@ -1303,6 +1359,12 @@ def _explore(
     segments = split_segments(search.pcg, min_segment_ops) if split is not False else ()
     if split and len(segments) < 2:
         search.say(f"graph splitting: no cut leaves two segments of {min_segment_ops} operators")
+    if search.clock.spent("saturate"):
+        # The phases before it used saturation's share and more: loading the seeds alone
+        # would take longer than the budget has left (BERT-Large: 2.4 s on 64 GPUs).
+        search.say("no saturation: the time budget ran out before its phase")
+        search.phases["saturate"] = 0.0
+        return {}, _Explored(0, 0, 0, "time budget (not started)", "skipped", 0)
     if len(segments) >= 2:
         return _split_phase(search, seed_plans, baseline_plans, min_segment_ops)
     return _whole_phase(search, seed_plans)

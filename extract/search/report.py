@@ -528,7 +528,11 @@ def search_lines(plan: Plan) -> list[str]:
         "how it was found",
         "  candidates (mapped time per iteration): "
         + ", ".join(
-            f"{k} {v * 1e3:.4g} ms" if v is not None else f"{k} n/a"
+            f"{k} {v * 1e3:.4g} ms"
+            if v is not None
+            else f"{k} not placed (time budget)"
+            if k in s.unplaced
+            else f"{k} n/a"
             for k, v in s.candidates.items()
         ),
         "  search: "

@@ -479,6 +479,7 @@ def pipeline_search(
     runtime: Runtime = DDP,
     time_budget_s: float | None = None,
     min_stages: int = 1,
+    faster_than_s: float | None = None,
 ) -> PipelinePlan:
     """The fastest pipelined plan of ``pcg`` on ``machine`` that fits (module docstring), or,
     when none fits, the one that needs the least memory.
@@ -495,9 +496,13 @@ def pipeline_search(
     counts (about four micro-batches per stage first) and costing candidates once this much
     time has passed (None: no limit; what is found by then is returned); ``min_stages``: the
     fewest stages tried when ``stage_counts`` is not given (2: pipelines only, not the plans
-    as one stage).
+    as one stage); ``faster_than_s``: only plans that may take less than this many seconds per
+    iteration are costed in full (a caller with a plan that fits has no use for slower ones:
+    their lower bound, the bottleneck stage's computation, rules them out unbuilt).
     Raises :class:`~pcgopt.extract.costmodel.pipeline.PipelineError` when nothing can be
-    scheduled (one device, no batch split that fits the counts)."""
+    scheduled (one device, no batch split that fits the counts), when no plan can be faster
+    than ``faster_than_s``, or when micro-batches would change what the model computes
+    (checked on the plan found, before it is returned)."""
     if schedule not in SCHEDULES:
         raise PipelineError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if optimizer not in OPTIMIZERS:
@@ -511,6 +516,14 @@ def pipeline_search(
     ):
         raise PipelineError(
             f"time_budget_s must be a finite number of seconds >= 0 or None, got {time_budget_s!r}"
+        )
+    if faster_than_s is not None and (
+        isinstance(faster_than_s, bool)
+        or not isinstance(faster_than_s, Real)
+        or not 0 < faster_than_s <= math.inf
+    ):
+        raise PipelineError(
+            f"faster_than_s must be a number of seconds > 0 or None, got {faster_than_s!r}"
         )
     stage_counts = _positive_ints(stage_counts, "stage_counts")
     micro_batches = _positive_ints(micro_batches, "micro_batches")
@@ -544,8 +557,6 @@ def pipeline_search(
             raise PipelineError(
                 f"unknown stage plan(s) {unknown}; on this machine: {', '.join(known)}"
             )
-    if any(m > 1 for m in micro_batches or (2,)) or any(c > 1 for c in counts):
-        _check_micro_batches(pcg)
     batch = batch_size(pcg)
     costs = _Costs(pcg, machine, segments, optimizer, runtime)
     capacity = machine.device.memory_bytes
@@ -573,8 +584,9 @@ def pipeline_search(
     # Costed in full in the order of their estimates, each unless its lower bound (the
     # bottleneck stage's work and the way to it and back) is already over the best full cost.
     found: list[PipelinePlan] = []
+    beat = math.inf if faster_than_s is None else float(faster_than_s)
     for _, cuts, which, bound, count, units, micro, names in sorted(ranked, key=lambda r: r[0]):
-        best = min((p.time_s for p in found if p.feasible), default=math.inf)
+        best = min((p.time_s for p in found if p.feasible), default=beat)
         if bound >= best:
             continue
         if found and time.perf_counter() > deadline:
@@ -582,6 +594,12 @@ def pipeline_search(
         plan = _assemble(costs, names, cuts, count, units, micro, schedule, which)
         if plan is not None:
             found.append(plan)
+    if not found and ranked and all(r[3] >= beat for r in ranked):
+        raise PipelineError(
+            f"no pipelined plan can be faster than {beat * 1e3:.4g} ms per iteration: the "
+            f"bottleneck stage's computation alone takes at least "
+            f"{min(r[3] for r in ranked) * 1e3:.4g} ms"
+        )
     if not found:
         allowed = "" if strategies is None else f" with stage plans {list(strategies)}"
         raise PipelineError(
@@ -591,9 +609,14 @@ def pipeline_search(
             "block)"
         )
     fitting = [p for p in found if p.feasible]
-    if fitting:
-        return min(fitting, key=lambda p: p.time_s)
-    return min(found, key=lambda p: p.memory_bytes)
+    chosen = (
+        min(fitting, key=lambda p: p.time_s)
+        if fitting
+        else min(found, key=lambda p: p.memory_bytes)
+    )
+    if chosen.micro_batches > 1 or len(chosen.stages) > 1:
+        _check_micro_batches(pcg)
+    return chosen
 
 
 def _positive_ints(values: Sequence[int] | None, what: str) -> list[int] | None:

@@ -257,6 +257,24 @@ def test_a_pipelined_plan_covers_the_model_once_in_order_on_disjoint_blocks(
     assert "4 stage(s)" in text and "stage 3: segments" in text
 
 
+def test_a_time_to_beat_leaves_out_only_slower_pipelines(small_transformer, four_nodes):
+    plan = pipeline_search(small_transformer, four_nodes, min_stages=2, min_ops=4)
+    # Given more time than the best takes, the search finds the same plan.
+    same = pipeline_search(
+        small_transformer, four_nodes, min_stages=2, min_ops=4, faster_than_s=2 * plan.time_s
+    )
+    assert (same.time_s, len(same.stages), same.micro_batches) == (
+        plan.time_s,
+        len(plan.stages),
+        plan.micro_batches,
+    )
+    # Asked to beat a time no stage can, it says so instead of costing plans in full.
+    with pytest.raises(PipelineError, match="no pipelined plan can be faster than"):
+        pipeline_search(small_transformer, four_nodes, min_stages=2, min_ops=4, faster_than_s=1e-12)
+    with pytest.raises(PipelineError, match="faster_than_s must be"):
+        pipeline_search(small_transformer, four_nodes, faster_than_s=0)
+
+
 def test_stage_memory_holds_the_activations_of_the_micro_batches_in_flight(
     small_transformer, four_nodes
 ):

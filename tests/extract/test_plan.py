@@ -2,6 +2,7 @@
 its errors."""
 
 import json
+import time
 
 import pytest
 
@@ -236,7 +237,8 @@ def test_candidates_that_are_the_same_plan_are_placed_once(monkeypatch):
     )
     assert len(placed) == len({p for p, _ in placed})
     dp = data_parallel(MNIST, TWO_GPUS)
-    assert [k["runtime"].zero_stage for p, k in placed if p == dp] == [0]
+    # Placed once, under whichever of its runtimes ranks first.
+    assert len([k["runtime"].zero_stage for p, k in placed if p == dp]) == 1
     c = plan.stats.candidates
     assert c["zero-1"] is not None and c["zero-2"] is not None and c["zero-2"] != c["data parallel"]
     assert plan.stats.candidates["seed 0"] == plan.stats.candidates["data parallel"]
@@ -260,6 +262,44 @@ def test_each_phase_gets_what_the_phases_before_it_left_and_the_next_keep_theirs
     now[0] = 99.5  # every phase overran: the next still gets 2% of the planned time
     assert clock.limit("branch parallel") == pytest.approx(2.0)
     assert clock.left() == pytest.approx(2.0)
+
+
+def test_phases_the_phases_before_them_left_no_time_are_cut_short(monkeypatch):
+    """Budgets are limits: when the layer-wise searches overrun the whole budget, saturation
+    does not start, the candidates are placed fastest first and only the first before the
+    time is out, no pipeline is cut, and the plan returned is still checked."""
+    searches = plan_module._layerwise_searches
+
+    def slow(*args, **kwargs):
+        found = searches(*args, **kwargs)
+        time.sleep(1.5)
+        return found
+
+    monkeypatch.setattr(plan_module, "_layerwise_searches", slow)
+    plan = saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=1, min_segment_ops=1)
+    s = plan.stats
+    assert s.extraction == "skipped" and s.iterations == 0 and "e-graph" not in s.candidates
+    assert s.phase_seconds["saturate"] == 0.0 and s.phase_seconds["pipeline"] == 0.0
+    assert s.unplaced and s.chosen not in s.unplaced
+    assert all(s.candidates[k] is None for k in s.unplaced)
+    assert "not placed (time budget)" in plan.explain(max_rows=None)
+    assert plan.check.startswith("equivalent") and equivalent(MNIST, plan.pcg)
+
+
+def test_candidates_are_placed_fastest_first_and_the_first_always():
+    from pcgopt.extract import iteration_cost
+    from pcgopt.extract.strategies.baselines import data_parallel, megatron
+
+    plans = {"data parallel": data_parallel(MNIST, TWO_GPUS), "megatron": megatron(MNIST, TWO_GPUS)}
+    candidates = {k: (p, iteration_cost(p, TWO_GPUS)) for k, p in plans.items()}
+    first = min(candidates, key=lambda k: candidates[k][1].total_s)
+    spent = plan_module._Clock(1.0, time.perf_counter() - 1.0)  # its deadline has passed
+    _, mappings, failed = plan_module._place_and_map(
+        candidates, TWO_GPUS, "adam", spent, lambda _: None
+    )
+    assert set(mappings) == {first}
+    assert list(failed.values()) == [plan_module.UNPLACED]
+    assert all(v is None for k, v in candidates.items() if k != first)
 
 
 def test_plans_for_one_node_of_several_are_candidates_on_the_whole_machine():
