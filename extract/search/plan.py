@@ -572,14 +572,16 @@ class _Clock:
             0.02 * self.budget_s, self.deadline - time.perf_counter() - after * self.budget_s
         )
 
-    def spent(self, phase: str) -> bool:
-        """Whether ``phase`` has used up its time: what is left of the budget is not more than
-        the shares of the phases after it (never, in a deterministic search)."""
+    def spent(self, phase: str, part: float = 0.0) -> bool:
+        """Whether ``phase`` has used up its time, or all but ``part`` of its share: what is
+        left of the budget, less the shares of the phases after it, is not more than ``part``
+        of the phase's own share (never, in a deterministic search)."""
         if math.isinf(self.deadline):
             return False
         names = list(PHASE_SHARES)
         after = sum(PHASE_SHARES[n] for n in names[names.index(phase) + 1 :])
-        return self.deadline - time.perf_counter() <= after * self.budget_s
+        own = self.deadline - time.perf_counter() - after * self.budget_s
+        return own <= part * PHASE_SHARES[phase] * self.budget_s
 
     def left(self) -> float:
         if math.isinf(self.deadline):
@@ -591,6 +593,11 @@ class _Clock:
 #: phase's limit (limits are checked between steps), the check and assembling the Plan. In
 #: ``python bench/run.py --budget 20`` at 030240b one search ended 0.5 s after its budget.
 RESERVE_SHARE = 0.05
+
+#: Saturation and the pipeline phase start only if at least this part of their share of
+#: the budget is left for them (:meth:`_Clock.spent`): their first steps (loading the seeds
+#: into the e-graph and extracting them; costing the stage plans) take time of their own.
+MIN_START_PART = 0.25
 
 #: The least part of the time budget the search phases get, however long the check is
 #: predicted to take (a budget smaller than the check is then overrun by the check).
@@ -665,7 +672,8 @@ def saturate_and_extract(
     first one included). Time a phase leaves unused goes to the next one; time it overruns
     comes out of its own successors' (limits are checked between steps, so a step in progress
     can overrun them). A phase whose time the phases before it used up is cut short:
-    saturation and the pipeline phase do not start, and placement, which places the
+    saturation and the pipeline phase do not start (with less than :data:`MIN_START_PART` of
+    their share left), and placement, which places the
     candidates fastest first (by their cost before placement), places only the first
     (:attr:`SearchStats.unplaced` names the others).
     ``python bench/budgets.py`` measures the adherence. A check predicted to take more than
@@ -812,7 +820,7 @@ def _pipeline_phase(
         return None
     if len(split_segments(search.pcg, min_segment_ops)) < 2:
         return None
-    if search.clock.spent("pipeline"):
+    if search.clock.spent("pipeline", MIN_START_PART):
         search.say("no pipeline: the time budget ran out before its phase")
         search.phases["pipeline"] = 0.0
         return None
@@ -1359,9 +1367,9 @@ def _explore(
     segments = split_segments(search.pcg, min_segment_ops) if split is not False else ()
     if split and len(segments) < 2:
         search.say(f"graph splitting: no cut leaves two segments of {min_segment_ops} operators")
-    if search.clock.spent("saturate"):
-        # The phases before it used saturation's share and more: loading the seeds alone
-        # would take longer than the budget has left (BERT-Large: 2.4 s on 64 GPUs).
+    if search.clock.spent("saturate", MIN_START_PART):
+        # Loading the seeds and extracting them again takes time of its own, whatever the
+        # limit (BERT-Large on 64 GPUs: 2 s); under a quarter of the share it only overruns.
         search.say("no saturation: the time budget ran out before its phase")
         search.phases["saturate"] = 0.0
         return {}, _Explored(0, 0, 0, "time budget (not started)", "skipped", 0)

@@ -496,9 +496,10 @@ def pipeline_search(
     counts (about four micro-batches per stage first) and costing candidates once this much
     time has passed (None: no limit; what is found by then is returned); ``min_stages``: the
     fewest stages tried when ``stage_counts`` is not given (2: pipelines only, not the plans
-    as one stage); ``faster_than_s``: only plans that may take less than this many seconds per
-    iteration are costed in full (a caller with a plan that fits has no use for slower ones:
-    their lower bound, the bottleneck stage's computation, rules them out unbuilt).
+    as one stage); ``faster_than_s``: only plans that fit and take less than this many seconds
+    per iteration are returned, and only those whose lower bound (the bottleneck stage's
+    computation) is under it are costed in full (a caller with a plan that fits has no use for
+    slower ones).
     Raises :class:`~pcgopt.extract.costmodel.pipeline.PipelineError` when nothing can be
     scheduled (one device, no batch split that fits the counts), when no plan can be faster
     than ``faster_than_s``, or when micro-batches would change what the model computes
@@ -594,12 +595,23 @@ def pipeline_search(
         plan = _assemble(costs, names, cuts, count, units, micro, schedule, which)
         if plan is not None:
             found.append(plan)
-    if not found and ranked and all(r[3] >= beat for r in ranked):
-        raise PipelineError(
-            f"no pipelined plan can be faster than {beat * 1e3:.4g} ms per iteration: the "
-            f"bottleneck stage's computation alone takes at least "
-            f"{min(r[3] for r in ranked) * 1e3:.4g} ms"
-        )
+    if ranked and faster_than_s is not None:
+        faster = [p for p in found if p.feasible and p.time_s < beat]
+        if not faster:
+            fastest = min((p.time_s for p in found if p.feasible), default=math.inf)
+            raise PipelineError(
+                f"no pipelined plan that fits is faster than {beat * 1e3:.4g} ms per "
+                "iteration: "
+                + (
+                    f"the fastest takes {fastest * 1e3:.4g} ms"
+                    if math.isfinite(fastest)
+                    else "none of those costed fits"
+                    if found
+                    else "the bottleneck stage's computation alone takes at least "
+                    f"{min(r[3] for r in ranked) * 1e3:.4g} ms"
+                )
+            )
+        found = faster
     if not found:
         allowed = "" if strategies is None else f" with stage plans {list(strategies)}"
         raise PipelineError(

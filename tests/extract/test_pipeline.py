@@ -268,9 +268,14 @@ def test_a_time_to_beat_leaves_out_only_slower_pipelines(small_transformer, four
         len(plan.stages),
         plan.micro_batches,
     )
-    # Asked to beat a time no stage can, it says so instead of costing plans in full.
-    with pytest.raises(PipelineError, match="no pipelined plan can be faster than"):
+    # Asked to beat a time no stage can, it says so instead of costing plans in full; asked
+    # to beat the best, it says how long the best takes.
+    with pytest.raises(PipelineError, match="bottleneck stage's computation alone takes"):
         pipeline_search(small_transformer, four_nodes, min_stages=2, min_ops=4, faster_than_s=1e-12)
+    with pytest.raises(PipelineError, match=f"the fastest takes {plan.time_s * 1e3:.4g} ms"):
+        pipeline_search(
+            small_transformer, four_nodes, min_stages=2, min_ops=4, faster_than_s=plan.time_s
+        )
     with pytest.raises(PipelineError, match="faster_than_s must be"):
         pipeline_search(small_transformer, four_nodes, faster_than_s=0)
 
