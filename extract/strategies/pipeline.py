@@ -355,6 +355,10 @@ class PipelinePlan:
         return self.explain()
 
 
+class _OutOfTime(Exception):
+    """The pipeline search's time limit passed while it was costing stage plans."""
+
+
 class _Costs:
     """Segment costs, memoized by (segment up to names, strategy, stage units, micro-batches)."""
 
@@ -373,12 +377,16 @@ class _Costs:
         self.keys = [canonical(own)[0] for own in self.own]
         self.memo: dict[tuple, _Part] = {}
         self.plans: dict[tuple, PCG | None] = {}
+        # No part is costed after this (perf_counter seconds): the search's time limit.
+        self.deadline = math.inf
         # Every plan any block may run; a block runs those its devices allow.
         self.strategies = stage_strategies(machine.num_devices)
 
     def part(self, index: int, strategy: str, units: int, micro: int) -> _Part:
         key = (self.keys[index], strategy, units, micro, index == len(self.segments) - 1)
         if key not in self.memo:
+            if time.perf_counter() > self.deadline:
+                raise _OutOfTime
             self.memo[key] = self._part(index, strategy, units, micro)
         return self.memo[key]
 
@@ -493,8 +501,9 @@ def pipeline_search(
     single name gives every stage that plan, as Megatron-LM's hand-set degrees do);
     ``runtime``: how a stage overlaps its synchronization with its last backward (module
     docstring; default PyTorch DDP's); ``time_budget_s``: stop trying stage and micro-batch
-    counts (about four micro-batches per stage first) and costing candidates once this much
-    time has passed (None: no limit; what is found by then is returned); ``min_stages``: the
+    counts (about four micro-batches per stage first) and costing stage plans and candidates
+    once this much time has passed (None: no limit; what is found by then is returned, and
+    if nothing was, a :class:`PipelineError` says the time ran out); ``min_stages``: the
     fewest stages tried when ``stage_counts`` is not given (2: pipelines only, not the plans
     as one stage); ``faster_than_s``: only plans that fit and take less than this many seconds
     per iteration are returned, and only those whose lower bound (the bottleneck stage's
@@ -571,15 +580,19 @@ def pipeline_search(
     # stage (a bubble of about a fifth), then further from it.
     pairs.sort(key=lambda p: (abs(math.log2(p[1] / (TYPICAL_MICRO_BATCHES_PER_STAGE * p[0]))), p))
     ranked: list[tuple] = []
+    costs.deadline = deadline
+    out_of_time = False
     for count, micro in pairs:
-        if ranked and time.perf_counter() > deadline:
-            break
         units = level.count // count
         allowed = stage_strategies(units * machine.num_devices // level.count)
         names = [name for name in allowed if strategies is None or name in strategies]
         if not names:
             continue
-        found_cuts = _search_one(costs, names, count, units, micro, schedule, capacity)
+        try:
+            found_cuts = _search_one(costs, names, count, units, micro, schedule, capacity)
+        except _OutOfTime:
+            out_of_time = True
+            break
         if found_cuts is not None:
             ranked.append((*found_cuts, count, units, micro, names))
     # Costed in full in the order of their estimates, each unless its lower bound (the
@@ -590,11 +603,16 @@ def pipeline_search(
         best = min((p.time_s for p in found if p.feasible), default=beat)
         if bound >= best:
             continue
-        if found and time.perf_counter() > deadline:
+        if time.perf_counter() > deadline:
+            out_of_time = True
             break
         plan = _assemble(costs, names, cuts, count, units, micro, schedule, which)
         if plan is not None:
             found.append(plan)
+    if not found and out_of_time:
+        raise PipelineError(
+            f"the time limit ({time_budget_s:.3g} s) ran out before a pipelined plan was costed"
+        )
     if ranked and faster_than_s is not None:
         faster = [p for p in found if p.feasible and p.time_s < beat]
         if not faster:

@@ -280,6 +280,11 @@ def test_a_time_to_beat_leaves_out_only_slower_pipelines(small_transformer, four
         pipeline_search(small_transformer, four_nodes, faster_than_s=0)
 
 
+def test_the_time_limit_holds_even_before_a_first_plan(small_transformer, four_nodes):
+    with pytest.raises(PipelineError, match=r"the time limit \(0 s\) ran out before a pipelined"):
+        pipeline_search(small_transformer, four_nodes, min_stages=2, min_ops=4, time_budget_s=0)
+
+
 def test_stage_memory_holds_the_activations_of_the_micro_batches_in_flight(
     small_transformer, four_nodes
 ):
