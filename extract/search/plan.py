@@ -673,9 +673,9 @@ def saturate_and_extract(
     comes out of its own successors' (limits are checked between steps, so a step in progress
     can overrun them). A phase whose time the phases before it used up is cut short:
     saturation and the pipeline phase do not start (with less than :data:`MIN_START_PART` of
-    their share left), and placement, which places the
-    candidates fastest first (by their cost before placement), places only the first
-    (:attr:`SearchStats.unplaced` names the others).
+    their share left), and placement, which places the candidates fastest first (by their
+    cost before placement), places the first and the others only while its time lasts
+    (:attr:`SearchStats.unplaced` names those it left out).
     ``python bench/budgets.py`` measures the adherence. A check predicted to take more than
     the budget still runs (the search keeps :data:`MIN_SEARCH_SHARE`): the call then
     overruns by it;
@@ -1180,8 +1180,8 @@ def _place_and_map(
     cost carries, and (given the ``model``) its nodes take the model's names
     (:func:`_in_model_names`); one that fails is left out (None). The candidates are placed
     fastest first (by their cost before placement); once the phase's time is spent
-    (:meth:`_Clock.spent`), those not yet placed are left out too (None, with a message),
-    the first always placed. Returns the placements, the mappings and why plans failed or
+    (:meth:`_Clock.spent`), those not yet placed are left out too (None, with a message);
+    the first is always placed. Returns the placements, the mappings and why plans failed or
     were not placed."""
     placements: dict[str, PlanPlacement] = {}
     mappings: dict[str, MachineMapping] = {}
@@ -1193,10 +1193,14 @@ def _place_and_map(
     # keeps that placement under another (ZeRO changes each weight's sync, not its groups).
     done: dict[tuple[PCG, Runtime], tuple[PlanPlacement, MachineMapping, CostBreakdown]] = {}
     placed_as: dict[PCG, PlanPlacement] = {}
-    pending = sorted(
-        (name for name, value in candidates.items() if value is not None),
-        key=lambda n: _rank(candidates[n][1]),  # type: ignore[index]
-    )
+    # Fastest first, by cost before placement; the candidates of one plan together, in the
+    # order given (so a plan is placed under the runtime of its first candidate, as before).
+    names = [name for name, value in candidates.items() if value is not None]
+    best: dict[PCG, tuple[bool, float]] = {}
+    for name in names:
+        plan, cost = candidates[name]  # type: ignore[misc]
+        best[plan] = min(best.get(plan, _rank(cost)), _rank(cost))
+    pending = sorted(names, key=lambda n: best[candidates[n][0]])  # type: ignore[index]
     failed: dict[tuple[PCG, Runtime], str] = {}
     renamed: dict[PCG, tuple[PCG, dict[str, str]]] = {}
     for k, name in enumerate(pending):
@@ -1376,6 +1380,8 @@ def _explore(
         start = time.perf_counter()
         search.rules_loaded.result()
         waited = time.perf_counter() - start
+    elif search.rules_loaded.done():
+        search.rules_loaded.result()  # raises what loading them raised, if anything
     if search.clock.spent("saturate", MIN_START_PART):
         search.say("no saturation: the time budget ran out before its phase")
         search.phases["saturate"] = waited

@@ -502,8 +502,9 @@ def pipeline_search(
     ``runtime``: how a stage overlaps its synchronization with its last backward (module
     docstring; default PyTorch DDP's); ``time_budget_s``: stop trying stage and micro-batch
     counts (about four micro-batches per stage first) and costing stage plans and candidates
-    once this much time has passed (None: no limit; what is found by then is returned, and
-    if nothing was, a :class:`PipelineError` says the time ran out); ``min_stages``: the
+    once this much time has passed (None: no limit); what is found by then is returned (the
+    best cuts found are always costed in full), and if no cuts were, a :class:`PipelineError`
+    says the time ran out; ``min_stages``: the
     fewest stages tried when ``stage_counts`` is not given (2: pipelines only, not the plans
     as one stage); ``faster_than_s``: only plans that fit and take less than this many seconds
     per iteration are returned, and only those whose lower bound (the bottleneck stage's
@@ -603,13 +604,14 @@ def pipeline_search(
         best = min((p.time_s for p in found if p.feasible), default=beat)
         if bound >= best:
             continue
-        if time.perf_counter() > deadline:
+        # The first of the cuts ranked is costed in full however late (one step).
+        if found and time.perf_counter() > deadline:
             out_of_time = True
             break
         plan = _assemble(costs, names, cuts, count, units, micro, schedule, which)
         if plan is not None:
             found.append(plan)
-    if not found and out_of_time:
+    if not ranked and out_of_time:
         raise PipelineError(
             f"the time limit ({time_budget_s:.3g} s) ran out before a pipelined plan was costed"
         )
@@ -627,6 +629,8 @@ def pipeline_search(
                     if found
                     else "the bottleneck stage's computation alone takes at least "
                     f"{min(r[3] for r in ranked) * 1e3:.4g} ms"
+                    if all(r[3] >= beat for r in ranked)
+                    else "no stage plan of the cuts tried could be costed"
                 )
             )
         found = faster

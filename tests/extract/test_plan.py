@@ -187,7 +187,8 @@ def test_a_failed_extraction_still_returns_the_best_baseline(monkeypatch):
         raise ExtractionError("no acyclic extraction reaches output e-class c1")
 
     monkeypatch.setattr(plan_module, "extract_greedy", fail)
-    plan = saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=4)
+    # Deterministic: under a time budget the rules' load could leave saturation no time.
+    plan = saturate_and_extract(MNIST, TWO_GPUS, deterministic=True)
     assert plan.stats.extraction.startswith("failed: no acyclic extraction")
     assert plan.stats.candidates["e-graph"] is None
     assert plan.stats.chosen != "e-graph" and equivalent(MNIST, plan.pcg)
@@ -237,8 +238,8 @@ def test_candidates_that_are_the_same_plan_are_placed_once(monkeypatch):
     )
     assert len(placed) == len({p for p, _ in placed})
     dp = data_parallel(MNIST, TWO_GPUS)
-    # Placed once, under whichever of its runtimes ranks first.
-    assert len([k["runtime"].zero_stage for p, k in placed if p == dp]) == 1
+    # Placed once, under the runtime of its first candidate (plain data parallelism).
+    assert [k["runtime"].zero_stage for p, k in placed if p == dp] == [0]
     c = plan.stats.candidates
     assert c["zero-1"] is not None and c["zero-2"] is not None and c["zero-2"] != c["data parallel"]
     assert plan.stats.candidates["seed 0"] == plan.stats.candidates["data parallel"]
@@ -429,7 +430,7 @@ def test_the_rewrite_options_of_saturate_are_options_of_the_search(monkeypatch):
     plan = saturate_and_extract(
         MNIST,
         machine,
-        time_budget_s=4,
+        deterministic=True,  # saturation runs, whatever the rules' load takes
         degrees=machine.level_degrees(),
         presets=("matrix",),
         baselines=False,

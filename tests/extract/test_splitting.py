@@ -220,7 +220,8 @@ def test_a_graph_without_two_big_segments_is_not_split():
 
 def test_saturate_and_extract_splits_on_request_and_reports_the_segments():
     g = chain(8)
-    plan = saturate_and_extract(g, TWO_GPUS, time_budget_s=8, split=True, min_segment_ops=4)
+    # Deterministic: under a time budget the rules' load could leave saturation no time.
+    plan = saturate_and_extract(g, TWO_GPUS, deterministic=True, split=True, min_segment_ops=4)
     assert plan.stats.segments == 4
     assert plan.check.startswith("equivalent")
     whole = saturate_and_extract(g, TWO_GPUS, time_budget_s=4, split=False, min_segment_ops=4)
