@@ -378,13 +378,19 @@ def _units(
     # node of the units it feeds, so ordering units by it orders the unit graph.
     # A parallel node that leaves its tensor on fewer devices than it found it (a Combine, a
     # DiscardCopies after an AllGather) runs with its producer: the narrowed tensor then moves
-    # to its reader, which can run on a narrower block of its own.
+    # to its reader, which can run on a narrower block of its own. So does one that reduces
+    # partial sums (a ReduceScatter ending a branch's row-parallel layer): the devices that
+    # hold them reduce them, and the branch keeps its own devices to the end (run with its
+    # reader, on a join's devices, it made the branches' backward passes wait for each other).
     narrowing = {
         n.name
         for n in nodes
         if n.spec.kind is OpKind.PARALLEL
-        and max(s.num_shards for s in pcg.output_shapes(n.name))
-        < max(s.num_shards for s in pcg.input_shapes(n.name))
+        and (
+            max(s.num_shards for s in pcg.output_shapes(n.name))
+            < max(s.num_shards for s in pcg.input_shapes(n.name))
+            or any(s.is_partial for s in pcg.input_shapes(n.name))
+        )
     }
     rep_of: dict[str, str] = {}
     pending = []
