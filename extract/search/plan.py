@@ -566,11 +566,7 @@ class _Clock:
         keeping the shares of the phases after it."""
         if math.isinf(self.deadline):
             return math.inf
-        names = list(PHASE_SHARES)
-        after = sum(PHASE_SHARES[n] for n in names[names.index(phase) + 1 :])
-        return max(
-            0.02 * self.budget_s, self.deadline - time.perf_counter() - after * self.budget_s
-        )
+        return max(0.02 * self.budget_s, self._own(phase))
 
     def spent(self, phase: str, part: float = 0.0) -> bool:
         """Whether ``phase`` has used up its time, or all but ``part`` of its share: what is
@@ -578,10 +574,13 @@ class _Clock:
         of the phase's own share (never, in a deterministic search)."""
         if math.isinf(self.deadline):
             return False
+        return self._own(phase) <= part * PHASE_SHARES[phase] * self.budget_s
+
+    def _own(self, phase: str) -> float:
+        """What is left of the budget less the shares of the phases after ``phase``."""
         names = list(PHASE_SHARES)
         after = sum(PHASE_SHARES[n] for n in names[names.index(phase) + 1 :])
-        own = self.deadline - time.perf_counter() - after * self.budget_s
-        return own <= part * PHASE_SHARES[phase] * self.budget_s
+        return self.deadline - time.perf_counter() - after * self.budget_s
 
     def left(self) -> float:
         if math.isinf(self.deadline):
@@ -742,7 +741,7 @@ def saturate_and_extract(
         presets,
         deterministic,
     )
-    clock, say, phases = search.clock, search.say, search.phases
+    say, phases = search.say, search.phases
     input_cost = search.cost(pcg)
 
     layerwise, extra = _seed_phase(search, baselines, seeds)
@@ -762,15 +761,7 @@ def saturate_and_extract(
         candidates["branch parallel"] = _branch_parallel(search)
     candidates.update(layerwise)
     candidates.update(extra)
-    start = time.perf_counter()
-    distinct = len({v[0] for v in candidates.values() if v is not None})
-    say(f"placing and mapping {distinct} distinct candidate plans on the machine")
-    keys = {k: (v[0], v[1].runtime) for k, v in candidates.items() if v is not None}
-    placements, mappings, failed = _place_and_map(
-        candidates, machine, optimizer, clock, say, model=pcg
-    )
-    phases["placement and mapping"] = time.perf_counter() - start
-    unplaced = frozenset(k for k, key in keys.items() if failed.get(key) == UNPLACED)
+    placements, mappings, failed, unplaced = _placement_phase(search, candidates)
 
     chosen, (best, best_cost) = _best(candidates, failed)
     say(f"chose {chosen}: {best_cost.total_s * 1e3:.4g} ms per iteration")
@@ -792,6 +783,28 @@ def saturate_and_extract(
         model_node_names=frozenset(n.name for n in pcg.nodes),
         pipeline=piped,
     )
+
+
+def _placement_phase(
+    search: _Search, candidates: dict[str, tuple[PCG, CostBreakdown] | None]
+) -> tuple[
+    dict[str, PlanPlacement],
+    dict[str, MachineMapping],
+    dict[tuple[PCG, Runtime], str],
+    frozenset[str],
+]:
+    """Phase 5 (module docstring): every candidate placed and mapped (:func:`_place_and_map`,
+    which updates ``candidates``); also the names of those left out for want of time."""
+    start = time.perf_counter()
+    distinct = len({v[0] for v in candidates.values() if v is not None})
+    search.say(f"placing and mapping {distinct} distinct candidate plans on the machine")
+    keys = {k: (v[0], v[1].runtime) for k, v in candidates.items() if v is not None}
+    placements, mappings, failed = _place_and_map(
+        candidates, search.machine, search.optimizer, search.clock, search.say, model=search.pcg
+    )
+    search.phases["placement and mapping"] = time.perf_counter() - start
+    unplaced = frozenset(k for k, key in keys.items() if failed.get(key) == UNPLACED)
+    return placements, mappings, failed, unplaced
 
 
 def _with_pipeline(stats: SearchStats, piped: PipelinePlan | None) -> SearchStats:

@@ -520,19 +520,11 @@ def pipeline_search(
         raise PipelineError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {optimizer!r}")
     if isinstance(min_stages, bool) or not isinstance(min_stages, Integral) or min_stages < 1:
         raise PipelineError(f"min_stages must be a positive integer, got {min_stages!r}")
-    if time_budget_s is not None and (
-        isinstance(time_budget_s, bool)
-        or not isinstance(time_budget_s, Real)
-        or not 0 <= time_budget_s < math.inf
-    ):
+    if time_budget_s is not None and not _is_seconds(time_budget_s, lambda t: 0 <= t < math.inf):
         raise PipelineError(
             f"time_budget_s must be a finite number of seconds >= 0 or None, got {time_budget_s!r}"
         )
-    if faster_than_s is not None and (
-        isinstance(faster_than_s, bool)
-        or not isinstance(faster_than_s, Real)
-        or not 0 < faster_than_s <= math.inf
-    ):
+    if faster_than_s is not None and not _is_seconds(faster_than_s, lambda t: t > 0):
         raise PipelineError(
             f"faster_than_s must be a number of seconds > 0 or None, got {faster_than_s!r}"
         )
@@ -580,60 +572,16 @@ def pipeline_search(
     # Under a time limit the likeliest first: every stage count at about 4 micro-batches per
     # stage (a bubble of about a fifth), then further from it.
     pairs.sort(key=lambda p: (abs(math.log2(p[1] / (TYPICAL_MICRO_BATCHES_PER_STAGE * p[0]))), p))
-    ranked: list[tuple] = []
     costs.deadline = deadline
-    out_of_time = False
-    for count, micro in pairs:
-        units = level.count // count
-        allowed = stage_strategies(units * machine.num_devices // level.count)
-        names = [name for name in allowed if strategies is None or name in strategies]
-        if not names:
-            continue
-        try:
-            found_cuts = _search_one(costs, names, count, units, micro, schedule, capacity)
-        except _OutOfTime:
-            out_of_time = True
-            break
-        if found_cuts is not None:
-            ranked.append((*found_cuts, count, units, micro, names))
-    # Costed in full in the order of their estimates, each unless its lower bound (the
-    # bottleneck stage's work and the way to it and back) is already over the best full cost.
-    found: list[PipelinePlan] = []
-    beat = math.inf if faster_than_s is None else float(faster_than_s)
-    for _, cuts, which, bound, count, units, micro, names in sorted(ranked, key=lambda r: r[0]):
-        best = min((p.time_s for p in found if p.feasible), default=beat)
-        if bound >= best:
-            continue
-        # The first of the cuts ranked is costed in full however late (one step).
-        if found and time.perf_counter() > deadline:
-            out_of_time = True
-            break
-        plan = _assemble(costs, names, cuts, count, units, micro, schedule, which)
-        if plan is not None:
-            found.append(plan)
-    if not ranked and out_of_time:
+    ranked = _ranked_cuts(costs, pairs, level.count, strategies, schedule, capacity)
+    if ranked is None:
         raise PipelineError(
             f"the time limit ({time_budget_s:.3g} s) ran out before a pipelined plan was costed"
         )
+    beat = math.inf if faster_than_s is None else float(faster_than_s)
+    found = _costed_in_full(costs, ranked, schedule, deadline, beat)
     if ranked and faster_than_s is not None:
-        faster = [p for p in found if p.feasible and p.time_s < beat]
-        if not faster:
-            fastest = min((p.time_s for p in found if p.feasible), default=math.inf)
-            raise PipelineError(
-                f"no pipelined plan that fits is faster than {beat * 1e3:.4g} ms per "
-                "iteration: "
-                + (
-                    f"the fastest takes {fastest * 1e3:.4g} ms"
-                    if math.isfinite(fastest)
-                    else "none of those costed fits"
-                    if found
-                    else "the bottleneck stage's computation alone takes at least "
-                    f"{min(r[3] for r in ranked) * 1e3:.4g} ms"
-                    if all(r[3] >= beat for r in ranked)
-                    else "no stage plan of the cuts tried could be costed"
-                )
-            )
-        found = faster
+        found = _faster_than(found, ranked, beat)
     if not found:
         allowed = "" if strategies is None else f" with stage plans {list(strategies)}"
         raise PipelineError(
@@ -651,6 +599,84 @@ def pipeline_search(
     if chosen.micro_batches > 1 or len(chosen.stages) > 1:
         _check_micro_batches(pcg)
     return chosen
+
+
+def _is_seconds(value: object, in_range: Callable[[float], bool]) -> bool:
+    """Whether ``value`` is a number (not a bool) of seconds that ``in_range`` accepts."""
+    return not isinstance(value, bool) and isinstance(value, Real) and in_range(float(value))
+
+
+def _ranked_cuts(
+    costs: _Costs,
+    pairs: Sequence[tuple[int, int]],
+    units_in_level: int,
+    strategies: Sequence[str] | None,
+    schedule: str,
+    capacity: int,
+) -> list[tuple] | None:
+    """The best cuts (:func:`_search_one`) of each stage and micro-batch count of ``pairs``, in
+    their order, each with its count, units, micro-batches and stage plan names; those found
+    before the costs' deadline, or None if it passed before any was."""
+    ranked: list[tuple] = []
+    machine = costs.machine
+    for count, micro in pairs:
+        units = units_in_level // count
+        allowed = stage_strategies(units * machine.num_devices // units_in_level)
+        names = [name for name in allowed if strategies is None or name in strategies]
+        if not names:
+            continue
+        try:
+            found_cuts = _search_one(costs, names, count, units, micro, schedule, capacity)
+        except _OutOfTime:
+            return ranked or None
+        if found_cuts is not None:
+            ranked.append((*found_cuts, count, units, micro, names))
+    return ranked
+
+
+def _costed_in_full(
+    costs: _Costs, ranked: Sequence[tuple], schedule: str, deadline: float, beat: float
+) -> list[PipelinePlan]:
+    """The ranked cuts costed in full in the order of their estimates, each unless its lower
+    bound (the bottleneck stage's work and the way to it and back) is already over the best
+    full cost (or ``beat``); the first is costed however late (one step), the others until
+    ``deadline``."""
+    found: list[PipelinePlan] = []
+    for _, cuts, which, bound, count, units, micro, names in sorted(ranked, key=lambda r: r[0]):
+        best = min((p.time_s for p in found if p.feasible), default=beat)
+        if bound >= best:
+            continue
+        if found and time.perf_counter() > deadline:
+            break
+        plan = _assemble(costs, names, cuts, count, units, micro, schedule, which)
+        if plan is not None:
+            found.append(plan)
+    return found
+
+
+def _faster_than(
+    found: list[PipelinePlan], ranked: Sequence[tuple], beat: float
+) -> list[PipelinePlan]:
+    """The plans of ``found`` that fit and take less than ``beat`` seconds; raises
+    :class:`PipelineError`, saying why, if none does."""
+    faster = [p for p in found if p.feasible and p.time_s < beat]
+    if faster:
+        return faster
+    fastest = min((p.time_s for p in found if p.feasible), default=math.inf)
+    if math.isfinite(fastest):
+        why = f"the fastest takes {fastest * 1e3:.4g} ms"
+    elif found:
+        why = "none of those costed fits"
+    elif all(r[3] >= beat for r in ranked):
+        why = (
+            "the bottleneck stage's computation alone takes at least "
+            f"{min(r[3] for r in ranked) * 1e3:.4g} ms"
+        )
+    else:
+        why = "no stage plan of the cuts tried could be costed"
+    raise PipelineError(
+        f"no pipelined plan that fits is faster than {beat * 1e3:.4g} ms per iteration: {why}"
+    )
 
 
 def _positive_ints(values: Sequence[int] | None, what: str) -> list[int] | None:
