@@ -84,6 +84,13 @@ def _generate(args: argparse.Namespace) -> int:
         f"({s.rounds} round(s)); {s.widened} of them rules about concats widened to 3 to "
         f"{WIDEST} inputs and proved"
     )
+    if s.clock_stopped:
+        print(
+            f"  warning: Z3's wall-clock cap, not its work limit, decided {s.clock_stopped} "
+            "verdict(s): another run may write a different file (the machine was too slow or "
+            "too loaded for the cap; pcgopt.verify.limits)",
+            file=sys.stderr,
+        )
     phases = ", ".join(f"{k} {v:.1f} s" for k, v in s.seconds.items())
     elapsed = time.perf_counter() - start
     print(f"  time: {elapsed:.1f} s ({phases}); peak memory {_peak_rss_mb():.0f} MB")
@@ -142,7 +149,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     g.add_argument("--out", type=Path, required=True)
     g.add_argument("--work-dir", type=Path, default=Path(".pcgopt-rules-work"))
     g.add_argument(
-        "--timeout", type=positive_number, default=3.0, help="Z3 seconds per rule (default 3)"
+        "--timeout",
+        type=positive_number,
+        default=3.0,
+        help="Z3 work per rule, in seconds at a fixed rate of Z3's work units: the same on "
+        "any machine load (default 3; pcgopt.verify.limits)",
     )
     g.set_defaults(run=_generate)
     c = sub.add_parser("coverage", help="how much of a peer rule set the generated set covers")

@@ -111,7 +111,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, metavar="OUT", help="write all verdicts as JSON")
     parser.add_argument("--workers", type=positive_int, default=max(1, os.cpu_count() or 1))
     parser.add_argument(
-        "--timeout", type=positive_number, default=10.0, help="Z3 seconds per rule (default 10)"
+        "--timeout",
+        type=positive_number,
+        default=10.0,
+        help="Z3 work per rule, in seconds at a fixed rate of Z3's work units (default 10)",
     )
     parser.add_argument(
         "--checks", type=positive_int, default=12, help="concrete instances per rule (default 12)"

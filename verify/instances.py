@@ -44,6 +44,7 @@ from pcgopt.rewrite import (
 )
 from pcgopt.shapes import ParallelTensorShape
 from pcgopt.sharded import ShardedArray
+from pcgopt.verify import limits
 from pcgopt.verify.shapes import Unsupported, new_model, side
 
 Condition = tuple[IntExpr, str, IntExpr]
@@ -252,7 +253,7 @@ def _z3_instances(rule, lhs, rhs, sizes, fixed, degree_syms, count, seed) -> lis
         return _sampled_instances(rule, lhs, rhs, sizes, fixed, degree_syms, count, seed)
     solver = z3.Solver()
     solver.set("random_seed", seed)
-    solver.set("timeout", 5000)
+    limits.limit(solver, 5.0)
     solver.add(m.positive + l_valid + r_valid)
     fields = [f for shape in m.inputs.values() for f in shape.fields()] + list(m.symbols.values())
     for f in fields:

@@ -36,6 +36,7 @@ import z3
 from pcgopt.errors import PCGError
 from pcgopt.rewrite import Instance, Rule, Term, infer_side, int_symbols, real_symbols, walk
 from pcgopt.shapes import ParallelTensorShape
+from pcgopt.verify import limits
 from pcgopt.verify.axioms import AXIOMS, Axiom, SizeAxiom
 from pcgopt.verify.instances import SCALE, compare, instances, structural_assignments
 from pcgopt.verify.logic import SIZE, TENSOR, Encoder, rule_ranks
@@ -171,9 +172,9 @@ class Prover:
         text = _smt2_text([*map(_smt2_pieces, facts), *map(self._guarded_smt2, relevant)])
         ctx = z3.Context()
         s = z3.Solver(ctx=ctx)
-        s.set("timeout", int(timeout_s * 1000))
         s.add(z3.parse_smt2_string(text, ctx=ctx))
-        if s.check(*(z3.Bool(f"axiom:{n}", ctx) for n in relevant)) != z3.unsat:
+        assumptions = (z3.Bool(f"axiom:{n}", ctx) for n in relevant)
+        if limits.check(s, timeout_s, *assumptions) != z3.unsat:
             return None, ()
         return True, tuple(sorted(str(c).removeprefix("axiom:") for c in s.unsat_core()))
 
@@ -300,15 +301,13 @@ def prove_shapes(rule: Rule, timeout_s: float = 5.0) -> tuple[str | None, Instan
     (when one exists at sizes that make it real) or None."""
     try:
         s, _, _ = _shape_obligation(rule, False)
-        s.set("timeout", int(timeout_s * 1000))
-        if s.check() == z3.unsat:
+        if limits.check(s, timeout_s) == z3.unsat:
             return None, None, "the shape model has no instance with both sides well-formed"
         for bounded in (False, True):
             s, m, (l_out, r_out) = _shape_obligation(rule, bounded)
-            s.set("timeout", int(timeout_s * 1000))
             differ = z3.Not(z3.And([a.equal(b) for a, b in zip(l_out, r_out, strict=True)]))
             s.add(differ)
-            result = s.check()
+            result = limits.check(s, timeout_s)
             if result == z3.unsat:
                 return ("all" if not bounded else "powers of two up to 64"), None, ""
             if result == z3.sat:
@@ -367,16 +366,14 @@ def _never_both_well_formed(rule: Rule) -> str | None:
         s, _, _ = _shape_obligation(rule, False)
     except Unsupported:
         return None
-    s.set("timeout", 5000)
-    if s.check() != z3.unsat:
+    if limits.check(s, 5.0) != z3.unsat:
         return None
     sizes = rule.example_sizes({k: v * SCALE for k, v in rule.letter_sizes().items()})
     m2 = new_model(sizes, sorted(rule.symbols), rule.input_dtypes())
     _, l_valid = side(m2, rule.lhs, rule.example_symbols())
     s2 = z3.Solver()
     s2.add(m2.positive + l_valid)
-    s2.set("timeout", 5000)
-    if s2.check() != z3.sat:
+    if limits.check(s2, 5.0) != z3.sat:
         return "neither side is ever well-formed"
     inst = _concretize(rule, m2, s2)
     if inst is None:
@@ -409,10 +406,13 @@ def verify_rule(
     conflict_timeout_s: float = 2.0,
 ) -> Verdict:
     """Proves ``rule`` for all degrees (or powers of two up to 64), or refutes it with a
-    counterexample, or says it could do neither (``unknown``). See the module docstring."""
+    counterexample, or says it could do neither (``unknown``). See the module docstring.
+    ``timeout_s`` and ``conflict_timeout_s`` are seconds of Z3 work (:mod:`pcgopt.verify.limits`),
+    not of wall time: the same rule gets the same verdict however loaded the machine is."""
     start = time.perf_counter()
     prover = prover or default_prover()
     notes: list[str] = []
+    clock_stops = limits.clock_stops
 
     insts = instances(rule, count=checks, seed=seed)
     for k, inst in enumerate(insts):
@@ -462,6 +462,11 @@ def verify_rule(
     )
     if "stack_partial" in prover.encoder.erased:
         erased += ("stack_partial_is_sum",)
+    if limits.clock_stops > clock_stops:
+        notes.append(
+            f"Z3 was stopped by the wall-clock cap ({limits.WALL_CAP_FACTOR}x its limit) before "
+            "its work limit: on a quieter machine the verdict may differ"
+        )
     if proved and degrees is not None and insts:
         return Verdict(
             rule.name,
@@ -473,7 +478,7 @@ def verify_rule(
             notes=tuple(notes),
         )
     if not proved:
-        notes.append(f"Z3 did not prove the values equal within {timeout_s:g} s")
+        notes.append(f"Z3 did not prove the values equal within {timeout_s:g} s of work")
     return Verdict(
         rule.name,
         "unknown",

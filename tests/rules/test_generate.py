@@ -174,3 +174,27 @@ def test_rule_sides_built_under_different_input_orders_still_pair():
     }
     lhs, rhs = "add(mul(x1, x2), mul(x1, x3))", "mul(x1, add(x2, x3))"
     assert (lhs, rhs) in found or (rhs, lhs) in found
+
+
+def test_an_axiom_conflict_stops_the_job_and_names_the_rule(monkeypatch):
+    # The axioms "prove" a rule the evaluator refutes: no proof from them can be trusted, so
+    # no file is written (here the verifier is made to report one such conflict).
+    from dataclasses import replace
+
+    import pcgopt.verify as verify
+    from pcgopt.rules.generate import AxiomConflictError
+
+    real, conflicted = verify.verify_rule, []
+
+    def verify_with_a_conflict(rule, *args, **kwargs):
+        v = real(rule, *args, **kwargs)
+        if conflicted:
+            return v
+        conflicted.append(rule.name)
+        return replace(v, status="refuted", axiom_conflict=True, counterexample="at x: differ")
+
+    monkeypatch.setattr(verify, "verify_rule", verify_with_a_conflict)
+    tiny = Config(max_ops=2, ops=("relu", "partition", "combine"))
+    with pytest.raises(AxiomConflictError, match="an axiom is wrong") as caught:
+        generate(tiny, workers=1, work_dir=None, timeout=3)
+    assert f"{conflicted[0]}: at x: differ" in str(caught.value)
