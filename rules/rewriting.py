@@ -206,14 +206,39 @@ def side_size(side: Side) -> int:
     return len(seen)
 
 
+def _shape_key(e: Expr) -> tuple:
+    """A term's operator and its arguments' operators (``None`` for a variable): what a pattern
+    and a term it matches agree on before any binding."""
+    return (
+        e.op,
+        e.index,
+        tuple(None if isinstance(a, Var) else (a.op, a.index) for a in e.args),
+    )
+
+
+def _may_match(pattern_key: tuple, term_key: tuple) -> bool:
+    """Whether a pattern with ``pattern_key`` can match a term with ``term_key``
+    (:func:`_shape_key`): the same root, and each argument a variable or the same operator."""
+    (op, index, args), (t_op, t_index, t_args) = pattern_key, term_key
+    return (
+        op == t_op
+        and index == t_index
+        and len(args) == len(t_args)
+        and all(a is None or a == t for a, t in zip(args, t_args, strict=True))
+    )
+
+
 @dataclass
 class RuleIndex:
-    """Single-output rules as rewrites in both directions, indexed by the pattern's operator."""
+    """Single-output rules as rewrites in both directions, indexed by the pattern's operator
+    and, in a cache filled as terms are met, by its arguments' operators (a rewrite search
+    tries each pattern on millions of subterms; most differ in an argument's operator)."""
 
     by_root: dict[tuple[str, int], list[Rewrite]] = field(default_factory=lambda: defaultdict(list))
     count: int = 0
     #: Rules set aside: their rewrites are not offered.
     disabled: set[str] = field(default_factory=set)
+    _by_shape: dict[tuple, list[Rewrite]] = field(default_factory=dict, repr=False)
 
     def add(
         self, name: str, lhs: Expr, rhs: Expr, decls: Mapping[str, TensorDecl] | None = None
@@ -225,6 +250,7 @@ class RuleIndex:
                 continue  # would invent a tensor
             self.by_root[(pattern.op, pattern.index)].append(Rewrite(name, pattern, result, decls))
         self.count += 1
+        self._by_shape.clear()
 
     def copy(self) -> RuleIndex:
         out = RuleIndex()
@@ -238,8 +264,17 @@ class RuleIndex:
         self, term: Term, sizes, tick: Callable[[], None] | None = None
     ) -> Iterator[tuple[Expr, str]]:
         """The results of rewriting ``term`` at its root; ``tick`` is called before each
-        pattern is tried (to bound the work)."""
-        for rw in self.by_root.get((term.op, term.index), ()):
+        pattern is tried (to bound the work). Patterns whose arguments' operators differ from
+        the term's are not tried (nor counted)."""
+        key = _shape_key(term)
+        rewrites = self._by_shape.get(key)
+        if rewrites is None:
+            rewrites = self._by_shape[key] = [
+                rw
+                for rw in self.by_root.get((term.op, term.index), ())
+                if _may_match(_shape_key(rw.pattern), key)
+            ]
+        for rw in rewrites:
             if rw.name in self.disabled:
                 continue
             if tick is not None:
