@@ -20,8 +20,9 @@ and the machine's legal degrees (for degrees the new side chooses) are guards as
 builds the new side, sets its facts and unions the outputs.
 
 Each rule is used in both directions where the other side binds every tensor variable and
-the matched side every symbol as a parameter of its own (a match of ``degree=k*j`` fixes
-neither ``k`` nor ``j``).
+the matched side every symbol, as a parameter of its own or as the factors of a matched
+degree ``k*j``: then ``k`` is chosen among the legal degrees and ``j`` is the rest, where it
+divides and is legal (``partition(x, degree=6)`` splits into 3 then 2, and 2 then 3).
 """
 
 from __future__ import annotations
@@ -495,9 +496,34 @@ class _Builder:
             return bound
         if _is_symbolic(value):
             bound = self.var()
+            if self._factor_degrees(bound, value):
+                return bound
             self.guard.equal(bound, _egg_int(value, self.sizes))
             return bound
         return encode_param(ptype, value, where)
+
+    def _factor_degrees(self, bound: str, value: Any) -> bool:
+        """A matched degree ``k*j`` whose factors no earlier match bound: each factor but the
+        last is chosen among the machine's legal degrees, and the last is what remains of the
+        matched degree, if it divides and is legal too (``partition(x, degree=6)`` becomes
+        ``partition(partition(x, degree=3), degree=2)`` and ``... degree=2), degree=3)``).
+        False when ``value`` is not such a product."""
+        if not isinstance(value, Prod) or not all(isinstance(f, Sym) for f in value.factors):
+            return False
+        names = [f.name for f in value.factors]
+        free = [n for n in names if n not in self.matched_symbols]
+        if not free or len(set(names)) != len(names):
+            return False
+        *chosen, last = free
+        for name in chosen:
+            self.matched_symbols.add(name)
+            self.query.append(f"(legal k_{name})")
+        rest = product([f"k_{n}" for n in names if n != last])
+        self.guard.divides(rest, bound)
+        self.matched_symbols.add(last)
+        self.query.append(f"(= k_{last} (/ {bound} {rest}))")
+        self.query.append(f"(legal k_{last})")
+        return True
 
     def pattern_expr(self, e: Expr) -> str:
         if isinstance(e, Var):
@@ -594,7 +620,8 @@ class _Builder:
         bound_symbols = symbols_of(self.pattern)
         unbound = sorted(bound_symbols - self.matched_symbols)
         if unbound:
-            # e.g. ``replicate(x, degree=k*j)``: a match gives the product, not its factors.
+            # e.g. ``replicate(x, degree=k*k)``: a match gives the product, and no factor of
+            # it can be chosen (a product of distinct symbols can: _factor_degrees).
             raise Untranslatable(
                 f"the matched side fixes {', '.join(map(repr, unbound))} only through "
                 f"arithmetic on parameters, so a match does not bind it"

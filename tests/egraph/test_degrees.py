@@ -85,6 +85,29 @@ def test_layouts_relate_copies_of_two_degrees_within_the_legal_degrees():
     assert not saturate(copies([2, 2]), FOUR_GPUS).contains(copies([4]))
 
 
+SIX_GPUS = Machine.preset("summit", nodes=1)
+
+
+def splits(degrees):
+    b = PCGBuilder()
+    x = b.input((12, 12), name="x")
+    for d in degrees:
+        x = b.partition(x, dim=0, degree=d)
+    return b.build(x)
+
+
+def test_layouts_split_a_degree_into_legal_factors():
+    # partition(x, k*j) => partition(partition(x, k), j), used from right to left: a match of
+    # degree 6 chooses k among the legal degrees and j is what remains. A branch data parallel
+    # on 3 of 6 devices joins a 6-way plan this way (the branch-parallel plan of Unity's MLP).
+    rules = load(LAYOUTS_RULES_FILE)
+    sat = saturate(splits([6]), SIX_GPUS, rules=rules)
+    assert sat.contains(splits([3, 2])) and sat.contains(splits([2, 3]))
+    # Only legal factors: 3*2 with 3 left out of the chosen degrees is not built.
+    only = saturate(splits([6]), SIX_GPUS, rules=rules, degrees=(2, 6))
+    assert not only.contains(splits([3, 2])) and not only.contains(splits([2, 3]))
+
+
 def test_the_layouts_file_relates_two_degrees_at_every_rank_it_is_for():
     from pcgopt.rules.generate import _two_degrees
 
