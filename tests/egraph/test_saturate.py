@@ -316,11 +316,13 @@ def test_a_degree_two_operators_share_must_be_the_same_degree_in_both():
     assert second and f"(= 0 (- {second.group(1)} k_k))" in query
 
 
-def test_a_degree_matched_only_as_a_product_makes_that_direction_untranslatable():
+def test_a_degree_matched_as_a_product_of_two_symbols_is_split_into_legal_factors():
     """replicate(replicate(x, k), j) = replicate(x, k*j) (proved for all degrees): forward,
     both degrees are bound and the nested copies join the single Replicate's e-class;
-    backward, a match of ``degree=k*j`` fixes neither factor, so that direction is reported
-    with a reason, not handed to egglog with unbound variables."""
+    backward, a match of ``degree=k*j`` binds neither factor, so ``k`` is chosen among the legal
+    degrees and ``j`` is the rest where it divides and is legal. A product of one symbol with
+    itself (``k*k``) has no factor to choose: that direction is reported with a reason, not
+    handed to egglog with unbound variables."""
     rule = Rule.parse(
         "replicate_twice",
         "replicate(replicate(x, degree=k), degree=j)",
@@ -328,8 +330,17 @@ def test_a_degree_matched_only_as_a_product_makes_that_direction_untranslatable(
         {"x": "[m, n]"},
     )
     forward, backward = translate_rule(language(), rule)
-    assert forward.direction == "fwd"
-    assert backward[1] == "bwd" and "'j', 'k'" in backward[2] and "does not bind" in backward[2]
+    assert (forward.direction, backward.direction) == ("fwd", "bwd")
+    assert "(legal k_k)" in backward.text and "(legal k_j)" in backward.text
+    square = Rule.parse(
+        "replicate_square",
+        "replicate(replicate(x, degree=k), degree=k)",
+        "replicate(x, degree=k*k)",
+        {"x": "[m, n]"},
+    )
+    _, untranslated = translate_rule(language(), square)
+    assert untranslated[1] == "bwd" and "'k'" in untranslated[2]
+    assert "does not bind" in untranslated[2]
 
     b = PCGBuilder()
     x = b.input((4, 4), name="x")
@@ -340,6 +351,14 @@ def test_a_degree_matched_only_as_a_product_makes_that_direction_untranslatable(
     where = sat.egraph.classes_of(model)
     assert where is not None
     assert where[twice.ref] == where[once.ref]
+    # Backward alone: four copies are two copies of two copies.
+    b = PCGBuilder()
+    only_once = b.build(b.replicate(b.input((4, 4), name="x"), degree=4))
+    b = PCGBuilder()
+    nested = b.build(b.replicate(b.replicate(b.input((4, 4), name="x"), degree=2), degree=2))
+    assert saturate(only_once, FOUR_GPUS, rules=[rule], budget=Budget(iterations=2)).contains(
+        nested
+    )
 
 
 def test_no_tensor_spans_more_devices_than_the_machine_has():
