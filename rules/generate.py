@@ -446,16 +446,12 @@ def generate(
             "python -m pcgopt.verify checks a rule file): "
             + "; ".join(f"{v['rule']}: {v['counterexample']}" for v in conflicts[:3])
         )
-    stats.clock_stopped = sum(1 for v in verdicts.values() if _clock_stopped(v))
+    stats.clock_stopped = sum(1 for v in verdicts.values() if v.get("clock_stopped"))
     stats.proved = sum(1 for v in verdicts.values() if v["status"] == "proved")
     stats.refuted = sum(1 for v in verdicts.values() if v["status"] == "refuted")
     stats.unknown = sum(1 for v in verdicts.values() if v["status"] == "unknown")
     rules.sort(key=lambda r: (kind(r), canonical_text(r)))
     return Generated(rules, verdicts, stats, found_with, verified)
-
-
-def _clock_stopped(verdict: dict) -> bool:
-    return any("wall-clock cap" in note for note in verdict.get("notes", ()))
 
 
 def _two_degrees(rule: Rule) -> bool:

@@ -64,6 +64,9 @@ class Verdict:
     #: Refuted because no distribution makes both sides well-formed (rather than because they
     #: compute different things): in pcgopt's typed semantics the rule never applies.
     never_well_formed: bool = False
+    #: Z3's wall-clock cap, not its work limit, ended a check (:mod:`pcgopt.verify.limits`):
+    #: on a quieter machine the verdict may differ.
+    clock_stopped: bool = False
     #: Concrete instances evaluated on the reference evaluator.
     checked: int = 0
     seconds: float = 0.0
@@ -462,7 +465,8 @@ def verify_rule(
     )
     if "stack_partial" in prover.encoder.erased:
         erased += ("stack_partial_is_sum",)
-    if limits.clock_stops > clock_stops:
+    clock_stopped = limits.clock_stops > clock_stops
+    if clock_stopped:
         notes.append(
             f"Z3 was stopped by the wall-clock cap ({limits.WALL_CAP_FACTOR}x its limit) before "
             "its work limit: on a quieter machine the verdict may differ"
@@ -473,6 +477,7 @@ def verify_rule(
             "proved",
             degrees=degrees,
             axioms=used + erased,
+            clock_stopped=clock_stopped,
             checked=len(insts),
             seconds=time.perf_counter() - start,
             notes=tuple(notes),
@@ -482,6 +487,7 @@ def verify_rule(
     return Verdict(
         rule.name,
         "unknown",
+        clock_stopped=clock_stopped,
         checked=len(insts),
         seconds=time.perf_counter() - start,
         notes=tuple(notes),
