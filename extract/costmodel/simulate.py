@@ -138,7 +138,8 @@ class Runtime:
     them); the buffer of a bucket in flight is not counted in memory.
     :data:`DDP` (the default of every cost) is PyTorch DDP's, in the model's precision;
     :data:`ADDITIVE` runs everything one after another and leaves every gradient alone, which
-    is the additive model extraction's per-node costs add up to."""
+    is what extraction's per-e-node costs add up to without overlap (with it, extraction hides
+    the sync behind the backward, :mod:`pcgopt.extract.search.extraction`)."""
 
     overlap: bool = True
     bucket_bytes: int = 25 * 2**20

@@ -17,21 +17,38 @@ own and what one e-class costs once, however many e-nodes share it:
   ``stored_s`` covers the rows one lookup e-node reading it touches, and an e-node reading it
   densely pays the difference to a dense sync and update in its ``node_s``.
 
-For a chosen set of e-nodes the sums are those :func:`~pcgopt.extract.costmodel.cost.iteration_cost`
-computes for the PCG, except where a weight layout is reached through several Replicates (the
-model charges each) or read by several lookups (the model charges the largest one's rows, not
-their sum; a dense reader beside a lookup pays the difference once per reader); the final plan is
-always re-costed by ``iteration_cost``.
+**Overlap.** Under a runtime that overlaps communication with computation
+(:class:`~pcgopt.extract.costmodel.simulate.Runtime`, ``overlap=True``: DDP, the default of every
+cost), the gradient AllReduces of stored weights run on the links while the backward computes, so
+a choice's time is not the plain sum: with ``F`` its forward computation, ``A`` its activations'
+collectives (they block the computation that needs them), ``B`` its backward computation, ``S``
+its weights' gradient synchronization and ``U`` their update, it is
+``F + A + max(B, S) + U`` (the sync can start only in the backward, the backward cannot hide
+more than itself). ``backward_s`` (per e-node) and ``sync_s`` (per e-class) are the parts of
+``node_s`` and ``stored_s`` that overlap. The simulated iteration
+(:func:`~pcgopt.extract.costmodel.simulate.simulate_iteration`) also exposes the last bucket's
+sync and what a dependency delays; this is the estimate extraction ranks by, and the plan it
+picks is re-costed by the simulation like any other. Without overlap (``ADDITIVE``) the time is
+the sum.
+
+For a chosen set of e-nodes, without overlap, the sums are those
+:func:`~pcgopt.extract.costmodel.cost.iteration_cost` computes for the PCG, except where a weight
+layout is reached through several Replicates (the model charges each) or read by several
+lookups (the model charges the largest one's rows, not their sum; a dense reader beside a lookup
+pays the difference once per reader); the final plan is always re-costed by ``iteration_cost``.
 
 Two extractors over this model:
 
 * :func:`extract_greedy`, for e-graphs of any size: Knuth's generalization of Dijkstra picks,
   bottom-up, the e-node of least tree cost in every class (acyclic by construction), then local
   search swaps single choices while the DAG cost (shared classes once, memory over capacity
-  penalized) goes down, within a time limit;
+  penalized) goes down, within a time limit. Tree costs add up, and ``max(B, S)`` does not: under
+  overlap the bottom-up pass runs with the sync free (``B`` weighs fully, a lower bound of the
+  max) and, if the choice it finds synchronizes longer than it computes backward, again with the
+  backward free and with both weighed; the cheapest of these by the DAG cost starts the search;
 * :func:`extract_ilp`, exact for the model above: a 0-1 program solved by HiGHS (``highspy``),
-  with acyclicity by class order variables and memory as a constraint; for small e-graphs, and
-  the check of the greedy one in tests.
+  with acyclicity by class order variables, ``max(B, S)`` as a variable bounded below by both and
+  memory as a constraint; for small e-graphs, and the check of the greedy one in tests.
 """
 
 from __future__ import annotations
@@ -60,6 +77,7 @@ from pcgopt.extract.costmodel.cost import (
     parallel_collectives,
     update_s,
 )
+from pcgopt.extract.costmodel.simulate import DDP, Runtime
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.machine import Machine
 from pcgopt.ops import OpKind, get_op
@@ -95,14 +113,17 @@ class ENodeCosts:
     machine: Machine
     optimizer: Optimizer
     node_s: np.ndarray  # per e-node: compute and communication seconds
+    backward_s: np.ndarray  # per e-node: the backward computation in node_s (overlaps the sync)
     free: np.ndarray  # per e-node: a source, an `out`, or a layout of a source
     backward: np.ndarray  # per e-node: has a backward, so the tensors it reads are kept
     weight_layout: np.ndarray  # per e-class: a source weight in some layout
     stored_s: np.ndarray  # per e-class: update and gradient sync if stored
+    sync_s: np.ndarray  # per e-class: the gradient sync in stored_s (overlaps the backward)
     stored_mem: np.ndarray  # per e-class: weight, gradient, optimizer state if stored
     act_mem: np.ndarray  # per e-class: shard bytes if kept for a backward
     seconds: float  # time taken to build this table
     uncosted: int = 0  # e-nodes that read a tensor without shape facts (never chosen)
+    overlap: bool = True  # the sync runs beside the backward (module docstring)
 
     @property
     def memory_capacity(self) -> int:
@@ -171,11 +192,15 @@ def enode_costs(
     *,
     optimizer: str | Optimizer = "adam",
     differentiable_inputs: Collection[str] = (),
+    runtime: Runtime = DDP,
 ) -> ENodeCosts:
     """Every e-node's and e-class's share of a training iteration on ``machine`` (module
     docstring). E-nodes with the same operator, parameters and shapes are costed once.
     ``differentiable_inputs``: names of inputs whose gradient the iteration computes (a
-    segment's entry under graph splitting: the layers before it need that gradient)."""
+    segment's entry under graph splitting: the layers before it need that gradient).
+    ``runtime``: only whether it overlaps the sync with the backward is used (its precision,
+    buckets and ZeRO stage are the final costing's,
+    :func:`~pcgopt.extract.costmodel.cost.iteration_cost`)."""
     start = time.perf_counter()
     opt = _optimizer(optimizer)
     device = machine.device
@@ -214,9 +239,10 @@ def enode_costs(
             tuple_outs.setdefault(n.children[0], {})[n.params["index"]] = shapes[n.eclass]
 
     node_s = np.zeros(num_nodes)
+    backward_s = np.zeros(num_nodes)
     free = np.zeros(num_nodes, dtype=bool)
     backward = np.zeros(num_nodes, dtype=bool)
-    memo: dict[tuple, tuple[float, bool]] = {}
+    memo: dict[tuple, tuple[float, bool, float]] = {}
     unshaped = 0
     # Sparse gradients (iteration_cost, "Sources and weight-gradient synchronization"): a
     # trainable weight layout read by a lookup (an embedding table) syncs and updates the rows
@@ -257,10 +283,11 @@ def enode_costs(
         hit = memo.get(key)
         if hit is None:
             hit = memo[key] = _local_cost(n.op, n.params, ins, outs, grads, machine)
-        node_s[i], backward[i] = hit
+        node_s[i], backward[i], backward_s[i] = hit
         node_s[i] += _EPSILON_S
 
     stored_s = np.zeros(num_classes)
+    sync_s = np.zeros(num_classes)
     stored_mem = np.zeros(num_classes)
     act_mem = np.zeros(num_classes)
     for c, shape in enumerate(shapes):
@@ -277,17 +304,20 @@ def enode_costs(
         if trainable_layout[c]:
             stored_mem[c] += (1 + opt.states) * nbytes
 
-            def sync_and_update(touched: int, shape: ParallelTensorShape = shape) -> float:
-                seconds = update_s(touched, opt, device)
+            def sync_and_update(
+                touched: int, shape: ParallelTensorShape = shape
+            ) -> tuple[float, float]:
+                sync = 0.0
                 if shape.copy_degree > 1:
                     groups = default_groups(shape.copy_degree, shape.num_shards)
-                    seconds += collective_cost("all_reduce", groups, touched, machine).seconds
-                return seconds
+                    sync = collective_cost("all_reduce", groups, touched, machine).seconds
+                return sync + update_s(touched, opt, device), sync
 
-            stored_s[c] = dense = sync_and_update(nbytes)
+            stored_s[c], sync_s[c] = dense, _ = sync_and_update(nbytes)
             if c in rows and shape.rank:
                 shard_rows = max(1, shape.sizes[0] // shape.degrees[0])
-                stored_s[c] = sync_and_update(min(nbytes, rows[c] * (nbytes // shard_rows)))
+                touched = min(nbytes, rows[c] * (nbytes // shard_rows))
+                stored_s[c], sync_s[c] = sync_and_update(touched)
                 for i in dense_readers.get(c, ()):
                     node_s[i] += dense - stored_s[c]
     return ENodeCosts(
@@ -295,14 +325,17 @@ def enode_costs(
         machine=machine,
         optimizer=opt,
         node_s=node_s,
+        backward_s=backward_s,
         free=free,
         backward=backward,
         weight_layout=weight_layout,
         stored_s=stored_s,
+        sync_s=sync_s,
         stored_mem=stored_mem,
         act_mem=act_mem,
         seconds=time.perf_counter() - start,
         uncosted=unshaped,
+        overlap=runtime.overlap,
     )
 
 
@@ -313,25 +346,26 @@ def _local_cost(
     outs: tuple[ParallelTensorShape, ...],
     grads: tuple[bool, ...],
     machine: Machine,
-) -> tuple[float, bool]:
-    """Seconds of one e-node, and whether it has a backward that keeps its inputs."""
+) -> tuple[float, bool, float]:
+    """Seconds of one e-node, whether it has a backward that keeps its inputs, and the seconds
+    of that backward's computation."""
     spec = get_op(op)
     width = max(s.num_shards for s in (*ins, *outs))
     if width > machine.num_devices:
         # More shards than devices: not a plan for this machine (an e-graph saturated for a
         # larger machine, costed on one of its nodes).
-        return float("inf"), False
+        return float("inf"), False, 0.0
     if spec.kind is OpKind.COMPUTE:
         node = Node(op, op, tuple(TensorRef(f"in{k}") for k in range(len(ins))), params)
         _, forward_s, backward_s = compute_times(node, ins, outs, grads, machine.device)
-        return forward_s + backward_s, any(grads)
+        return forward_s + backward_s, any(grads), backward_s
     collectives = parallel_collectives(op, grads[0] if grads else False)
     if not collectives:
-        return 0.0, False
+        return 0.0, False, 0.0
     groups = default_groups(params["degree"], max(ins[0].num_shards, outs[0].num_shards))
     nbytes = max(ins[0].shard_nbytes, outs[0].shard_nbytes)
     seconds = sum(collective_cost(kind, groups, nbytes, machine).seconds for kind, _ in collectives)
-    return seconds, False
+    return seconds, False, 0.0
 
 
 # --- Branches that run at once -------------------------------------------------------------
@@ -386,16 +420,21 @@ def concurrent_costs(costs: ENodeCosts, devices: np.ndarray) -> ENodeCosts:
     total = costs.machine.num_devices
     width = np.array([1 if s is None else s.num_shards for s in egraph.shapes], dtype=np.int64)
     share = devices / total
-    node_s = costs.node_s.copy()
+    node_share = np.ones(egraph.num_enodes)
     for i, n in enumerate(egraph.nodes):
         c = n.eclass
         if share[c] < 1:
             spans = max([width[c], *(width[k] for k in n.children)])
             if spans <= devices[c]:
-                node_s[i] *= share[c]
-    fits = (share < 1) & (width <= devices)
-    stored_s = np.where(fits, costs.stored_s * share, costs.stored_s)
-    return replace(costs, node_s=node_s, stored_s=stored_s)
+                node_share[i] = share[c]
+    class_share = np.where((share < 1) & (width <= devices), share, 1.0)
+    return replace(
+        costs,
+        node_s=costs.node_s * node_share,
+        backward_s=costs.backward_s * node_share,
+        stored_s=costs.stored_s * class_share,
+        sync_s=costs.sync_s * class_share,
+    )
 
 
 # --- The cost of a choice ---------------------------------------------------------------------
@@ -404,11 +443,15 @@ def concurrent_costs(costs: ENodeCosts, devices: np.ndarray) -> ENodeCosts:
 @dataclass(frozen=True, slots=True)
 class DagCost:
     """A choice's cost in the extraction model: seconds and bytes per device, shared e-classes
-    counted once."""
+    counted once. ``backward_s`` and ``sync_s``: its ``B`` and ``S`` (module docstring); under
+    overlap ``seconds`` has the smaller of them taken out (``hidden_s``)."""
 
     seconds: float
     memory_bytes: float
     classes: int
+    backward_s: float = 0.0
+    sync_s: float = 0.0
+    hidden_s: float = 0.0
 
     def objective(self, capacity: float) -> float:
         """Seconds, plus a penalty that makes any plan that fits better than any that does not."""
@@ -424,7 +467,7 @@ def dag_cost(costs: ENodeCosts, choice: Mapping[int, int]) -> DagCost:
     on_path: set[int] = set()
     stored: set[int] = set(costs.egraph.roots)
     kept: set[int] = set()
-    seconds = 0.0
+    seconds = backward_s = 0.0
     stack: list[tuple[int, bool]] = [(r, False) for r in costs.egraph.roots]
     while stack:
         c, done = stack.pop()
@@ -441,6 +484,7 @@ def dag_cost(costs: ENodeCosts, choice: Mapping[int, int]) -> DagCost:
         if i is None:
             raise ExtractionError(f"no e-node chosen for needed e-class c{c}")
         seconds += costs.node_s[i]
+        backward_s += costs.backward_s[i]
         n = nodes[i]
         if not costs.free[i]:
             stored.update(n.children)
@@ -448,15 +492,19 @@ def dag_cost(costs: ENodeCosts, choice: Mapping[int, int]) -> DagCost:
             kept.update(n.children)
         stack.append((c, True))
         stack.extend((ch, False) for ch in n.children)
-    memory = 0.0
+    memory = sync_s = 0.0
     for c in seen:
         if costs.weight_layout[c]:
             if c in stored:
                 seconds += costs.stored_s[c]
+                sync_s += costs.sync_s[c]
                 memory += costs.stored_mem[c]
         elif c in kept:
             memory += costs.act_mem[c]
-    return DagCost(float(seconds), memory, len(seen))
+    hidden = min(backward_s, sync_s) if costs.overlap else 0.0
+    return DagCost(
+        float(seconds - hidden), memory, len(seen), float(backward_s), float(sync_s), float(hidden)
+    )
 
 
 # --- Extractors -------------------------------------------------------------------------------
@@ -482,18 +530,23 @@ class Extraction:
         )
 
 
-def _tree_best(costs: ENodeCosts) -> dict[int, int]:
-    """Knuth's algorithm: every class's e-node of least tree cost, children finalized first."""
+def _tree_best(
+    costs: ENodeCosts, backward_weight: float = 1.0, sync_weight: float = 1.0
+) -> dict[int, int]:
+    """Knuth's algorithm: every class's e-node of least tree cost, children finalized first.
+    The backward computation and the gradient sync count ``backward_weight`` and
+    ``sync_weight`` of their seconds (1, 1: the sum)."""
     egraph = costs.egraph
     nodes = egraph.nodes
     parents = egraph.readers()
     waiting = np.zeros(egraph.num_enodes, dtype=np.int64)
     heap: list[tuple[float, int, int]] = []
-    extra = costs.stored_s
+    node_s = costs.node_s - (1.0 - backward_weight) * costs.backward_s
+    extra = costs.stored_s - (1.0 - sync_weight) * costs.sync_s
     for i, n in enumerate(nodes):
         waiting[i] = len(set(n.children))
-        if not waiting[i] and np.isfinite(costs.node_s[i]):
-            heapq.heappush(heap, (float(costs.node_s[i]), i, n.eclass))
+        if not waiting[i] and np.isfinite(node_s[i]):
+            heapq.heappush(heap, (float(node_s[i]), i, n.eclass))
     best: dict[int, int] = {}
     cost = np.full(egraph.num_eclasses, np.inf)
     while heap:
@@ -508,7 +561,7 @@ def _tree_best(costs: ENodeCosts) -> dict[int, int]:
                 n = nodes[p]
                 if n.eclass in best:
                     continue
-                t = costs.node_s[p] + sum(cost[ch] for ch in n.children)
+                t = node_s[p] + sum(cost[ch] for ch in n.children)
                 if not costs.free[p]:
                     t += sum(extra[ch] for ch in set(n.children))
                 if np.isfinite(t):  # an e-node that cannot be costed is never chosen
@@ -531,9 +584,7 @@ def extract_greedy(costs: ENodeCosts, *, time_limit_s: float = 10.0) -> Extracti
     # `merged`: the current choice where it has one, the tree-best elsewhere, so that a swap
     # can pull in classes the current choice does not need yet. Kept up to date on acceptance
     # rather than rebuilt per trial.
-    merged = _tree_best(costs)
-    choice = _reachable_checked(egraph, merged.__getitem__)
-    current = dag_cost(costs, choice)
+    merged, choice, current = _tree_start(costs)
     improvements = 0
     improved = True
     while improved and time.perf_counter() - start < time_limit_s:
@@ -574,6 +625,30 @@ def extract_greedy(costs: ENodeCosts, *, time_limit_s: float = 10.0) -> Extracti
         seconds=time.perf_counter() - start,
         improvements=improvements,
     )
+
+
+def _tree_start(costs: ENodeCosts) -> tuple[dict[int, int], dict[int, int], DagCost]:
+    """The tree-best choice local search starts from (module docstring): under overlap, first
+    with the sync free; if that choice synchronizes longer than it computes backward, also with
+    the backward free and with both at half, the cheapest by the DAG cost. Each as the whole
+    tree-best table (``merged``), the part the outputs need, and its cost."""
+    weights = [(1.0, 0.0), (0.0, 1.0), (0.5, 0.5)] if costs.overlap else [(1.0, 1.0)]
+    capacity = costs.memory_capacity
+    best: tuple[dict[int, int], dict[int, int], DagCost] | None = None
+    for backward_weight, sync_weight in weights:
+        merged = _tree_best(costs, backward_weight, sync_weight)
+        choice = _reachable_checked(costs.egraph, merged.__getitem__)
+        cost = dag_cost(costs, choice)
+        if best is None:
+            best = merged, choice, cost
+            if cost.sync_s <= cost.backward_s:
+                # With the sync free every choice's weighed cost is at most its actual one;
+                # this choice's are equal, so no other weighing finds a cheaper tree.
+                break
+        elif cost.objective(capacity) < best[2].objective(capacity):
+            best = merged, choice, cost
+    assert best is not None
+    return best
 
 
 def _reachable_checked(egraph: EGraphData, pick: Callable[[int], int]) -> dict[int, int]:
@@ -659,22 +734,29 @@ def extract_ilp(
             "use extract_greedy"
         )
     num_x, nc = len(enodes), len(classes)
-    # Columns: x (e-nodes), stored s (weight classes), kept k (other classes), order o.
+    # Columns: x (e-nodes), stored s (weight classes), kept k (other classes), order o, and
+    # under overlap t = max(B, S) (module docstring).
     x0, s0, k0, o0 = 0, num_x, num_x + nc, num_x + 2 * nc
-    ncols = num_x + 3 * nc
+    t0 = num_x + 3 * nc
+    ncols = t0 + 1
     lower = np.zeros(ncols)
     upper = np.ones(ncols)
-    upper[o0:] = nc
+    upper[o0:t0] = nc
+    upper[t0] = np.inf if costs.overlap else 0.0
     cost = np.zeros(ncols)
+    cost[t0] = 1e-6  # t is in microseconds (below)
+    # Under overlap B and S count through t alone.
+    backward_s = costs.backward_s if costs.overlap else np.zeros_like(costs.backward_s)
+    sync_s = costs.sync_s if costs.overlap else np.zeros_like(costs.sync_s)
     for j, i in enumerate(enodes):
         n = egraph.nodes[i]
         finite = bool(np.isfinite(costs.node_s[i]))
-        cost[x0 + j] = costs.node_s[i] if finite else 0.0
+        cost[x0 + j] = costs.node_s[i] - backward_s[i] if finite else 0.0
         if not finite or n.eclass in n.children:  # too wide for the machine, or a self-loop
             upper[x0 + j] = 0
     for k, c in enumerate(classes):
         if np.isfinite(costs.stored_s[c]):
-            cost[s0 + k] = costs.stored_s[c]
+            cost[s0 + k] = costs.stored_s[c] - sync_s[c]
         else:  # a layout wider than the machine: never stored (its readers are out too)
             upper[s0 + k] = 0
     h = quiet_highs(highspy)
@@ -736,6 +818,22 @@ def extract_ilp(
     for c in roots:
         if costs.weight_layout[c]:
             row(1.0, 1.0, [s0 + cls_col[c]], [1.0])
+    if costs.overlap:
+        # t >= B and t >= S, in microseconds as the objective.
+        overlapping = [i for i in enodes if backward_s[i] and np.isfinite(costs.node_s[i])]
+        row(
+            0.0,
+            inf,
+            [t0, *(node_col[i] for i in overlapping)],
+            [1.0, *(-backward_s[i] * 1e6 for i in overlapping)],
+        )
+        synced = [k for k, c in enumerate(classes) if sync_s[c] and np.isfinite(sync_s[c])]
+        row(
+            0.0,
+            inf,
+            [t0, *(s0 + k for k in synced)],
+            [1.0, *(-sync_s[classes[k]] * 1e6 for k in synced)],
+        )
     # Memory: stored weights and kept activations fit in the device.
     mem_idx = [s0 + k for k, c in enumerate(classes) if costs.stored_mem[c]]
     mem_idx += [k0 + k for k, c in enumerate(classes) if costs.act_mem[c]]
@@ -795,6 +893,9 @@ def _as_solution(
     for c in egraph.roots:
         if costs.weight_layout[c]:
             v[s0 + cls_col[c]] = 1.0
+    if costs.overlap:
+        found = dag_cost(costs, choice)
+        v[o0 + nc] = max(found.backward_s, found.sync_s) * 1e6
     return v
 
 

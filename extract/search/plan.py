@@ -696,8 +696,10 @@ def saturate_and_extract(
     rule files that can rewrite the model. ``optimizer`` and ``runtime`` (what the training
     runtime overlaps and how it buckets gradients, :class:`~pcgopt.extract.Runtime`; default
     PyTorch DDP's) say how every candidate is costed (:func:`~pcgopt.extract.iteration_cost`);
-    extraction inside the e-graph ranks choices by the additive model in the model's own
-    precision, and its plans are costed like every other candidate.
+    extraction inside the e-graph ranks choices by the per-e-node model in the model's own
+    precision, with the gradient sync hidden behind the backward where the runtime overlaps
+    them (:mod:`pcgopt.extract.search.extraction`), and its plans are costed like every other
+    candidate.
 
     ``deterministic``: limit the search by work instead of wall time, so that identical inputs
     give identical plans, whatever the machine's speed or load: ``time_budget_s`` is ignored;
@@ -1446,7 +1448,7 @@ def _whole_phase(
         say(f"no branches at once: {e}")
         views = None
     start = time.perf_counter()
-    costs = enode_costs(sat.egraph, machine, optimizer=search.optimizer)
+    costs = enode_costs(sat.egraph, machine, optimizer=search.optimizer, runtime=search.runtime)
     if costs.uncosted:
         say(f"{costs.uncosted} e-nodes read tensors without shape facts; they are left out")
     extracted: dict[str, PCG | None] = {}
@@ -1461,7 +1463,10 @@ def _whole_phase(
         # than it gains (per-e-node costs cannot see that a sync at once on several nodes
         # is what makes a whole-machine plan slower).
         variants.append(
-            ("e-graph on one node", enode_costs(sat.egraph, node, optimizer=search.optimizer))
+            (
+                "e-graph on one node",
+                enode_costs(sat.egraph, node, optimizer=search.optimizer, runtime=search.runtime),
+            )
         )
     for name, variant in variants:
         extracted[name], text = _extract(search, sat.egraph, variant)
@@ -1532,6 +1537,7 @@ def _split_phase(
         memory_budget=search.memory_budget,
         segment_budget=search.saturation_budget(math.inf) if search.deterministic else None,
         optimizer=search.optimizer,
+        runtime=search.runtime,
         progress=search.say,
         progress_bar=search.progress,
         **search.rewrite_options,

@@ -21,7 +21,7 @@ from pcgopt.extract import (
     extract_ilp,
     iteration_cost,
 )
-from pcgopt.extract.strategies.baselines import megatron
+from pcgopt.extract.strategies.baselines import data_parallel, megatron
 from pcgopt.models import ZOO, mnist_mlp
 from pcgopt.testing.strategies import small_pcgs
 
@@ -33,7 +33,7 @@ MNIST = mnist_mlp(batch=64, in_features=784, hidden=512, out_features=10)
 @pytest.fixture(scope="module")
 def mnist():
     sat = saturate(MNIST, TWO_GPUS, budget=Budget(iterations=3))
-    return sat, enode_costs(sat.egraph, TWO_GPUS)
+    return sat, enode_costs(sat.egraph, TWO_GPUS, runtime=ADDITIVE)
 
 
 def figure_2a():
@@ -96,7 +96,7 @@ def test_an_embedding_tables_sparse_gradient_costs_what_the_model_says():
     table = b.replicate(b.weight((1000, 16), name="table"), degree=2, name="table.r2")
     plan = b.build(b.combine(b.embedding_bag(idx, table, name="bag"), dim=0, degree=2))
     sat = saturate(plan, TWO_GPUS, budget=Budget(iterations=1))
-    costs = enode_costs(sat.egraph, TWO_GPUS)
+    costs = enode_costs(sat.egraph, TWO_GPUS, runtime=ADDITIVE)
     exact = iteration_cost(plan, TWO_GPUS, runtime=ADDITIVE)
     # The AllReduce of 32 rows looked up (not 1000): 2 (p - 1) n bytes on two devices.
     assert exact.per_node["table.r2"].comm_bytes == 2 * 32 * 16 * 4
@@ -141,7 +141,8 @@ def test_a_tensor_read_twice_is_paid_for_once_as_in_the_cost_model(which):
         plan = megatron(ZOO["bert_large"].build(small=True), TWO_GPUS)
     assert any(len(readers) > 1 for readers in _readers(plan).values())
     sat = saturate(plan, TWO_GPUS, budget=Budget(iterations=1))
-    seconds = dag_cost(enode_costs(sat.egraph, TWO_GPUS), sat.egraph.choice_for(plan)).seconds
+    costs = enode_costs(sat.egraph, TWO_GPUS, runtime=ADDITIVE)
+    seconds = dag_cost(costs, sat.egraph.choice_for(plan)).seconds
     assert seconds == pytest.approx(
         iteration_cost(plan, TWO_GPUS, runtime=ADDITIVE).total_s, rel=1e-6
     )
@@ -198,13 +199,57 @@ def test_extractors_find_the_true_optimum_of_an_enumerable_egraph():
     y = b.relu(b.matmul(b.input((64, 256), name="x"), b.weight((256, 128), name="w")))
     model = b.build(y)
     sat = saturate(model, TWO_GPUS, budget=Budget(iterations=1))
-    costs = enode_costs(sat.egraph, TWO_GPUS)
+    costs = enode_costs(sat.egraph, TWO_GPUS, runtime=ADDITIVE)
     best = min(
         iteration_cost(p, TWO_GPUS, runtime=ADDITIVE).total_s for p in _all_plans(sat.egraph)
     )
     for found in (extract_greedy(costs), extract_ilp(costs)):
         got = iteration_cost(sat.egraph.to_pcg(found.choice), TWO_GPUS, runtime=ADDITIVE).total_s
         assert got <= best * 1.02, found.method
+
+
+def _overlap_egraph():
+    """Two dense layers on two GPUs: their e-graph holds plans that sync large weight
+    gradients (data parallel) and plans that move activations instead."""
+    b = PCGBuilder()
+    h = b.relu(b.matmul(b.input((256, 1024), name="x"), b.weight((1024, 1024), name="w1")))
+    model = b.build(b.matmul(h, b.weight((1024, 512), name="w2")))
+    seeds = [data_parallel(model, TWO_GPUS), megatron(model, TWO_GPUS)]
+    return saturate(model, TWO_GPUS, budget=Budget(iterations=1), seeds=seeds), TWO_GPUS
+
+
+def test_under_overlap_the_backward_hides_the_sync_and_nothing_else():
+    """F + A + max(B, S) + U: the additive time with the smaller of the backward computation
+    and the gradient sync taken out; without overlap, the sum."""
+    sat, machine = _overlap_egraph()
+    overlapped = enode_costs(sat.egraph, machine)
+    additive = enode_costs(sat.egraph, machine, runtime=ADDITIVE)
+    assert overlapped.overlap and not additive.overlap
+    synced = 0
+    for plan in _all_plans(sat.egraph):
+        choice = sat.egraph.choice_for(plan)
+        with_overlap, summed = dag_cost(overlapped, choice), dag_cost(additive, choice)
+        assert summed.hidden_s == 0.0
+        assert with_overlap.hidden_s == min(summed.backward_s, summed.sync_s)
+        assert with_overlap.seconds == pytest.approx(summed.seconds - with_overlap.hidden_s)
+        assert with_overlap.memory_bytes == summed.memory_bytes
+        synced += summed.sync_s > 0
+    assert synced  # some plan copies a weight
+
+
+def test_under_overlap_the_ilp_is_optimal_and_greedy_no_better():
+    """The ILP's max(B, S) variable is exact: it finds the least overlapped cost among every
+    plan the e-graph holds, and greedy (with its weighed starts) finds none cheaper."""
+    sat, machine = _overlap_egraph()
+    costs = enode_costs(sat.egraph, machine)
+    best = min(dag_cost(costs, sat.egraph.choice_for(p)).seconds for p in _all_plans(sat.egraph))
+    greedy = extract_greedy(costs)
+    exact = extract_ilp(costs, warm_start=greedy)
+    assert exact.cost.seconds == pytest.approx(best, rel=1e-6)
+    assert greedy.cost.seconds >= exact.cost.seconds * (1 - 1e-9)
+    additive = extract_ilp(enode_costs(sat.egraph, machine, runtime=ADDITIVE))
+    # The additive optimum, costed with overlap, is never cheaper than the overlap optimum.
+    assert dag_cost(costs, additive.choice).seconds >= exact.cost.seconds * (1 - 1e-9)
 
 
 @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.too_slow])
