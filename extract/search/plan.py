@@ -1537,7 +1537,6 @@ def _split_phase(
         memory_budget=search.memory_budget,
         segment_budget=search.saturation_budget(math.inf) if search.deterministic else None,
         optimizer=search.optimizer,
-        runtime=search.runtime,
         progress=search.say,
         progress_bar=search.progress,
         **search.rewrite_options,
