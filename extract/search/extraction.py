@@ -22,14 +22,16 @@ own and what one e-class costs once, however many e-nodes share it:
 cost), the gradient AllReduces of stored weights run on the links while the backward computes, so
 a choice's time is not the plain sum: with ``F`` its forward computation, ``A`` its activations'
 collectives (they block the computation that needs them), ``B`` its backward computation, ``S``
-its weights' gradient synchronization and ``U`` their update, it is
-``F + A + max(B, S) + U`` (the sync can start only in the backward, the backward cannot hide
-more than itself). ``backward_s`` (per e-node) and ``sync_s`` (per e-class) are the parts of
-``node_s`` and ``stored_s`` that overlap. The simulated iteration
-(:func:`~pcgopt.extract.costmodel.simulate.simulate_iteration`) also exposes the last bucket's
-sync and what a dependency delays; this is the estimate extraction ranks by, and the plan it
-picks is re-costed by the simulation like any other. Without overlap (``ADDITIVE``) the time is
-the sum.
+its weights' gradient synchronization, ``L`` the part of ``S`` in the last bucket and ``U``
+the update, it is ``F + A + max(B, S - L) + L + U``: the sync starts in the backward, the
+backward hides no more than itself, and the last bucket (the gradients of the weights read
+first, produced last) is synchronized after the backward ends. ``L`` is ``S`` times the
+bucket's share of the bytes synchronized (all of ``S`` when they fit one bucket, as in a small
+model; none with ``bucket_bytes=0``). ``backward_s`` (per e-node) and ``sync_s`` (per
+e-class) are the parts of ``node_s`` and ``stored_s`` that overlap. This is the estimate
+extraction ranks by; the simulated iteration (:mod:`pcgopt.extract.costmodel.simulate`) also
+sees each bucket's own timing and what a dependency delays, and the plan extraction picks is
+re-costed by it like any other. Without overlap (``ADDITIVE``) the time is the sum.
 
 For a chosen set of e-nodes, without overlap, the sums are those
 :func:`~pcgopt.extract.costmodel.cost.iteration_cost` computes for the PCG, except where a weight
@@ -48,7 +50,11 @@ Two extractors over this model:
   backward free and with both weighed; the cheapest of these by the DAG cost starts the search;
 * :func:`extract_ilp`, exact for the model above: a 0-1 program solved by HiGHS (``highspy``),
   with acyclicity by class order variables, ``max(B, S)`` as a variable bounded below by both and
-  memory as a constraint; for small e-graphs, and the check of the greedy one in tests.
+  memory as a constraint; for small e-graphs, and the check of the greedy one in tests. ``L`` is
+  not linear in the choice: the program takes the last bucket's share of the sync as fixed, the
+  warm start's (or, if that syncs nothing, the share of all trainable weights' bytes), which
+  is exact with ``bucket_bytes=0`` and otherwise an estimate, so its choice is kept only where
+  the DAG cost says it is no worse than the greedy one it started from.
 """
 
 from __future__ import annotations
@@ -119,11 +125,13 @@ class ENodeCosts:
     weight_layout: np.ndarray  # per e-class: a source weight in some layout
     stored_s: np.ndarray  # per e-class: update and gradient sync if stored
     sync_s: np.ndarray  # per e-class: the gradient sync in stored_s (overlaps the backward)
+    sync_bytes: np.ndarray  # per e-class: the gradient bytes it all-reduces if stored
     stored_mem: np.ndarray  # per e-class: weight, gradient, optimizer state if stored
     act_mem: np.ndarray  # per e-class: shard bytes if kept for a backward
     seconds: float  # time taken to build this table
     uncosted: int = 0  # e-nodes that read a tensor without shape facts (never chosen)
     overlap: bool = True  # the sync runs beside the backward (module docstring)
+    bucket_bytes: int = 0  # gradients synchronized in buckets of this many bytes (0: each alone)
 
     @property
     def memory_capacity(self) -> int:
@@ -198,8 +206,8 @@ def enode_costs(
     docstring). E-nodes with the same operator, parameters and shapes are costed once.
     ``differentiable_inputs``: names of inputs whose gradient the iteration computes (a
     segment's entry under graph splitting: the layers before it need that gradient).
-    ``runtime``: only whether it overlaps the sync with the backward is used (its precision,
-    buckets and ZeRO stage are the final costing's,
+    ``runtime``: only whether it overlaps the sync with the backward and its bucket size are
+    used (its precision and ZeRO stage are the final costing's,
     :func:`~pcgopt.extract.costmodel.cost.iteration_cost`)."""
     start = time.perf_counter()
     opt = _optimizer(optimizer)
@@ -288,6 +296,7 @@ def enode_costs(
 
     stored_s = np.zeros(num_classes)
     sync_s = np.zeros(num_classes)
+    sync_bytes = np.zeros(num_classes)
     stored_mem = np.zeros(num_classes)
     act_mem = np.zeros(num_classes)
     for c, shape in enumerate(shapes):
@@ -314,12 +323,15 @@ def enode_costs(
                 return sync + update_s(touched, opt, device), sync
 
             stored_s[c], sync_s[c] = dense, _ = sync_and_update(nbytes)
+            touched = nbytes
             if c in rows and shape.rank:
                 shard_rows = max(1, shape.sizes[0] // shape.degrees[0])
                 touched = min(nbytes, rows[c] * (nbytes // shard_rows))
                 stored_s[c], sync_s[c] = sync_and_update(touched)
                 for i in dense_readers.get(c, ()):
                     node_s[i] += dense - stored_s[c]
+            if shape.copy_degree > 1:
+                sync_bytes[c] = touched
     return ENodeCosts(
         egraph=egraph,
         machine=machine,
@@ -331,11 +343,13 @@ def enode_costs(
         weight_layout=weight_layout,
         stored_s=stored_s,
         sync_s=sync_s,
+        sync_bytes=sync_bytes,
         stored_mem=stored_mem,
         act_mem=act_mem,
         seconds=time.perf_counter() - start,
         uncosted=unshaped,
         overlap=runtime.overlap,
+        bucket_bytes=runtime.bucket_bytes,
     )
 
 
@@ -443,14 +457,16 @@ def concurrent_costs(costs: ENodeCosts, devices: np.ndarray) -> ENodeCosts:
 @dataclass(frozen=True, slots=True)
 class DagCost:
     """A choice's cost in the extraction model: seconds and bytes per device, shared e-classes
-    counted once. ``backward_s`` and ``sync_s``: its ``B`` and ``S`` (module docstring); under
-    overlap ``seconds`` has the smaller of them taken out (``hidden_s``)."""
+    counted once. ``backward_s``, ``sync_s`` and ``last_sync_s``: its ``B``, ``S`` and ``L``
+    (module docstring); under overlap ``seconds`` has ``min(B, S - L)`` taken out
+    (``hidden_s``)."""
 
     seconds: float
     memory_bytes: float
     classes: int
     backward_s: float = 0.0
     sync_s: float = 0.0
+    last_sync_s: float = 0.0
     hidden_s: float = 0.0
 
     def objective(self, capacity: float) -> float:
@@ -492,18 +508,28 @@ def dag_cost(costs: ENodeCosts, choice: Mapping[int, int]) -> DagCost:
             kept.update(n.children)
         stack.append((c, True))
         stack.extend((ch, False) for ch in n.children)
-    memory = sync_s = 0.0
+    memory = sync_s = sync_bytes = 0.0
     for c in seen:
         if costs.weight_layout[c]:
             if c in stored:
                 seconds += costs.stored_s[c]
                 sync_s += costs.sync_s[c]
+                sync_bytes += costs.sync_bytes[c]
                 memory += costs.stored_mem[c]
         elif c in kept:
             memory += costs.act_mem[c]
-    hidden = min(backward_s, sync_s) if costs.overlap else 0.0
+    hidden = last = 0.0
+    if costs.overlap:
+        last = sync_s * min(1.0, costs.bucket_bytes / sync_bytes) if sync_bytes else 0.0
+        hidden = min(backward_s, sync_s - last)
     return DagCost(
-        float(seconds - hidden), memory, len(seen), float(backward_s), float(sync_s), float(hidden)
+        seconds=float(seconds - hidden),
+        memory_bytes=memory,
+        classes=len(seen),
+        backward_s=float(backward_s),
+        sync_s=float(sync_s),
+        last_sync_s=float(last),
+        hidden_s=float(hidden),
     )
 
 
@@ -642,8 +668,8 @@ def _tree_start(costs: ENodeCosts) -> tuple[dict[int, int], dict[int, int], DagC
         if best is None:
             best = merged, choice, cost
             if cost.sync_s <= cost.backward_s:
-                # With the sync free every choice's weighed cost is at most its actual one;
-                # this choice's are equal, so no other weighing finds a cheaper tree.
+                # The backward covers the sync: the choice made with the sync free stands
+                # (other weighings would trade backward work for sync it does not need).
                 break
         elif cost.objective(capacity) < best[2].objective(capacity):
             best = merged, choice, cost
@@ -745,9 +771,11 @@ def extract_ilp(
     upper[t0] = np.inf if costs.overlap else 0.0
     cost = np.zeros(ncols)
     cost[t0] = 1e-6  # t is in microseconds (below)
-    # Under overlap B and S count through t alone.
+    # Under overlap B and the sync before the last bucket count through t alone.
     backward_s = costs.backward_s if costs.overlap else np.zeros_like(costs.backward_s)
-    sync_s = costs.sync_s if costs.overlap else np.zeros_like(costs.sync_s)
+    sync_s = (1.0 - _last_bucket_share(costs, warm_start)) * costs.sync_s
+    if not costs.overlap:
+        sync_s = np.zeros_like(costs.sync_s)
     for j, i in enumerate(enodes):
         n = egraph.nodes[i]
         finite = bool(np.isfinite(costs.node_s[i]))
@@ -865,6 +893,21 @@ def extract_ilp(
     )
 
 
+def _last_bucket_share(costs: ENodeCosts, warm_start: Extraction | None) -> float:
+    """The share of the sync in the last bucket that :func:`extract_ilp` takes as fixed: the
+    warm start's, or, if it syncs nothing, that of all trainable weights' bytes."""
+    if warm_start is not None and warm_start.cost.sync_s > 0:
+        return warm_start.cost.last_sync_s / warm_start.cost.sync_s
+    egraph = costs.egraph
+    weights = {
+        n.eclass
+        for n in egraph.nodes
+        if n.op == "weight" and n.params["trainable"] and egraph.shapes[n.eclass] is not None
+    }
+    total = sum(egraph.shapes[c].nbytes for c in weights)
+    return min(1.0, costs.bucket_bytes / total) if total else 0.0
+
+
 def _as_solution(
     egraph: EGraphData,
     costs: ENodeCosts,
@@ -895,7 +938,7 @@ def _as_solution(
             v[s0 + cls_col[c]] = 1.0
     if costs.overlap:
         found = dag_cost(costs, choice)
-        v[o0 + nc] = max(found.backward_s, found.sync_s) * 1e6
+        v[o0 + nc] = max(found.backward_s, found.sync_s - found.last_sync_s) * 1e6
     return v
 
 

@@ -15,6 +15,7 @@ from pcgopt.extract import (
     ADDITIVE,
     CostError,
     ExtractionError,
+    Runtime,
     dag_cost,
     enode_costs,
     extract_greedy,
@@ -218,30 +219,42 @@ def _overlap_egraph():
     return saturate(model, TWO_GPUS, budget=Budget(iterations=1), seeds=seeds), TWO_GPUS
 
 
-def test_under_overlap_the_backward_hides_the_sync_and_nothing_else():
-    """F + A + max(B, S) + U: the additive time with the smaller of the backward computation
-    and the gradient sync taken out; without overlap, the sum."""
+def test_under_overlap_the_backward_hides_the_sync_but_its_last_bucket():
+    """F + A + max(B, S - L) + L + U: the additive time with min(B, S - L) taken out, L the
+    last bucket's share of the sync; without overlap, the sum."""
     sat, machine = _overlap_egraph()
-    overlapped = enode_costs(sat.egraph, machine)
-    additive = enode_costs(sat.egraph, machine, runtime=ADDITIVE)
-    assert overlapped.overlap and not additive.overlap
+    summed_costs = enode_costs(sat.egraph, machine, runtime=ADDITIVE)
     synced = 0
-    for plan in _all_plans(sat.egraph):
-        choice = sat.egraph.choice_for(plan)
-        with_overlap, summed = dag_cost(overlapped, choice), dag_cost(additive, choice)
-        assert summed.hidden_s == 0.0
-        assert with_overlap.hidden_s == min(summed.backward_s, summed.sync_s)
-        assert with_overlap.seconds == pytest.approx(summed.seconds - with_overlap.hidden_s)
-        assert with_overlap.memory_bytes == summed.memory_bytes
-        synced += summed.sync_s > 0
+    for bucket in (0, 2**20, 25 * 2**20):
+        costs = enode_costs(sat.egraph, machine, runtime=Runtime(bucket_bytes=bucket))
+        assert costs.overlap and not summed_costs.overlap
+        for plan in _all_plans(sat.egraph):
+            choice = sat.egraph.choice_for(plan)
+            with_overlap, summed = dag_cost(costs, choice), dag_cost(summed_costs, choice)
+            assert summed.hidden_s == 0.0
+            synced_bytes = sum(
+                costs.sync_bytes[c] for c in choice if costs.weight_layout[c] and costs.sync_s[c]
+            )
+            share = min(1.0, bucket / synced_bytes) if synced_bytes else 0.0
+            assert with_overlap.last_sync_s == pytest.approx(summed.sync_s * share)
+            assert with_overlap.hidden_s == pytest.approx(
+                min(summed.backward_s, summed.sync_s - with_overlap.last_sync_s)
+            )
+            assert with_overlap.seconds == pytest.approx(summed.seconds - with_overlap.hidden_s)
+            assert with_overlap.memory_bytes == summed.memory_bytes
+            if bucket == 25 * 2**20:
+                # Two small layers' gradients fit one bucket, synchronized after the backward.
+                assert with_overlap.hidden_s == 0.0
+            synced += summed.sync_s > 0
     assert synced  # some plan copies a weight
 
 
-def test_under_overlap_the_ilp_is_optimal_and_greedy_no_better():
-    """The ILP's max(B, S) variable is exact: it finds the least overlapped cost among every
-    plan the e-graph holds, and greedy (with its weighed starts) finds none cheaper."""
+def test_under_overlap_without_buckets_the_ilp_is_optimal_and_greedy_no_better():
+    """Without buckets (each gradient synchronized alone) the ILP's max(B, S) variable is
+    exact: it finds the least overlapped cost among every plan the e-graph holds, and greedy
+    (with its weighed starts) finds none cheaper."""
     sat, machine = _overlap_egraph()
-    costs = enode_costs(sat.egraph, machine)
+    costs = enode_costs(sat.egraph, machine, runtime=Runtime(bucket_bytes=0))
     best = min(dag_cost(costs, sat.egraph.choice_for(p)).seconds for p in _all_plans(sat.egraph))
     greedy = extract_greedy(costs)
     exact = extract_ilp(costs, warm_start=greedy)
