@@ -1,8 +1,9 @@
 """Named enumeration presets: which small graphs the rule-generation job enumerates.
 
 ``matrix`` is the default set behind ``rules.json``: matrices ([2, 4] data, [4, 4] weights),
-the operators of FlexFlow's generated rules, up to 3 operators, and a one-operator family of
-dense layers with the activations that enumeration leaves out (GELU, sigmoid, tanh). Its rules
+the operators of FlexFlow's generated rules, up to 3 operators, and one-operator families of
+dense layers with the activations that enumeration leaves out (GELU, sigmoid, tanh) and of a
+row softmax. Its rules
 are typed on rank-2 tensors, so they never match a transformer's [batch, sequence, hidden]
 activations or its [batch, heads, sequence, head-dim] attention tensors. ``lookups`` is the
 embedding bags' (rank 2 too, but only a model with embedding bags loads them).
@@ -229,8 +230,16 @@ LINEAR_SMOOTH_ONE = Config(
     inputs=(_x("x1", (2, 4)), _x("w1", (4, 4), "weight")),
 )
 
+#: A softmax over a matrix's rows (a classifier's last operator: Unity's MLP ends in one), one
+#: operator with its splits: the batch splits through it, the axis it normalizes does not.
+SOFTMAX_ONE = Config(
+    one_op=True,
+    ops=("softmax", *_SPLITS),
+    inputs=(_x("x1", (2, 4)),),
+)
+
 PRESETS: dict[str, tuple[Config, ...]] = {
-    "matrix": (Config(), LINEAR_SMOOTH_ONE),
+    "matrix": (Config(), LINEAR_SMOOTH_ONE, SOFTMAX_ONE),
     "transformer": (
         LINEAR,
         LAYER_NORM_ONE,

@@ -26,8 +26,9 @@ from pcgopt.sharded import ShardedArray
 
 
 def test_the_matrix_preset_enumerates_matrices_as_flexflows_generator_does():
-    config, smooth = PRESETS["matrix"]
+    config, smooth, softmax = PRESETS["matrix"]
     assert smooth == LINEAR_SMOOTH_ONE
+    assert repr(softmax.variants()[0]) == "softmax(axis=1)"
     names = [repr(v) for v in config.variants()]
     assert "partition(dim=1, degree=2)" in names
     assert not any("dim=2" in n or "inputs=3" in n for n in names)
