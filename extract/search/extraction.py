@@ -44,10 +44,10 @@ Two extractors over this model:
 * :func:`extract_greedy`, for e-graphs of any size: Knuth's generalization of Dijkstra picks,
   bottom-up, the e-node of least tree cost in every class (acyclic by construction), then local
   search swaps single choices while the DAG cost (shared classes once, memory over capacity
-  penalized) goes down, within a time limit. Tree costs add up, and ``max(B, S)`` does not: under
-  overlap the bottom-up pass runs with the sync free (``B`` weighs fully, a lower bound of the
-  max) and, if the choice it finds synchronizes longer than it computes backward, again with the
-  backward free and with both weighed; the cheapest of these by the DAG cost starts the search;
+  penalized) goes down, within a time limit. Tree costs add up, and the max does not: under
+  overlap the bottom-up pass runs with the sync free but for the last bucket's share and, if
+  the choice it finds synchronizes longer than it computes backward, again summed, with the
+  backward free and with both at half; the cheapest of these by the DAG cost starts the search;
 * :func:`extract_ilp`, exact for the model above: a 0-1 program solved by HiGHS (``highspy``),
   with acyclicity by class order variables, ``max(B, S)`` as a variable bounded below by both and
   memory as a constraint; for small e-graphs, and the check of the greedy one in tests. ``L`` is
@@ -655,10 +655,15 @@ def extract_greedy(costs: ENodeCosts, *, time_limit_s: float = 10.0) -> Extracti
 
 def _tree_start(costs: ENodeCosts) -> tuple[dict[int, int], dict[int, int], DagCost]:
     """The tree-best choice local search starts from (module docstring): under overlap, first
-    with the sync free; if that choice synchronizes longer than it computes backward, also with
-    the backward free and with both at half, the cheapest by the DAG cost. Each as the whole
-    tree-best table (``merged``), the part the outputs need, and its cost."""
-    weights = [(1.0, 0.0), (0.0, 1.0), (0.5, 0.5)] if costs.overlap else [(1.0, 1.0)]
+    with the sync free but for the last bucket's share; if that choice synchronizes longer
+    than it computes backward, also summed, with the backward free and with both at half, the
+    cheapest by the DAG cost. Each as the whole tree-best table (``merged``), the part the
+    outputs need, and its cost."""
+    if costs.overlap:
+        last = _last_bucket_share(costs, None)
+        weights = [(1.0, last), (1.0, 1.0), (0.0, 1.0), (0.5, 0.5)]
+    else:
+        weights = [(1.0, 1.0)]
     capacity = costs.memory_capacity
     best: tuple[dict[int, int], dict[int, int], DagCost] | None = None
     for backward_weight, sync_weight in weights:
@@ -667,9 +672,9 @@ def _tree_start(costs: ENodeCosts) -> tuple[dict[int, int], dict[int, int], DagC
         cost = dag_cost(costs, choice)
         if best is None:
             best = merged, choice, cost
-            if cost.sync_s <= cost.backward_s:
-                # The backward covers the sync: the choice made with the sync free stands
-                # (other weighings would trade backward work for sync it does not need).
+            if cost.sync_s - cost.last_sync_s <= cost.backward_s:
+                # The backward covers the sync: the choice made with it free stands (other
+                # weighings would trade backward work for sync it does not need).
                 break
         elif cost.objective(capacity) < best[2].objective(capacity):
             best = merged, choice, cost
