@@ -45,9 +45,11 @@ Two extractors over this model:
   bottom-up, the e-node of least tree cost in every class (acyclic by construction), then local
   search swaps single choices while the DAG cost (shared classes once, memory over capacity
   penalized) goes down, within a time limit. Tree costs add up, and the max does not: under
-  overlap the bottom-up pass runs with the sync free but for the last bucket's share and, if
-  the choice it finds synchronizes longer than it computes backward, again summed, with the
-  backward free and with both at half; the cheapest of these by the DAG cost starts the search;
+  overlap the bottom-up pass runs with the sync free but for the last bucket's share of all
+  trainable weights and, if the choice it finds synchronizes longer than it computes backward or
+  has more of its sync in the last bucket (fewer bytes synced: an embedding table's touched
+  rows), again summed, with the backward free and with both at half; the cheapest of these by
+  the DAG cost starts the search;
 * :func:`extract_ilp`, exact for the model above: a 0-1 program solved by HiGHS (``highspy``),
   with acyclicity by class order variables, ``max(B, S)`` as a variable bounded below by both and
   memory as a constraint; for small e-graphs, and the check of the greedy one in tests. ``L`` is
@@ -663,7 +665,7 @@ def _tree_start(costs: ENodeCosts) -> tuple[dict[int, int], dict[int, int], DagC
         last = _last_bucket_share(costs, None)
         weights = [(1.0, last), (1.0, 1.0), (0.0, 1.0), (0.5, 0.5)]
     else:
-        weights = [(1.0, 1.0)]
+        last, weights = 1.0, [(1.0, 1.0)]
     capacity = costs.memory_capacity
     best: tuple[dict[int, int], dict[int, int], DagCost] | None = None
     for backward_weight, sync_weight in weights:
@@ -672,9 +674,13 @@ def _tree_start(costs: ENodeCosts) -> tuple[dict[int, int], dict[int, int], DagC
         cost = dag_cost(costs, choice)
         if best is None:
             best = merged, choice, cost
-            if cost.sync_s - cost.last_sync_s <= cost.backward_s:
-                # The backward covers the sync: the choice made with it free stands (other
-                # weighings would trade backward work for sync it does not need).
+            if (
+                cost.sync_s - cost.last_sync_s <= cost.backward_s
+                and cost.last_sync_s <= last * cost.sync_s * (1 + 1e-9)
+            ):
+                # The backward covers the sync, and no more of it is in the last bucket than
+                # the pass assumed: the choice stands (other weighings would trade backward
+                # work for sync it does not need).
                 break
         elif cost.objective(capacity) < best[2].objective(capacity):
             best = merged, choice, cost
