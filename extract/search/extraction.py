@@ -213,7 +213,6 @@ def enode_costs(
     :func:`~pcgopt.extract.costmodel.cost.iteration_cost`)."""
     start = time.perf_counter()
     opt = _optimizer(optimizer)
-    device = machine.device
     nodes, shapes = egraph.nodes, egraph.shapes
     num_nodes, num_classes = egraph.num_enodes, egraph.num_eclasses
 
@@ -296,11 +295,7 @@ def enode_costs(
         node_s[i], backward[i], backward_s[i] = hit
         node_s[i] += _EPSILON_S
 
-    stored_s = np.zeros(num_classes)
-    sync_s = np.zeros(num_classes)
-    sync_bytes = np.zeros(num_classes)
-    stored_mem = np.zeros(num_classes)
-    act_mem = np.zeros(num_classes)
+    stored_s, sync_s, sync_bytes, stored_mem, act_mem = np.zeros((5, num_classes))
     for c, shape in enumerate(shapes):
         if shape is None:
             continue
@@ -314,22 +309,12 @@ def enode_costs(
             continue
         if trainable_layout[c]:
             stored_mem[c] += (1 + opt.states) * nbytes
-
-            def sync_and_update(
-                touched: int, shape: ParallelTensorShape = shape
-            ) -> tuple[float, float]:
-                sync = 0.0
-                if shape.copy_degree > 1:
-                    groups = default_groups(shape.copy_degree, shape.num_shards)
-                    sync = collective_cost("all_reduce", groups, touched, machine).seconds
-                return sync + update_s(touched, opt, device), sync
-
-            stored_s[c], sync_s[c] = dense, _ = sync_and_update(nbytes)
+            stored_s[c], sync_s[c] = dense, _ = _sync_and_update(shape, nbytes, opt, machine)
             touched = nbytes
             if c in rows and shape.rank:
                 shard_rows = max(1, shape.sizes[0] // shape.degrees[0])
                 touched = min(nbytes, rows[c] * (nbytes // shard_rows))
-                stored_s[c], sync_s[c] = sync_and_update(touched)
+                stored_s[c], sync_s[c] = _sync_and_update(shape, touched, opt, machine)
                 for i in dense_readers.get(c, ()):
                     node_s[i] += dense - stored_s[c]
             if shape.copy_degree > 1:
@@ -353,6 +338,18 @@ def enode_costs(
         overlap=runtime.overlap,
         bucket_bytes=runtime.bucket_bytes,
     )
+
+
+def _sync_and_update(
+    shape: ParallelTensorShape, touched: int, opt: Optimizer, machine: Machine
+) -> tuple[float, float]:
+    """A stored weight layout's update of ``touched`` bytes per shard and the AllReduce of
+    their gradient among its copies: both seconds, and the AllReduce's alone."""
+    sync = 0.0
+    if shape.copy_degree > 1:
+        groups = default_groups(shape.copy_degree, shape.num_shards)
+        sync = collective_cost("all_reduce", groups, touched, machine).seconds
+    return sync + update_s(touched, opt, machine.device), sync
 
 
 def _local_cost(
@@ -774,8 +771,7 @@ def extract_ilp(
     # Columns: x (e-nodes), stored s (weight classes), kept k (other classes), order o, and
     # under overlap t = max(B, S) (module docstring).
     x0, s0, k0, o0 = 0, num_x, num_x + nc, num_x + 2 * nc
-    t0 = num_x + 3 * nc
-    ncols = t0 + 1
+    t0, ncols = num_x + 3 * nc, num_x + 3 * nc + 1
     lower = np.zeros(ncols)
     upper = np.ones(ncols)
     upper[o0:t0] = nc
@@ -783,10 +779,9 @@ def extract_ilp(
     cost = np.zeros(ncols)
     cost[t0] = 1e-6  # t is in microseconds (below)
     # Under overlap B and the sync before the last bucket count through t alone.
-    backward_s = costs.backward_s if costs.overlap else np.zeros_like(costs.backward_s)
-    sync_s = (1.0 - _last_bucket_share(costs, warm_start)) * costs.sync_s
-    if not costs.overlap:
-        sync_s = np.zeros_like(costs.sync_s)
+    through_t = 1.0 if costs.overlap else 0.0  # neither is ever infinite
+    backward_s = through_t * costs.backward_s
+    sync_s = through_t * (1.0 - _last_bucket_share(costs, warm_start)) * costs.sync_s
     for j, i in enumerate(enodes):
         n = egraph.nodes[i]
         finite = bool(np.isfinite(costs.node_s[i]))
@@ -858,21 +853,11 @@ def extract_ilp(
         if costs.weight_layout[c]:
             row(1.0, 1.0, [s0 + cls_col[c]], [1.0])
     if costs.overlap:
-        # t >= B and t >= S, in microseconds as the objective.
-        overlapping = [i for i in enodes if backward_s[i] and np.isfinite(costs.node_s[i])]
-        row(
-            0.0,
-            inf,
-            [t0, *(node_col[i] for i in overlapping)],
-            [1.0, *(-backward_s[i] * 1e6 for i in overlapping)],
-        )
-        synced = [k for k, c in enumerate(classes) if sync_s[c] and np.isfinite(sync_s[c])]
-        row(
-            0.0,
-            inf,
-            [t0, *(s0 + k for k in synced)],
-            [1.0, *(-sync_s[classes[k]] * 1e6 for k in synced)],
-        )
+        # t >= B and t >= the sync before the last bucket, in microseconds as the objective.
+        computed = [i for i in enodes if backward_s[i] and np.isfinite(costs.node_s[i])]
+        synced = [c for c in classes if sync_s[c] and np.isfinite(sync_s[c])]
+        row(0.0, inf, [t0, *(node_col[i] for i in computed)], [1, *-1e6 * backward_s[computed]])
+        row(0.0, inf, [t0, *(s0 + cls_col[c] for c in synced)], [1, *-1e6 * sync_s[synced]])
     # Memory: stored weights and kept activations fit in the device.
     mem_idx = [s0 + k for k, c in enumerate(classes) if costs.stored_mem[c]]
     mem_idx += [k0 + k for k, c in enumerate(classes) if costs.act_mem[c]]

@@ -696,10 +696,8 @@ def saturate_and_extract(
     rule files that can rewrite the model. ``optimizer`` and ``runtime`` (what the training
     runtime overlaps and how it buckets gradients, :class:`~pcgopt.extract.Runtime`; default
     PyTorch DDP's) say how every candidate is costed (:func:`~pcgopt.extract.iteration_cost`);
-    extraction inside the e-graph ranks choices by the per-e-node model in the model's own
-    precision, with the gradient sync hidden behind the backward where the runtime overlaps
-    them (:mod:`pcgopt.extract.search.extraction`), and its plans are costed like every other
-    candidate.
+    extraction in the e-graph ranks choices by its per-e-node model (the sync hidden behind the
+    backward where the runtime overlaps them); its plans are costed like every other candidate.
 
     ``deterministic``: limit the search by work instead of wall time, so that identical inputs
     give identical plans, whatever the machine's speed or load: ``time_budget_s`` is ignored;
