@@ -655,9 +655,9 @@ def extract_greedy(costs: ENodeCosts, *, time_limit_s: float = 10.0) -> Extracti
 def _tree_start(costs: ENodeCosts) -> tuple[dict[int, int], dict[int, int], DagCost]:
     """The tree-best choice local search starts from (module docstring): under overlap, first
     with the sync free but for the last bucket's share; if that choice synchronizes longer
-    than it computes backward, also summed, with the backward free and with both at half, the
-    cheapest by the DAG cost. Each as the whole tree-best table (``merged``), the part the
-    outputs need, and its cost."""
+    than it computes backward or has more of its sync in the last bucket than assumed, also
+    summed, with the backward free and with both at half, the cheapest by the DAG cost. Each as
+    the whole tree-best table (``merged``), the part the outputs need, and its cost."""
     if costs.overlap:
         last = _last_bucket_share(costs, None)
         weights = [(1.0, last), (1.0, 1.0), (0.0, 1.0), (0.5, 0.5)]
