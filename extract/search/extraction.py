@@ -55,8 +55,8 @@ Two extractors over this model:
   memory as a constraint; for small e-graphs, and the check of the greedy one in tests. ``L`` is
   not linear in the choice: the program takes the last bucket's share of the sync as fixed, the
   warm start's (or, if that syncs nothing, the share of all trainable weights' bytes), which
-  is exact with ``bucket_bytes=0`` and otherwise an estimate, so its choice is kept only where
-  the DAG cost says it is no worse than the greedy one it started from.
+  is exact with ``bucket_bytes=0`` and otherwise an estimate, so where its choice costs more
+  by the DAG cost than the warm start it was given, it returns the warm start.
 """
 
 from __future__ import annotations
@@ -747,12 +747,12 @@ def extract_ilp(
     node_limit: int | None = None,
 ) -> Extraction:
     """The optimal extraction for the model in the module docstring, memory capacity included,
-    as a 0-1 program solved by HiGHS, started from ``warm_start`` if given (so the result is
-    never worse than it). Raises :class:`ExtractionError` above ``max_enodes``
-    needed e-nodes (use :func:`extract_greedy`), if the solver finds no solution in
-    ``time_limit_s`` (or ``node_limit`` branch-and-bound nodes, a limit that does not depend
-    on the machine's speed) or if no acyclic choice fits; ``optimal`` says whether it proved
-    optimality within them."""
+    as a 0-1 program solved by HiGHS, started from ``warm_start`` if given (the result is never
+    worse than it by :func:`dag_cost`, the warm start itself where the program's estimate of the
+    last bucket misled it). Raises :class:`ExtractionError` above ``max_enodes`` needed e-nodes
+    (use :func:`extract_greedy`), if the solver finds no solution in ``time_limit_s`` (or
+    ``node_limit`` branch-and-bound nodes, a limit that does not depend on the machine's speed)
+    or if no acyclic choice fits; ``optimal`` says whether it proved optimality within them."""
     try:
         import highspy
     except ImportError as e:  # pragma: no cover - declared dependency
@@ -880,13 +880,13 @@ def extract_ilp(
     values = np.asarray(solution.col_value)
     picked = {egraph.nodes[i].eclass: i for i in enodes if values[node_col[i]] > 0.5}
     choice = _reachable_checked(egraph, picked.__getitem__)
-    return Extraction(
-        choice=choice,
-        cost=dag_cost(costs, choice),
-        method="ilp",
-        seconds=time.perf_counter() - start,
-        optimal=status == highspy.HighsModelStatus.kOptimal,
-    )
+    cost, optimal = dag_cost(costs, choice), status == highspy.HighsModelStatus.kOptimal
+    if warm_start is not None:
+        warm_cost = dag_cost(costs, warm_start.choice)
+        if warm_cost.objective(costs.memory_capacity) < cost.objective(costs.memory_capacity):
+            choice, cost, optimal = dict(warm_start.choice), warm_cost, False
+    seconds = time.perf_counter() - start
+    return Extraction(choice=choice, cost=cost, method="ilp", seconds=seconds, optimal=optimal)
 
 
 def _last_bucket_share(costs: ENodeCosts, warm_start: Extraction | None) -> float:

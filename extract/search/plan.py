@@ -1490,16 +1490,12 @@ def _extract(search: _Search, egraph: EGraphData, costs: ENodeCosts) -> tuple[PC
         )
         if egraph.num_enodes <= ILP_MAX_ENODES:
             try:
-                exact = extract_ilp(
+                extraction = extract_ilp(
                     costs,
                     time_limit_s=search.clock.limit("extract exact"),
                     warm_start=extraction,
                     node_limit=DETERMINISTIC_ILP_NODES if search.deterministic else None,
                 )
-                # Under overlap the program's model is a bound (extraction's module docstring).
-                capacity = costs.memory_capacity
-                if exact.cost.objective(capacity) <= extraction.cost.objective(capacity):
-                    extraction = exact
             except ExtractionError as e:
                 search.say(f"exact extraction skipped: {e}")
         return egraph.to_pcg(extraction.choice), repr(extraction)
