@@ -268,7 +268,8 @@ def _optimize(args: argparse.Namespace) -> int:
         plan.save_device_map(picture)
     if args.run_plan:
         print()
-        _run_and_print(plan, plan.pcg, args, model=pcg)
+        piped = plan.pipeline is not None and not args.one_program
+        _run_and_print(plan.pipeline if piped else plan, plan.pcg, args, model=pcg)
     return 0
 
 
@@ -336,7 +337,21 @@ def _run(args: argparse.Namespace) -> int:
     pcg, meta = load_plan(args.plan)
     model = load_model(args.model) if args.model else None
     plan: object = pcg
-    if meta.get("machine_mapping"):
+    if meta.get("pipeline") and not args.one_program:
+        from pcgopt.lower.saved import SavedPipeline
+
+        try:
+            # The stages cut the model; the one-program plan computes the same.
+            plan = SavedPipeline.from_dict(model or pcg, meta["pipeline"])
+        except PCGError as e:
+            raise UsageError(f"{args.plan}: {e}") from None
+        meta = {**meta, "cost": {"optimizer": plan.optimizer}}
+        print(
+            f"running the plan's pipeline ({len(plan.stages)} stages x {plan.micro_batches} "
+            "micro-batches; --one-program runs its one-program plan instead)",
+            file=sys.stderr,
+        )
+    elif meta.get("machine_mapping"):
         from pcgopt.lower.saved import SavedPlan
 
         plan = SavedPlan.from_dict(pcg, meta) or pcg
@@ -444,6 +459,12 @@ def _run_options(p: argparse.ArgumentParser) -> None:
         "N virtual CPU devices",
     )
     p.add_argument("--steps", type=positive_int, default=3, help="training steps (default 3)")
+    p.add_argument(
+        "--one-program",
+        action="store_true",
+        help="of a plan whose fastest form is a pipeline, run the plan that runs as one program "
+        "instead (by default the pipeline runs: its stages on their blocks of devices)",
+    )
 
 
 def _dims_option(p: argparse.ArgumentParser) -> None:

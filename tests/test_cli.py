@@ -364,3 +364,30 @@ def test_optimize_reports_every_phase_with_the_time_since_it_began(capsys):
         assert phase in text, phase
     times = [float(m.group(1)) for line in lines if (m := re.match(r"^\[pcgopt +([\d.]+) s", line))]
     assert times == sorted(times) and len(times) >= 7
+
+
+def test_run_runs_a_plan_files_pipeline_unless_asked_for_its_one_program_plan(tmp_path, capsys):
+    """A plan file whose fastest plan is a pipeline (its ``pipeline`` field) runs as that
+    pipeline: its stages' plans on their blocks, checked against the unsharded model."""
+    pytest.importorskip("jax", reason="pcgopt run needs the optional extra pcgopt[jax]")
+    from pcgopt.extract.search.plan import machine_from_spec
+    from pcgopt.extract.strategies.pipeline import pipeline_search
+    from pcgopt.models import build
+    from pcgopt.serialize import pcg_to_dict
+
+    model = build("bert_large", batch=8, seq=4, hidden=8, layers=2, heads=2, vocab=11, loss=True)
+    piped = pipeline_search(
+        model, machine_from_spec("dgx-a100:2:2"), stage_counts=[2], micro_batches=[4], min_ops=4
+    )
+    path = tmp_path / "piped.json"
+    path.write_text(json.dumps({"pcg": pcg_to_dict(model), "pipeline": piped.to_dict()}))
+    assert main(["run", str(path), "--steps", "2", "--rows", "0", "--quiet"]) == 0
+    captured = capsys.readouterr()
+    assert "running the plan's pipeline (2 stages x 4 micro-batches" in captured.err
+    assert "as a pipeline of 2 stages on blocks of 4 CPU devices" in captured.out
+    assert "4 micro-batches" in captured.out and "step 2: loss" in captured.out
+    relative = re.search(r"gradients max \|difference\| \S+ \(relative (\S+)\)", captured.out)
+    assert relative is not None and float(relative.group(1)) < 1e-4, captured.out
+    assert main(["run", str(path), "--steps", "1", "--rows", "0", "--quiet", "--one-program"]) == 0
+    captured = capsys.readouterr()
+    assert "pipeline" not in captured.err and "on a mesh of 1 CPU devices" in captured.out

@@ -250,6 +250,13 @@ class Stage:
     cost: CostBreakdown = field(repr=False, compare=False)
     segment: Segment = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
 
+    @property
+    def entry(self) -> str | None:
+        """The input of :attr:`plan` that the stage before hands on (None for the first)."""
+        return (
+            None if self.segment is None or self.segment.entry is None else self.segment.entry.node
+        )
+
     def __repr__(self) -> str:
         return (
             f"Stage({self.index}: segments {self.first}-{self.last}, devices "
@@ -290,10 +297,13 @@ class PipelinePlan:
 
     def to_dict(self) -> dict[str, Any]:
         """The schedule and every stage's place, plan and times, as JSON-ready values (each
-        stage's PCG as :func:`pcgopt.serialize.pcg_to_dict` writes it)."""
+        stage's PCG as :func:`pcgopt.serialize.pcg_to_dict` writes it, and the input of it that
+        the stage before hands on, ``entry``): what :class:`pcgopt.lower.saved.SavedPipeline`
+        reads back to run it."""
         return {
             "schedule": self.schedule,
             "micro_batches": self.micro_batches,
+            "optimizer": self.optimizer,
             "time_s": self.time_s,
             "estimate_s": self.estimate_s,
             "memory_bytes": self.memory_bytes,
@@ -303,6 +313,7 @@ class PipelinePlan:
                     "segments": [s.first, s.last],
                     "nodes": [s.nodes[0], s.nodes[-1]],
                     "devices": [s.devices.start, s.devices.stop],
+                    "entry": s.entry,
                     "strategy": s.strategy,
                     "forward_s": s.times.forward_s,
                     "backward_s": s.times.backward_s,

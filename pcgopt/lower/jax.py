@@ -1229,12 +1229,13 @@ def lower(
     concurrent: bool = True,
     machine: Machine | None = None,
 ) -> Lowered | MappedLowered:
-    """The plan (a :class:`~pcgopt.extract.search.plan.Plan` or a PCG) as a JAX program
-    (module docstring). ``devices``: the JAX devices to run on, or how many of
-    ``jax.devices()`` (default: as many as the plan needs), numbered as the plan numbers its
-    devices. ``optimizer`` and ``micro_batches`` default to the plan's cost model's (a bare
-    PCG: Adam, 1). ``placement``: the device groups of the parallel nodes (default: the
-    Plan's :attr:`~pcgopt.extract.search.plan.Plan.mapping`; for a PCG given a ``machine``, P^2's
+    """The plan (a :class:`~pcgopt.extract.search.plan.Plan` or a PCG; a pipeline,
+    :func:`~pcgopt.lower.pipelined.lower_pipeline`) as a JAX program (module docstring).
+    ``devices``: the JAX devices to run on, or how many of ``jax.devices()`` (default: as many
+    as the plan needs), numbered as the plan numbers its devices. ``optimizer`` and
+    ``micro_batches`` default to the plan's cost model's (a bare PCG: Adam, 1).
+    ``placement``: the device groups of the parallel nodes (default: the Plan's
+    :attr:`~pcgopt.extract.search.plan.Plan.mapping`; for a PCG given a ``machine``, P^2's
     placement on it, :func:`~pcgopt.extract.strategies.placement.place_plan`; else the cost model's
     consecutive devices); the mesh's devices are ordered to run each node's collective on its
     groups (:mod:`pcgopt.lower.placement`; :attr:`Lowered.placement` says which nodes' groups
@@ -1245,8 +1246,20 @@ def lower(
     own devices (:mod:`pcgopt.lower.mapped`); ``concurrent=False`` runs it as one SPMD
     program on all devices instead."""
     from pcgopt.extract.search.plan import Plan
-    from pcgopt.lower.saved import SavedPlan
+    from pcgopt.extract.strategies.pipeline import PipelinePlan
+    from pcgopt.lower.saved import SavedPipeline, SavedPlan
 
+    if isinstance(plan_or_pcg, PipelinePlan | SavedPipeline):
+        if micro_batches not in (None, plan_or_pcg.micro_batches) or placement is not None:
+            raise LoweringError(
+                f"a pipeline runs its own {plan_or_pcg.micro_batches} micro-batches on its "
+                "stages' devices: give it no micro_batches or placement"
+            )
+        from pcgopt.lower.pipelined import lower_pipeline
+
+        return lower_pipeline(
+            plan_or_pcg, devices, optimizer=optimizer, learning_rate=learning_rate
+        )
     if isinstance(plan_or_pcg, Plan | SavedPlan) and concurrent and placement is None:
         return _lower_concurrent(plan_or_pcg, devices, optimizer, learning_rate, micro_batches)
     zero_stage = zero_stage_of(plan_or_pcg)

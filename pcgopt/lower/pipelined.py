@@ -98,14 +98,18 @@ def lower_pipeline(
     optimizer: str | None = None,
     learning_rate: float = DEFAULT_LEARNING_RATE,
 ) -> PipelinedLowered:
-    """``pipeline`` (a :class:`~pcgopt.extract.strategies.pipeline.PipelinePlan`) as programs on
-    its stages' devices (module docstring). ``devices``: the JAX devices, or how many of
+    """``pipeline`` (a :class:`~pcgopt.extract.strategies.pipeline.PipelinePlan`, or one read
+    back from a plan file, :class:`~pcgopt.lower.saved.SavedPipeline`) as programs on its
+    stages' devices (module docstring). ``devices``: the JAX devices, or how many of
     ``jax.devices()`` (default: as many as its stages use), numbered as the plan numbers them;
     ``optimizer`` defaults to the one it was costed with."""
     from pcgopt.extract.strategies.pipeline import PipelinePlan
+    from pcgopt.lower.saved import SavedPipeline
 
-    if not isinstance(pipeline, PipelinePlan):
-        raise LoweringError(f"lower_pipeline takes a PipelinePlan, got {type(pipeline).__name__}")
+    if not isinstance(pipeline, PipelinePlan | SavedPipeline):
+        raise LoweringError(
+            f"lower_pipeline takes a PipelinePlan or a SavedPipeline, got {type(pipeline).__name__}"
+        )
     if pipeline.schedule != "1f1b":
         raise LoweringError(
             f"a {pipeline.schedule} pipeline updates its weights one mini-batch late; only 1F1B "
@@ -125,9 +129,8 @@ def lower_pipeline(
         block = available[stage.devices.start : stage.devices.stop]
         small = micro_batched(stage.plan, m)
         low = lower(small, block, optimizer=optimizer, learning_rate=learning_rate)
-        entry = stage.segment.entry
         # The entry is what the stage before returns (its exit, brought to one layout).
-        handed = {} if entry is None else {entry.node: pieces[-1].outputs[0]}
+        handed = {} if stage.entry is None else {stage.entry: pieces[-1].outputs[0]}
         outputs = tuple(small.outputs)
         pieces.append(
             Piece(

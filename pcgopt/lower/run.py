@@ -50,7 +50,11 @@ def devices_needed(pcg: PCG, limit: int = 4096) -> int:
 def plan_devices(plan: Any) -> int:
     """The devices a plan runs on: :func:`devices_needed` of its graph, or, if its machine
     mapping runs branches on blocks of devices (a Plan, or a plan file's
-    :class:`~pcgopt.lower.saved.SavedPlan`), the last device of those blocks if further."""
+    :class:`~pcgopt.lower.saved.SavedPlan`), the last device of those blocks if further; a
+    pipeline's, the end of its last stage's block."""
+    stages = getattr(plan, "stages", None)
+    if stages is not None:
+        return stages[-1].devices.stop
     pcg = plan if isinstance(plan, PCG) else plan.pcg
     needed = devices_needed(pcg)
     mapping = getattr(plan, "machine_mapping", None)
@@ -115,14 +119,19 @@ class RunReport:
         low = self.lowered
         axes = ", ".join(f"{n}={s}" for n, s in low.mesh.shape.items())
         pieces = getattr(low, "pieces", ())
-        where = (
-            f"in {len(pieces)} programs on blocks of {low.mesh.size} "
-            f"{low.mesh.devices.flat[0].platform.upper()} devices (the machine mapping's "
-            "branches at once on disjoint devices)"
-            if pieces
-            else f"on a mesh of {low.mesh.size} {low.mesh.devices.flat[0].platform.upper()} "
-            f"devices ({axes})"
-        )
+        platform = low.mesh.devices.flat[0].platform.upper()
+        if getattr(low, "stages", 0):
+            where = (
+                f"as a pipeline of {len(pieces)} stages on blocks of {low.mesh.size} {platform} "
+                "devices, micro-batch by micro-batch (not 1F1B's interleaving)"
+            )
+        elif pieces:
+            where = (
+                f"in {len(pieces)} programs on blocks of {low.mesh.size} {platform} devices "
+                "(the machine mapping's branches at once on disjoint devices)"
+            )
+        else:
+            where = f"on a mesh of {low.mesh.size} {platform} devices ({axes})"
         lines = [
             f"ran {len(low.pcg.nodes)} nodes {where}; optimizer "
             f"{low.optimizer}, learning rate {low.learning_rate:g}, {low.micro_batches} "

@@ -93,3 +93,56 @@ def test_forward_joins_batched_outputs_and_averages_the_others():
     want = [r.logical() for r in evaluate(model, {**inputs, **weights}).outputs]
     assert [np.shape(o) for o in outputs] == [(6,), (8, 6)]
     assert all(_close(o, w) <= RTOL for o, w in zip(outputs, want, strict=True))
+
+
+def test_a_pipeline_read_back_from_its_plan_file_runs_as_the_pipeline_did(bert):
+    """What a plan file keeps of a pipeline (``Plan.to_dict()['pipeline']``, through JSON) is
+    enough to run it: the same stages on the same devices, the same loss and gradients."""
+    import json
+
+    from pcgopt.lower.jax import lower
+    from pcgopt.lower.saved import SavedPipeline
+
+    model, program, inputs, weights, (ref_loss, ref_grads) = bert
+    machine = Machine.preset("dgx-a100", nodes=2, devices_per_node=2)
+    piped = pipeline_search(
+        model, machine, stage_counts=[2], micro_batches=[4], min_ops=4, strategies=["megatron t=2"]
+    )
+    saved = SavedPipeline.from_dict(model, json.loads(json.dumps(piped.to_dict())))
+    assert [s.devices for s in saved.stages] == [s.devices for s in piped.stages]
+    assert [s.entry for s in saved.stages] == [None, piped.stages[1].entry]
+    assert (saved.micro_batches, saved.optimizer) == (4, piped.optimizer)
+    read_back = lower(saved, optimizer="sgd", learning_rate=0.5)
+    assert isinstance(read_back, PipelinedLowered)
+    assert [p.devices for p in read_back.pieces] == [p.devices for p in program.pieces]
+    loss, grads = read_back.loss_and_grads(inputs, weights)
+    assert _close(loss, ref_loss) <= RTOL
+    assert set(grads) == set(ref_grads)
+    for name in ref_grads:
+        assert _close(grads[name], ref_grads[name]) <= RTOL, name
+
+
+def test_a_malformed_pipeline_in_a_plan_file_is_named(bert):
+    from pcgopt.errors import PCGError
+    from pcgopt.lower.saved import SavedPipeline
+
+    model = bert[0]
+    machine = Machine.preset("dgx-a100", nodes=2, devices_per_node=2)
+    good = pipeline_search(
+        model, machine, stage_counts=[2], micro_batches=[4], min_ops=4, strategies=["megatron t=2"]
+    ).to_dict()
+
+    def broken(**stage1):
+        stages = [good["stages"][0], {**good["stages"][1], **stage1}]
+        return {**good, "stages": stages}
+
+    with pytest.raises(PCGError, match=r"stages\[1\]\.entry must name the input"):
+        SavedPipeline.from_dict(model, broken(entry="nowhere"))
+    with pytest.raises(PCGError, match=r"stages\[1\]\.devices must start at device 2"):
+        SavedPipeline.from_dict(model, broken(devices=[3, 5]))
+    with pytest.raises(PCGError, match=r"stages\[1\]\.devices must be \[first, stop\)"):
+        SavedPipeline.from_dict(model, broken(devices=[2]))
+    with pytest.raises(PCGError, match="micro_batches must be a positive integer"):
+        SavedPipeline.from_dict(model, {**good, "micro_batches": 0})
+    with pytest.raises(PCGError, match="stages must be a non-empty list"):
+        SavedPipeline.from_dict(model, {**good, "stages": []})
