@@ -46,6 +46,7 @@ __all__ = [
     "StageTimes",
     "in_flight",
     "one_f_one_b_estimate",
+    "one_f_one_b_order",
     "pipeline_time",
     "schedule_1f1b",
     "two_bw_time",
@@ -132,6 +133,19 @@ def _order(stage: int, stages: int, micro_batches: int) -> list[tuple[str, int]]
         order.append(("B", backward))
         backward += 1
     return order
+
+
+def one_f_one_b_order(stages: int, micro_batches: int) -> tuple[tuple[int, str, int], ...]:
+    """Every stage's operations in its 1F1B order, as ``(stage, "F" or "B", micro-batch)``,
+    merged into one sequence in which each operation comes after those it waits for: the
+    order in which a runtime that dispatches asynchronously issues them, so that each device
+    runs its own in 1F1B order.
+
+    >>> [f"{s}{k}{i}" for s, k, i in one_f_one_b_order(2, 2)]
+    ['0F0', '0F1', '1F0', '1B0', '0B0', '1F1', '1B1', '0B1']
+    """
+    unit = [StageTimes(1.0, 2.0)] * stages  # any positive times give a valid merge
+    return tuple((o.stage, o.kind, o.micro) for o in schedule_1f1b(unit, micro_batches))
 
 
 def schedule_1f1b(stages: Sequence[StageTimes], micro_batches: int) -> tuple[ScheduledOp, ...]:

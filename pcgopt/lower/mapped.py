@@ -361,23 +361,37 @@ class MappedLowered:
 
     def _run(self, feeds: Mapping[str, Any], *, backward: bool) -> tuple[Any, dict, dict]:
         values: dict[TensorRef, Any] = {}
-        tapes = []
-        for piece in self.pieces:
-            forward, _ = self._programs(piece)
-            sources = self._sources(piece, feeds, values)
-            diff = self._differentiable(piece)
-            outs, vjp = forward(
-                {k: sources[k] for k in diff}, {k: v for k, v in sources.items() if k not in diff}
-            )
-            values.update(zip(piece.outputs, outs, strict=True))
-            tapes.append(vjp)
+        tapes = [self._forward_piece(piece, feeds, values) for piece in self.pieces]
+        loss, cotangents, grads = self._loss(feeds, values, backward=backward)
+        if backward:
+            for piece, vjp in zip(reversed(self.pieces), reversed(tapes), strict=True):
+                self._backward_piece(piece, vjp, values, cotangents, grads)
+        return loss, values, grads
+
+    def _forward_piece(self, piece: Piece, feeds: Mapping[str, Any], values: dict) -> Any:
+        """Runs ``piece`` forward on ``feeds`` and the ``values`` other pieces computed; puts
+        its outputs in ``values`` and returns its vjp."""
+        forward, _ = self._programs(piece)
+        sources = self._sources(piece, feeds, values)
+        diff = self._differentiable(piece)
+        outs, vjp = forward(
+            {k: sources[k] for k in diff}, {k: v for k, v in sources.items() if k not in diff}
+        )
+        values.update(zip(piece.outputs, outs, strict=True))
+        return vjp
+
+    def _loss(
+        self, feeds: Mapping[str, Any], values: dict, *, backward: bool
+    ) -> tuple[Any, dict[TensorRef, Any], dict[str, Any]]:
+        """The loss of the computed ``values``; with ``backward``, its cotangents of the
+        outputs (and the gradients of outputs that are weights as given)."""
         for r in self.pcg.outputs:  # a model output that is a source as given
             if self.aliases.get(r, r) not in values:
                 values[r] = jnp.asarray(feeds[r.node], _dtype(self.pcg.shape(r).dtype.value))
         terms = [self.aliases.get(r, r) for r in _loss_terms(self.pcg)]
         loss = sum(jnp.mean(values[r].astype(jnp.float32)) for r in terms)
         if not backward:
-            return loss, values, {}
+            return loss, {}, {}
         cotangents: dict[TensorRef, Any] = {}
         for r in terms:  # the loss sums the mean of every output, once per mention
             ct = jnp.full(values[r].shape, 1.0 / math.prod(values[r].shape), values[r].dtype)
@@ -387,24 +401,30 @@ class MappedLowered:
             for r, ct in cotangents.items()
             if r.node in self.weight_names
         }
-        for piece, vjp in zip(reversed(self.pieces), reversed(tapes), strict=True):
-            _, backward_fn = self._programs(piece)
-            cts = tuple(
-                jax.device_put(cotangents[r], values[r].sharding)
-                if r in cotangents
-                else jnp.zeros_like(values[r])
-                for r in piece.outputs
-            )
-            got = backward_fn(vjp, cts)
-            for name, g in got.items():
-                if name in piece.handed:
-                    ref = piece.handed[name]
-                    g = jax.device_put(g, values[ref].sharding)
-                    cotangents[ref] = cotangents[ref] + g if ref in cotangents else g
-                else:
-                    g = jax.device_put(g, self._sharding(name))
-                    grads[name] = grads[name] + g if name in grads else g
-        return loss, values, grads
+        return loss, cotangents, grads
+
+    def _backward_piece(
+        self, piece: Piece, vjp: Any, values: dict, cotangents: dict, grads: dict
+    ) -> None:
+        """Runs ``piece`` backward from the ``cotangents`` of its outputs: adds the gradients
+        of its weights to ``grads`` and the cotangents of what other pieces handed it to
+        ``cotangents``."""
+        _, backward_fn = self._programs(piece)
+        cts = tuple(
+            jax.device_put(cotangents[r], values[r].sharding)
+            if r in cotangents
+            else jnp.zeros_like(values[r])
+            for r in piece.outputs
+        )
+        got = backward_fn(vjp, cts)
+        for name, g in got.items():
+            if name in piece.handed:
+                ref = piece.handed[name]
+                g = jax.device_put(g, values[ref].sharding)
+                cotangents[ref] = cotangents[ref] + g if ref in cotangents else g
+            else:
+                g = jax.device_put(g, self._sharding(name))
+                grads[name] = grads[name] + g if name in grads else g
 
     def _home(self, weight: str) -> Piece | None:
         """The first piece that reads ``weight`` (its optimizer state lives there)."""

@@ -10,17 +10,17 @@ PCG of its own (its entry an input, its exit an output) planned for a block of d
   devices, its collectives on the cost model's groups (consecutive devices of the block). The
   tensor a stage hands on goes to the next stage's mesh (``jax.device_put``: the transfer),
   and its gradient comes back the same way.
-* **The micro-batch loop.** A training step runs every micro-batch through the stages, forward
-  then backward (each stage's compiled ``jax.vjp``), and adds up the gradients; the loss and
-  gradients of the step are their mean over the micro-batches (the model's loss is a mean over
-  its samples; the search refuses models whose operators mix samples). A weight two stages read
+* **1F1B.** A training step runs every micro-batch through the stages, forward then backward
+  (each stage's compiled ``jax.vjp``), and adds up the gradients; the loss and gradients of the
+  step are their mean over the micro-batches (the model's loss is a mean over its samples; the
+  search refuses models whose operators mix samples). The forwards and backwards are issued in
+  1F1B order (:func:`~pcgopt.extract.costmodel.pipeline.one_f_one_b_order`: each stage its
+  warm-up forwards, then one forward and one backward in turn). JAX dispatches asynchronously,
+  so each stage's devices run its operations in that order while the other stages run theirs,
+  and the optimizer's update waits for the last backward (the flush). A weight two stages read
   (a tied embedding) gets the sum of both stages' gradients, and is updated on the devices of
-  the first stage that reads it.
-* **What is not the plan's schedule.** JAX dispatches asynchronously, so stages on disjoint
-  devices overlap where their inputs are ready, but the order is micro-batch after micro-batch,
-  forward then backward, not 1F1B's interleaving, and nothing waits for the flush: the numbers
-  are those of the 1F1B schedule (gradient accumulation), the timing is not measured against
-  it. 2BW's delayed update is not run: a plan of that schedule is refused.
+  the first stage that reads it. 2BW's delayed update is not run: a plan of that schedule is
+  refused.
 
 The check of such a program is the same as for any plan: its loss and gradients against the
 unsharded model's over the same micro-batches (:func:`~pcgopt.lower.jax.reference_loss_and_grads`
@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 
+from pcgopt.extract.costmodel.pipeline import one_f_one_b_order
 from pcgopt.graph import PCG, TensorRef
 from pcgopt.lower.jax import (
     DEFAULT_LEARNING_RATE,
@@ -68,7 +69,7 @@ class PipelinedLowered(MappedLowered):
     def _run(self, feeds: Mapping[str, Any], *, backward: bool) -> tuple[Any, dict, dict]:
         m = self.micro_batches
         data = _data_inputs(self.pcg)
-        losses, outputs, grads = [], [], {}
+        chunks = []
         for i in range(m):
             chunk = {}
             for name, value in feeds.items():
@@ -76,18 +77,37 @@ class PipelinedLowered(MappedLowered):
                     size = np.shape(value)[0] // m
                     value = value[i * size : (i + 1) * size]
                 chunk[name] = value
-            loss, values, got = super()._run(chunk, backward=backward)
-            losses.append(loss)
-            outputs.append(
-                {self.aliases.get(r, r): values[self.aliases.get(r, r)] for r in self.pcg.outputs}
-            )
-            for name, g in got.items():
-                grads[name] = grads[name] + g if name in grads else g
+            chunks.append(chunk)
+        values: list[dict] = [{} for _ in range(m)]
+        tapes: dict[tuple[int, int], Any] = {}
+        losses: list[Any] = [None] * m
+        cotangents: list[dict] = [{} for _ in range(m)]
+        grads: dict[str, Any] = {}
+        last = len(self.pieces) - 1
+        # Issued in 1F1B order (JAX dispatches asynchronously: each stage's devices run their
+        # operations in the order issued, and stages on other devices run beside them).
+        order = (
+            one_f_one_b_order(len(self.pieces), m)
+            if backward
+            else tuple((s, "F", i) for i in range(m) for s in range(len(self.pieces)))
+        )
+        for s, kind, i in order:
+            piece = self.pieces[s]
+            if kind == "F":
+                tapes[s, i] = self._forward_piece(piece, chunks[i], values[i])
+                if s == last:
+                    losses[i], cotangents[i], seeded = self._loss(
+                        chunks[i], values[i], backward=backward
+                    )
+                    for name, g in seeded.items():
+                        grads[name] = grads[name] + g if name in grads else g
+            else:
+                self._backward_piece(piece, tapes.pop((s, i)), values[i], cotangents[i], grads)
         joined: dict[TensorRef, Any] = {}
         for model_ref in self.pcg.outputs:
             r = self.aliases.get(model_ref, model_ref)
             sizes = self.pcg.shape(model_ref).sizes
-            joined[r] = joined_micro_batches([o[r] for o in outputs], sizes[:1], jnp)
+            joined[r] = joined_micro_batches([v[r] for v in values], sizes[:1], jnp)
         return sum(losses) / m, joined, {k: g / m for k, g in grads.items()}
 
 

@@ -123,7 +123,7 @@ class RunReport:
         if getattr(low, "stages", 0):
             where = (
                 f"as a pipeline of {len(pieces)} stages on blocks of {low.mesh.size} {platform} "
-                "devices, micro-batch by micro-batch (not 1F1B's interleaving)"
+                "devices, micro-batches issued in 1F1B order"
             )
         elif pieces:
             where = (

@@ -146,3 +146,30 @@ def test_a_malformed_pipeline_in_a_plan_file_is_named(bert):
         SavedPipeline.from_dict(model, {**good, "micro_batches": 0})
     with pytest.raises(PCGError, match="stages must be a non-empty list"):
         SavedPipeline.from_dict(model, {**good, "stages": []})
+
+
+def test_each_stage_runs_its_forwards_and_backwards_in_1f1b_order(bert, monkeypatch):
+    """With 2 stages and 4 micro-batches the first stage runs a warm-up forward, then a forward
+    and a backward in turn, then its last backward; the last stage alternates from the start.
+    (Micro-batch after micro-batch would alternate on both.)"""
+    _, program, inputs, weights, _ = bert
+    issued: list[tuple[int, str]] = []
+    forward, backward = program._forward_piece, program._backward_piece
+
+    def record_forward(piece, *args):
+        issued.append((piece.index, "F"))
+        return forward(piece, *args)
+
+    def record_backward(piece, *args):
+        issued.append((piece.index, "B"))
+        return backward(piece, *args)
+
+    monkeypatch.setattr(program, "_forward_piece", record_forward)
+    monkeypatch.setattr(program, "_backward_piece", record_backward)
+    program.loss_and_grads(inputs, weights)
+    per_stage = ["".join(k for s, k in issued if s == stage) for stage in (0, 1)]
+    assert per_stage == ["FFBFBFBB", "FBFBFBFB"]
+    # Each operation is issued after those it waits for: stage 1's forward of a micro-batch
+    # after stage 0's, stage 0's backward after stage 1's.
+    assert issued.index((1, "F")) > issued.index((0, "F"))
+    assert issued.index((0, "B")) > issued.index((1, "B"))
