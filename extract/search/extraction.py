@@ -29,9 +29,10 @@ first, produced last) is synchronized after the backward ends. ``L`` is ``S`` ti
 bucket's share of the bytes synchronized (all of ``S`` when they fit one bucket, as in a small
 model; none with ``bucket_bytes=0``). ``backward_s`` (per e-node) and ``sync_s`` (per
 e-class) are the parts of ``node_s`` and ``stored_s`` that overlap. A choice whose backward
-runs collectives of its own (a tensor-parallel layer's ReduceScatter of its input's gradient,
-``backward_comm_s``) hides none of the sync: on the one communication stream each of them
-waits behind the buckets issued before it, and the backward waits for it (Unity's MLP split
+runs collectives of its own once a weight's gradient is synced (a tensor-parallel layer's
+ReduceScatter of its input's gradient below a synced layer, ``backward_comm_s``) hides none of
+the sync: on the one communication stream each of them waits behind the buckets issued before
+it, and the backward waits for it (Unity's MLP split
 two ways at once on one node: 119 ms estimated with the sync hidden, 161 ms simulated). This
 is the estimate extraction ranks by; the simulated iteration
 (:mod:`pcgopt.extract.costmodel.simulate`) also sees each bucket's own timing and what a
@@ -70,7 +71,7 @@ import heapq
 import os
 import sys
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -467,8 +468,8 @@ class DagCost:
     """A choice's cost in the extraction model: seconds and bytes per device, shared e-classes
     counted once. ``backward_s``, ``sync_s`` and ``last_sync_s``: its ``B``, ``S`` and ``L``
     (module docstring); under overlap ``seconds`` has ``min(B, S - L)`` taken out
-    (``hidden_s``), unless the backward runs collectives of its own (``backward_comm_s``, in
-    the activation collectives ``A``)."""
+    (``hidden_s``), unless the backward runs collectives of its own after a weight's gradient
+    is synced (``backward_comm_s``, part of the activation collectives ``A``)."""
 
     seconds: float
     memory_bytes: float
@@ -494,11 +495,13 @@ def dag_cost(costs: ENodeCosts, choice: Mapping[int, int]) -> DagCost:
     stored: set[int] = set(costs.egraph.roots)
     kept: set[int] = set()
     seconds = backward_s = backward_comm_s = 0.0
+    postorder: list[int] = []
     stack: list[tuple[int, bool]] = [(r, False) for r in costs.egraph.roots]
     while stack:
         c, done = stack.pop()
         if done:
             on_path.discard(c)
+            postorder.append(c)
             continue
         if c in seen:
             if c in on_path:
@@ -532,9 +535,11 @@ def dag_cost(costs: ENodeCosts, choice: Mapping[int, int]) -> DagCost:
     hidden = last = 0.0
     if costs.overlap:
         last = sync_s * min(1.0, costs.bucket_bytes / sync_bytes) if sync_bytes else 0.0
-        # A backward that runs collectives of its own waits for them behind the buckets issued
-        # before them on the one communication stream: the sync then delays the backward
-        # instead of hiding behind it (the simulated iteration's order).
+        if backward_comm_s and sync_s:
+            backward_comm_s = _blocked_comm_s(costs, choice, postorder, stored)
+        # A backward that runs collectives of its own after a weight's gradient is synced waits
+        # for them behind the buckets issued before them on the one communication stream: the
+        # sync then delays the backward instead of hiding behind it (the simulated order).
         hidden = 0.0 if backward_comm_s > 0 else min(backward_s, sync_s - last)
     return DagCost(
         seconds=float(seconds - hidden),
@@ -546,6 +551,27 @@ def dag_cost(costs: ENodeCosts, choice: Mapping[int, int]) -> DagCost:
         hidden_s=float(hidden),
         backward_comm_s=float(backward_comm_s),
     )
+
+
+def _blocked_comm_s(
+    costs: ENodeCosts, choice: Mapping[int, int], postorder: Sequence[int], stored: set[int]
+) -> float:
+    """The backward collectives of ``choice`` that run after some weight's gradient is synced:
+    those of e-nodes with a reader of a synced weight layout between them and an output
+    (``postorder``: the choice's classes, inputs before readers)."""
+    nodes, sync_s, weight_layout = costs.egraph.nodes, costs.sync_s, costs.weight_layout
+    after_sync: set[int] = set()
+    blocked = 0.0
+    for c in reversed(postorder):  # outputs first
+        i = choice[c]
+        if c in after_sync:
+            blocked += costs.backward_comm_s[i]
+        children = nodes[i].children
+        if c in after_sync or any(
+            weight_layout[k] and sync_s[k] > 0 and k in stored for k in children
+        ):
+            after_sync.update(children)
+    return blocked
 
 
 # --- Extractors -------------------------------------------------------------------------------
