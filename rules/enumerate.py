@@ -136,9 +136,15 @@ class Config:
     #: tensor-parallel within each composes two degrees; rules of one degree cannot relate
     #: the orders in which a plan and the e-graph compose them. None: one degree.
     second_degree: int | None = None
+    #: A one-operator family's rules are the two-level splits its proved one-level splits
+    #: compose into (:mod:`pcgopt.rules.nesting`), verified again, and not those one-level
+    #: splits themselves (the full enumeration proves or derives them).
+    nested: bool = False
 
     def __post_init__(self) -> None:
         j = self.second_degree
+        if self.nested and not self.one_op:
+            raise ValueError("Config.nested composes a one-operator family's splits: set one_op")
         if j is not None and (j < 2 or math.gcd(j, self.degree) != 1):
             # Coprime degrees keep k, j and k*j apart in the lift (2 and 4 would read 4 as j
             # or as k*k).

@@ -2,8 +2,8 @@
 
 ``matrix`` is the default set behind ``rules.json``: matrices ([2, 4] data, [4, 4] weights),
 the operators of FlexFlow's generated rules, up to 3 operators, and one-operator families of
-dense layers with the activations that enumeration leaves out (GELU, sigmoid, tanh) and of a
-row softmax. Its rules
+dense layers with the activations that enumeration leaves out (GELU, sigmoid, tanh), of a
+row softmax, and of dense layers split two ways at once (``LINEAR_NESTED``). Its rules
 are typed on rank-2 tensors, so they never match a transformer's [batch, sequence, hidden]
 activations or its [batch, heads, sequence, head-dim] attention tensors. ``lookups`` is the
 embedding bags' (rank 2 too, but only a model with embedding bags loads them).
@@ -238,8 +238,19 @@ SOFTMAX_ONE = Config(
     inputs=(_x("x1", (2, 4)),),
 )
 
+#: Dense layers of matrices split two ways at once (ReLU and none): their one-operator splits
+#: composed pairwise (``Config.nested``, :mod:`pcgopt.rules.nesting`), e.g. a batch split of
+#: ``k`` by a column split of ``j`` on ``k*j`` devices, the layout of each branch of the
+#: branch-parallel plans of Unity's MLP and CANDLE-Uno.
+LINEAR_NESTED = Config(
+    one_op=True,
+    nested=True,
+    ops=("linear", *_SPLITS),
+    inputs=(_x("x1", (2, 4)), _x("w1", (4, 4), "weight")),
+)
+
 PRESETS: dict[str, tuple[Config, ...]] = {
-    "matrix": (Config(), LINEAR_SMOOTH_ONE, SOFTMAX_ONE),
+    "matrix": (Config(), LINEAR_SMOOTH_ONE, SOFTMAX_ONE, LINEAR_NESTED),
     "transformer": (
         LINEAR,
         LAYER_NORM_ONE,

@@ -11,6 +11,9 @@
    taken up again (steps 3-5) until nothing changes.
 6. Proved rules that move a layout through a concat of two tensors are widened to every
    arity the e-graph builds (:mod:`pcgopt.rules.arity`) and verified again.
+7. With ``Config.nested``, a one-operator family's proved splits of its operator are composed
+   into splits two ways at once (:mod:`pcgopt.rules.nesting`), verified again, and those
+   are the family's rules.
 
 Only proved rules are written. The output depends only on the configuration: every step runs
 in a fixed order, parallel results are sorted before use, and Z3's limits count its work, not
@@ -46,6 +49,7 @@ from pcgopt.rules.candidates import (
     readable,
 )
 from pcgopt.rules.enumerate import Config, Enumerator, ShardResult, fingerprint
+from pcgopt.rules.nesting import nestings
 from pcgopt.rules.rewriting import Evaluator, Implication, RuleIndex
 from pcgopt.workers import imap_unordered
 
@@ -86,6 +90,8 @@ class Stats:
     #: Rules made by widening a proved rule to a concat of 3 or more inputs, and proved
     #: (:mod:`pcgopt.rules.arity`).
     widened: int = 0
+    #: With ``Config.nested``: two-level splits composed and proved (:mod:`pcgopt.rules.nesting`).
+    nested: int = 0
     #: Verdicts that Z3's wall-clock cap, not its work limit, decided (the file may then differ
     #: on another machine or load; :mod:`pcgopt.verify.limits`).
     clock_stopped: int = 0
@@ -437,6 +443,20 @@ def generate(
             found_with[w.name] = found_with[r.name]
             stats.widened += 1
     stats.seconds["widen"] = time.perf_counter() - t
+    if config.nested:
+        # Step 7: the family's rules are the two-level splits its one-level ones compose into.
+        t = time.perf_counter()
+        nested = nestings(rules)
+        verdicts_n = verify_all([(r,) for r in nested], workers, timeout, work_dir)
+        rules = []
+        for r in nested:
+            v = verdicts[r.name] = verdicts_n[r.name]
+            verified[r.name] = r
+            if v["status"] == "proved":
+                rules.append(r)
+                found_with[r.name] = _term_count(r)
+        stats.nested = len(rules)
+        stats.seconds["nest"] = time.perf_counter() - t
     stats.verified = len(verdicts)
     conflicts = [v for v in verdicts.values() if v.get("axiom_conflict")]
     if conflicts:
@@ -452,6 +472,15 @@ def generate(
     stats.unknown = sum(1 for v in verdicts.values() if v["status"] == "unknown")
     rules.sort(key=lambda r: (kind(r), canonical_text(r)))
     return Generated(rules, verdicts, stats, found_with, verified)
+
+
+def _term_count(rule: Rule) -> int:
+    """Operators on both sides of ``rule``, each distinct subterm once per side."""
+    return sum(1 for side in (rule.lhs, rule.rhs) for t in set(_terms(side)))
+
+
+def _terms(side: tuple) -> list[Term]:
+    return [t for e in side for t in walk(e) if isinstance(t, Term)]
 
 
 def _two_degrees(rule: Rule) -> bool:
@@ -543,6 +572,7 @@ def _generator(config: Config) -> dict:
         **limit,
         "degree": config.degree,
         **({} if config.second_degree is None else {"second_degree": config.second_degree}),
+        **({"nested": True} if config.nested else {}),
         "ops": list(config.ops),
         "inputs": {s.name: repr(s.shape) for s in config.inputs},
         "file_version": FILE_VERSION,

@@ -26,9 +26,12 @@ from pcgopt.sharded import ShardedArray
 
 
 def test_the_matrix_preset_enumerates_matrices_as_flexflows_generator_does():
-    config, smooth, softmax = PRESETS["matrix"]
+    config, smooth, softmax, nested = PRESETS["matrix"]
     assert smooth == LINEAR_SMOOTH_ONE
     assert repr(softmax.variants()[0]) == "softmax(axis=1)"
+    # Dense layers split two ways at once: composed from one-operator splits of matrices.
+    assert nested.nested and nested.one_op
+    assert [repr(s.shape) for s in nested.inputs] == ["f32[2, 4]", "f32[4, 4]"]
     names = [repr(v) for v in config.variants()]
     assert "partition(dim=1, degree=2)" in names
     assert not any("dim=2" in n or "inputs=3" in n for n in names)
