@@ -627,11 +627,15 @@ class _Builder:
                 f"arithmetic on parameters, so a match does not bind it"
             )
         shape_symbols = _shape_symbols(self.result)
-        for s in sorted(symbols_of(self.result) - bound_symbols):
+        chosen = sorted(symbols_of(self.result) - bound_symbols)
+        for s in chosen:
             if s in shape_symbols:
                 # Only degrees are chosen (among the machine's legal ones); a shape is not.
                 raise Untranslatable(f"the new side chooses {s!r}, a parameter of a shape")
             self.query.append(f"(legal k_{s})")
+        if len(chosen) > 1:
+            # A split two ways at once spans the product of its degrees: a legal one too.
+            self.query.append(f"(legal (* {' '.join(f'k_{s}' for s in chosen)}))")
         # A degree the new side computes from matched ones (``replicate(x, degree=k*j)``)
         # must be one the machine allows too: 3*3 on 48 devices is not a divisor.
         for term in {t for e in self.result for t in walk(e) if isinstance(t, Term)}:

@@ -40,7 +40,8 @@ from pcgopt.extract.strategies.baselines import data_parallel, megatron, unity_f
 from pcgopt.models import bert_large, mnist_mlp
 from pcgopt.models.mlps import mlp
 from pcgopt.ops import Params
-from pcgopt.rewrite import Rule
+from pcgopt.rewrite import Rule, format_exprs
+from pcgopt.rules import RULES_FILE, load
 from pcgopt.segments import cut_layouts, segment_problems, split_segments
 from pcgopt.shapes import ParallelTensorShape
 from pcgopt.testing.strategies import small_pcgs
@@ -314,6 +315,27 @@ def test_a_degree_two_operators_share_must_be_the_same_degree_in_both():
     assert "(op_reduce v_x1 k_k)" in query
     second = re.search(r"\(op_reduce v_x2 (q\d+)\)", query)
     assert second and f"(= 0 (- {second.group(1)} k_k))" in query
+
+
+def test_a_split_two_ways_at_once_spans_a_legal_number_of_devices():
+    """The introduction of a dense layer's batch-by-columns split (pcgopt.rules.nesting)
+    chooses both degrees: each a legal one, and their product too (on 12 GPUs, 2 x 3 and 3 x 2
+    and 2 x 6, never 2 x 4 on 8 of them)."""
+    intro = next(
+        r
+        for r in load(RULES_FILE)
+        if format_exprs(r.rhs) == "linear(x1, x2, activation='relu')"
+        and format_exprs(r.lhs).startswith("combine(combine(")
+    )
+    _, choosing = translate_rule(language(), intro)
+    assert "(legal k_j)" in choosing.text and "(legal k_k)" in choosing.text
+    assert "(legal (* k_j k_k))" in choosing.text
+    b = PCGBuilder()
+    layer = b.linear(b.input((24, 24), name="x"), b.weight((24, 24), name="w"), activation="relu")
+    twelve = Machine.preset("summit", nodes=2)
+    eg = saturate(b.build(layer), twelve, rules=[intro], budget=Budget(iterations=1)).egraph
+    spans = {s.num_shards for s in eg.shapes if s is not None}  # shards count copies too
+    assert {6, 12} <= spans and spans <= {1, 2, 3, 4, 6, 12}
 
 
 def test_a_degree_matched_as_a_product_of_two_symbols_is_split_into_legal_factors():
