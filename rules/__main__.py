@@ -83,6 +83,7 @@ def _generate(args: argparse.Namespace) -> int:
         f"  verified {s.verified}: proved {s.proved}, refuted {s.refuted}, unknown {s.unknown} "
         f"({s.rounds} round(s)); {s.widened} of them rules about concats widened to 3 to "
         f"{WIDEST} inputs and proved"
+        + (f", {s.nested} splits two ways at once composed and proved" if s.nested else "")
     )
     if s.clock_stopped:
         print(
