@@ -46,6 +46,7 @@ from pcgopt.lower.jax import (
     lower,
 )
 from pcgopt.lower.mapped import MappedLowered, Piece
+from pcgopt.ops import OpKind
 from pcgopt.scaled import joined_micro_batches, micro_batched
 
 __all__ = ["PipelinedLowered", "lower_pipeline"]
@@ -111,6 +112,25 @@ class PipelinedLowered(MappedLowered):
         return sum(losses) / m, joined, {k: g / m for k, g in grads.items()}
 
 
+def _check_model(pipeline: Any) -> None:
+    """Every input and weight of a stage (but the tensor handed on) must be the model's, of its
+    sizes: the model is the one the stages cut."""
+    model: PCG = pipeline.model
+    for stage in pipeline.stages:
+        for node in stage.plan.nodes:
+            if node.spec.kind is not OpKind.SOURCE or node.name == stage.entry:
+                continue
+            mine = stage.plan.shape(node.name).sizes
+            theirs = model.shape(node.name).sizes if node.name in model else None
+            if mine != theirs:
+                found = "not in the model" if theirs is None else f"{theirs} in the model"
+                raise LoweringError(
+                    f"stage {stage.index}'s {node.op} {node.name!r} (sizes {mine}) is {found}: "
+                    "the model is not the one the pipeline cuts",
+                    node=node.name,
+                )
+
+
 def lower_pipeline(
     pipeline: Any,
     devices: Sequence[Any] | int | None = None,
@@ -142,6 +162,7 @@ def lower_pipeline(
             f"the pipeline's stages use {needed} devices, {len(available)} were given (on a CPU, "
             f"set XLA_FLAGS=--xla_force_host_platform_device_count={needed} before JAX loads)"
         )
+    _check_model(pipeline)
     optimizer = optimizer or pipeline.optimizer
     m = pipeline.micro_batches
     pieces: list[Piece] = []

@@ -146,6 +146,12 @@ def test_a_malformed_pipeline_in_a_plan_file_is_named(bert):
         SavedPipeline.from_dict(model, {**good, "micro_batches": 0})
     with pytest.raises(PCGError, match="stages must be a non-empty list"):
         SavedPipeline.from_dict(model, {**good, "stages": []})
+    # Read back against another model, the stages' sources are not its own.
+    from pcgopt.lower.jax import lower
+
+    other = build("mnist_mlp", small=True)
+    with pytest.raises(LoweringError, match="is not in the model: the model is not the one"):
+        lower(SavedPipeline.from_dict(other, good))
 
 
 def test_each_stage_runs_its_forwards_and_backwards_in_1f1b_order(bert, monkeypatch):
