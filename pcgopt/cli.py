@@ -345,7 +345,9 @@ def _run(args: argparse.Namespace) -> int:
             plan = SavedPipeline.from_dict(model or pcg, meta["pipeline"])
         except PCGError as e:
             raise UsageError(f"{args.plan}: {e}") from None
-        meta = {**meta, "cost": {"optimizer": plan.optimizer}}
+        # The one-program plan's cost (its micro-batches) is not the pipeline's: the pipeline
+        # runs its own micro-batches with the optimizer it was costed with.
+        meta = {**meta, "cost": {}}
         print(
             f"running the plan's pipeline ({len(plan.stages)} stages x {plan.micro_batches} "
             "micro-batches; --one-program runs its one-program plan instead)",

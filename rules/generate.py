@@ -50,7 +50,7 @@ from pcgopt.rules.candidates import (
 )
 from pcgopt.rules.enumerate import Config, Enumerator, ShardResult, fingerprint
 from pcgopt.rules.nesting import nestings
-from pcgopt.rules.rewriting import Evaluator, Implication, RuleIndex
+from pcgopt.rules.rewriting import Evaluator, Implication, RuleIndex, side_size
 from pcgopt.workers import imap_unordered
 
 FILE_VERSION = 1
@@ -454,7 +454,7 @@ def generate(
             verified[r.name] = r
             if v["status"] == "proved":
                 rules.append(r)
-                found_with[r.name] = _term_count(r)
+                found_with[r.name] = side_size(r.lhs) + side_size(r.rhs)
         stats.nested = len(rules)
         stats.seconds["nest"] = time.perf_counter() - t
     stats.verified = len(verdicts)
@@ -472,15 +472,6 @@ def generate(
     stats.unknown = sum(1 for v in verdicts.values() if v["status"] == "unknown")
     rules.sort(key=lambda r: (kind(r), canonical_text(r)))
     return Generated(rules, verdicts, stats, found_with, verified)
-
-
-def _term_count(rule: Rule) -> int:
-    """Operators on both sides of ``rule``, each distinct subterm once per side."""
-    return sum(1 for side in (rule.lhs, rule.rhs) for t in set(_terms(side)))
-
-
-def _terms(side: tuple) -> list[Term]:
-    return [t for e in side for t in walk(e) if isinstance(t, Term)]
 
 
 def _two_degrees(rule: Rule) -> bool:

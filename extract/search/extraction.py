@@ -56,13 +56,16 @@ Two extractors over this model:
   has more of its sync in the last bucket (fewer bytes synced: an embedding table's touched
   rows), again summed, with the backward free and with both at half; the cheapest of these by
   the DAG cost starts the search;
-* :func:`extract_ilp`, exact for the model above: a 0-1 program solved by HiGHS (``highspy``),
+* :func:`extract_ilp`, exact for the model above but for the blocked sync (a choice's
+  ``backward_comm_s`` depends on its order, which the program does not see; it counts the sync
+  as hideable): a 0-1 program solved by HiGHS (``highspy``),
   with acyclicity by class order variables, ``max(B, S)`` as a variable bounded below by both and
   memory as a constraint; for small e-graphs, and the check of the greedy one in tests. ``L`` is
   not linear in the choice: the program takes the last bucket's share of the sync as fixed, the
   warm start's (or, if that syncs nothing, the share of all trainable weights' bytes), which
-  is exact with ``bucket_bytes=0`` and otherwise an estimate, so where its choice costs more
-  by the DAG cost than the warm start it was given, it returns the warm start.
+  is exact with ``bucket_bytes=0`` and otherwise an estimate; so where its choice costs more
+  by the DAG cost than the warm start it was given (that estimate, or a sync it took for hidden
+  that is blocked), it returns the warm start.
 """
 
 from __future__ import annotations
@@ -790,11 +793,12 @@ def extract_ilp(
 ) -> Extraction:
     """The optimal extraction for the model in the module docstring, memory capacity included,
     as a 0-1 program solved by HiGHS, started from ``warm_start`` if given (the result is never
-    worse than it by :func:`dag_cost`, the warm start itself where the program's estimate of the
-    last bucket misled it). Raises :class:`ExtractionError` above ``max_enodes`` needed e-nodes
-    (use :func:`extract_greedy`), if the solver finds no solution in ``time_limit_s`` (or
-    ``node_limit`` branch-and-bound nodes, a limit that does not depend on the machine's speed)
-    or if no acyclic choice fits; ``optimal`` says whether it proved optimality within them."""
+    worse than it by :func:`dag_cost`, the warm start itself where the program's estimates of
+    the last bucket or of the blocked sync misled it). Raises :class:`ExtractionError` above
+    ``max_enodes`` needed e-nodes (use :func:`extract_greedy`), if the solver finds no solution
+    in ``time_limit_s`` (or ``node_limit`` branch-and-bound nodes, a limit that does not depend
+    on the machine's speed) or if no acyclic choice fits; ``optimal`` says whether it proved
+    optimality within them."""
     try:
         import highspy
     except ImportError as e:  # pragma: no cover - declared dependency
