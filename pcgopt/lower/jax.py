@@ -1426,12 +1426,19 @@ def _placement_of(
     return {**default_placement(pcg), **placement}
 
 
+#: The axis of a program on one device. Its grid has no axes, and shard_map (since JAX 0.12.1)
+#: refuses a mesh without one; every value is replicated along this one-device axis.
+ONE_DEVICE_AXIS = "one"
+
+
 def _mesh(devices: Sequence[Any], grid: DeviceGrid) -> Any:
-    """``devices`` (row-major) as a mesh of ``grid``'s axes."""
+    """``devices`` (row-major) as a mesh of ``grid``'s axes (one device: of
+    :data:`ONE_DEVICE_AXIS`)."""
+    names, shape = (grid.names, grid.shape) if grid.names else ((ONE_DEVICE_AXIS,), (1,))
     return Mesh(
-        np.array(devices, dtype=object).reshape(grid.shape),
-        grid.names,
-        axis_types=(jax.sharding.AxisType.Auto,) * len(grid.names),
+        np.array(devices, dtype=object).reshape(shape),
+        names,
+        axis_types=(jax.sharding.AxisType.Auto,) * len(names),
     )
 
 
