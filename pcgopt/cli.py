@@ -371,7 +371,9 @@ def _calibrate(args: argparse.Namespace) -> int:
         from pcgopt.lower.measure import measure_machine
 
         say = (lambda line: print(line, file=sys.stderr, flush=True)) if not args.quiet else None
-        measured = measure_machine(devices=args.devices, repeats=args.repeats, say=say)
+        measured = measure_machine(
+            devices=args.devices, repeats=args.repeats, quick=args.quick, say=say
+        )
         machine = measured.machine
         print(measured.summary())
     else:
@@ -679,6 +681,11 @@ def _add_calibrate(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--devices", type=positive_int, default=8, help="devices to measure (default 8)")
     p.add_argument(
         "--repeats", type=positive_int, default=5, help="timings per measurement (default 5)"
+    )
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="with --measure: time smaller matmuls and convolutions (seconds; a rougher peak)",
     )
     p.add_argument(
         "--machine",

@@ -51,6 +51,12 @@ __all__ = ["MeasuredMachine", "measure_machine"]
 
 #: Matrix sizes (``n`` of an ``n x n`` product) timed for the peak rate.
 MATMUL_SIZES = (128, 256, 512, 768)
+#: Convolutions timed beside them: (channels, image side), 3 x 3 kernels.
+CONVOLUTIONS = ((16, 32), (32, 32), (32, 64))
+#: ``measure_machine(quick=True)``'s smaller products and convolutions: a few seconds on a
+#: CPU host instead of about fifteen, the peak fitted from smaller (more launch-bound) kernels.
+QUICK_MATMUL_SIZES = (64, 128, 256)
+QUICK_CONVOLUTIONS = ((8, 16), (16, 32))
 #: Elements per device of the elementwise passes timed for the memory bandwidth.
 COPY_SIZES = (2**14, 2**16, 2**18, 2**20)
 #: Bytes per device of the collectives' messages.
@@ -119,11 +125,13 @@ def measure_machine(
     devices: int | None = None,
     name: str = "measured",
     repeats: int = 5,
+    quick: bool = False,
     say: Callable[[str], None] | None = None,
 ) -> MeasuredMachine:
     """Times the local JAX devices (the first ``devices`` of them; default all) and fits a
     machine (module docstring). JAX must already have them: on a CPU call
-    :func:`pcgopt.lower.run.host_devices` before JAX loads."""
+    :func:`pcgopt.lower.run.host_devices` before JAX loads. ``quick``: time smaller matrix
+    products and convolutions (:data:`QUICK_MATMUL_SIZES`), for a rougher peak in less time."""
     try:
         import jax
         import jax.numpy as jnp
@@ -185,11 +193,11 @@ def measure_machine(
     spec = PartitionSpec("d")
     say(f"timing matrix products and convolutions on {count} devices at once")
     compute = []
-    for n in MATMUL_SIZES:
+    for n in QUICK_MATMUL_SIZES if quick else MATMUL_SIZES:
         w = jnp.full((n, n), 1.0 / n, jnp.float32)
         compute.append((2.0 * n**3, per_step(lambda v, w=w: v @ w, (n, n), flat, spec)))
     convolutions = []
-    for channels, size in ((16, 32), (32, 32), (32, 64)):
+    for channels, size in QUICK_CONVOLUTIONS if quick else CONVOLUTIONS:
         kernel = jnp.full((channels, channels, 3, 3), 1.0 / (9 * channels), jnp.float32)
 
         def conv(v: Any, kernel: Any = kernel) -> Any:

@@ -15,7 +15,13 @@ from pcgopt.models import build
 
 pytest.importorskip("jax", reason="measuring needs the optional extra pcgopt[jax]")
 
-from pcgopt.lower.measure import COLLECTIVES, MESSAGE_SIZES, measure_machine
+from pcgopt.lower.measure import (
+    COLLECTIVES,
+    MESSAGE_SIZES,
+    QUICK_CONVOLUTIONS,
+    QUICK_MATMUL_SIZES,
+    measure_machine,
+)
 
 
 def _measured_twice(measure):
@@ -31,7 +37,8 @@ def _measured_twice(measure):
 
 @pytest.fixture(scope="module")
 def measured():
-    return _measured_twice(lambda: measure_machine(devices=4, repeats=3))
+    # quick: the suite checks the pipeline, not the peak (full sizes: about 15 s more).
+    return _measured_twice(lambda: measure_machine(devices=4, repeats=3, quick=True))
 
 
 def test_the_measured_machine_has_the_devices_and_fitted_rates(measured):
@@ -40,6 +47,9 @@ def test_the_measured_machine_has_the_devices_and_fitted_rates(measured):
     device = machine.device
     assert device.peak_flops["f32"] > 0 and device.memory_bandwidth_Bps > 0
     assert device.launch_overhead_s >= 0 and device.memory_bytes > 0
+    # quick: the smaller products and convolutions, each timed once.
+    assert [f for f, _ in measured.compute] == [2.0 * n**3 for n in QUICK_MATMUL_SIZES]
+    assert len(measured.convolutions) == len(QUICK_CONVOLUTIONS)
     # Every collective at every message size in groups of 2 and 4, fitted as one link.
     assert len(measured.collectives) == 2 * len(COLLECTIVES) * len(MESSAGE_SIZES)
     assert {m.group_size for m in measured.collectives} == {2, 4}
@@ -62,14 +72,14 @@ def test_calibrate_measure_writes_a_machine_file_the_cli_reads(
     asked = []
 
     def measured_once(**kwargs):
-        asked.append({k: kwargs[k] for k in ("devices", "repeats")})
+        asked.append({k: kwargs[k] for k in ("devices", "repeats", "quick")})
         return measured
 
     monkeypatch.setattr(measure, "measure_machine", measured_once)
     out = tmp_path / "machine.json"
-    argv = ["calibrate", "--measure", "--devices", "4", "--repeats", "3", "--quiet"]
+    argv = ["calibrate", "--measure", "--devices", "4", "--repeats", "3", "--quick", "--quiet"]
     assert main([*argv, "--out", str(out)]) == 0
-    assert asked == [{"devices": 4, "repeats": 3}]
+    assert asked == [{"devices": 4, "repeats": 3, "quick": True}]
     assert f"wrote {out}" in capsys.readouterr().out
     machine = Machine.load(out)
     assert machine == measured.machine and json.loads(out.read_text())["name"] == "measured"
