@@ -375,17 +375,19 @@ def test_run_runs_a_plan_files_pipeline_unless_asked_for_its_one_program_plan(tm
     from pcgopt.models import build
     from pcgopt.serialize import pcg_to_dict
 
-    model = build("bert_large", batch=8, seq=4, hidden=8, layers=2, heads=2, vocab=11, loss=True)
+    # One layer, 2 micro-batches: the run compiles each stage's pieces (4 micro-batches of 2
+    # layers took 7 s more).
+    model = build("bert_large", batch=8, seq=4, hidden=8, layers=1, heads=2, vocab=11, loss=True)
     piped = pipeline_search(
-        model, machine_from_spec("dgx-a100:2:2"), stage_counts=[2], micro_batches=[4], min_ops=4
+        model, machine_from_spec("dgx-a100:2:2"), stage_counts=[2], micro_batches=[2], min_ops=4
     )
     path = tmp_path / "piped.json"
     path.write_text(json.dumps({"pcg": pcg_to_dict(model), "pipeline": piped.to_dict()}))
     assert main(["run", str(path), "--steps", "1", "--rows", "0", "--quiet"]) == 0
     captured = capsys.readouterr()
-    assert "running the plan's pipeline (2 stages x 4 micro-batches" in captured.err
+    assert "running the plan's pipeline (2 stages x 2 micro-batches" in captured.err
     assert "as a pipeline of 2 stages on blocks of 4 CPU devices" in captured.out
-    assert "4 micro-batches" in captured.out and "step 1: loss" in captured.out
+    assert "2 micro-batches" in captured.out and "step 1: loss" in captured.out
     relative = re.search(r"gradients max \|difference\| \S+ \(relative (\S+)\)", captured.out)
     assert relative is not None and float(relative.group(1)) < 1e-4, captured.out
     assert main(["run", str(path), "--steps", "1", "--rows", "0", "--quiet", "--one-program"]) == 0
