@@ -141,7 +141,7 @@ def test_megatron_with_data_parallelism_needs_the_two_degree_layouts():
     # over the 3 nodes: its biases are copied 6 times and its weights split 2 ways on 3
     # copies, where the e-graph copies biases 3 and then 2 times and splits copies.
     machine = Machine.preset("dgx-a100", nodes=3, devices_per_node=2)
-    model = bert_large(batch=6, seq=4, hidden=8, layers=2, heads=2, vocab=16)
+    model = bert_large(batch=6, seq=4, hidden=8, layers=1, heads=2, vocab=16)
     plan = megatron(model, machine)
     assert {n.params.get("degree") for n in plan.nodes} >= {2, 3, 6}
     options = {"degrees": machine.level_degrees(), "min_ops": 12, "budget": Budget(iterations=3)}
