@@ -303,6 +303,43 @@ def test_candidates_are_placed_fastest_first_and_the_first_always():
     assert all(v is None for k, v in candidates.items() if k != first)
 
 
+def test_a_data_parallel_plan_is_placed_late_when_the_placed_ones_came_out_slower(monkeypatch):
+    """A mixed plan's cost before placement puts every group on the closest devices at once;
+    placed, it can come out slower than data parallelism's cost before placement, which is a
+    real machine's. Past the phase's time, such a data-parallel plan is still placed (quickly)
+    and the search does not return the slower plan; another mixed plan is not."""
+    from dataclasses import replace
+
+    from pcgopt.extract import iteration_cost
+    from pcgopt.extract.strategies.baselines import data_parallel, megatron, megatron_sp
+
+    plans = {
+        "data parallel": data_parallel(MNIST, TWO_GPUS),
+        "megatron": megatron(MNIST, TWO_GPUS),
+        "megatron-sp": megatron_sp(MNIST, TWO_GPUS),
+    }
+    candidates = {k: (p, iteration_cost(p, TWO_GPUS)) for k, p in plans.items()}
+    dp_s = candidates["data parallel"][1].total_s
+    first = min(candidates, key=lambda k: candidates[k][1].total_s)
+    assert first != "data parallel" and candidates["megatron-sp"][1].total_s < dp_s
+    real = plan_module.mapped_cost
+
+    def mixed_plans_place_badly(plan, *args, **kwargs):
+        placement, mapping, cost = real(plan, *args, **kwargs)
+        if not plan_module.batch_split_only(plan):
+            cost = replace(cost, total_s=3 * dp_s)
+        return placement, mapping, cost
+
+    monkeypatch.setattr(plan_module, "mapped_cost", mixed_plans_place_badly)
+    spent = plan_module._Clock(1.0, time.perf_counter() - 1.0)  # its deadline has passed
+    _, mappings, failed = plan_module._place_and_map(
+        candidates, TWO_GPUS, "adam", spent, lambda _: None
+    )
+    assert set(mappings) == {first, "data parallel"}
+    assert list(failed.values()) == [plan_module.UNPLACED]
+    assert candidates["data parallel"][1].total_s == pytest.approx(dp_s)
+
+
 def test_plans_for_one_node_of_several_are_candidates_on_the_whole_machine():
     # On two Summit nodes of two GPUs, the MNIST MLP's gradients cost more to all-reduce across
     # the nodes than the second node's compute saves: data parallelism on one node is faster.
