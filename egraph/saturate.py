@@ -611,6 +611,31 @@ def _private_bytes(pid: int | str = "self") -> int:
         return _rss() if pid == "self" else _child_rss(pid)
 
 
+_malloc_trim: list = []
+
+
+def return_freed_memory() -> int:
+    """Hands the memory that freed e-graphs leave in the C allocator's heap back to the system
+    (glibc's ``malloc_trim``; elsewhere nothing), so that the resident set, which the memory
+    budget reads, is what is in use: after BERT-Large's saturation on 64 GPUs was dropped, the
+    process kept 826 MiB resident, 456 MiB after this, and a later saturation in the same
+    process (Inception-v3's) found its budget spent and ran no iteration. Returns the bytes
+    the resident set shrank by."""
+    if not _malloc_trim:
+        try:
+            import ctypes
+
+            _malloc_trim.append(ctypes.CDLL("libc.so.6").malloc_trim)
+        except (OSError, AttributeError):  # not glibc
+            _malloc_trim.append(None)
+    trim = _malloc_trim[0]
+    if trim is None:
+        return 0
+    before = _rss()
+    trim(0)
+    return max(0, before - _rss())
+
+
 def _footprint() -> int:
     """What this process adds to the memory of the saturation: its resident set, or in a
     speculative child what it does not share with its parent (which counts the rest)."""
@@ -800,7 +825,9 @@ def _run(
         if over_time(now - start, now, iteration_s, nodes):
             return StopReason.TIME, state
         # Likewise a memory budget already spent (by the caller, or the loaded e-graph): no
-        # iteration at all. (What the first adds is not known before it runs.)
+        # iteration at all. (What the first adds is not known before it runs.) Memory that
+        # earlier saturations freed is returned to the system first, so it does not count.
+        return_freed_memory()
         if _footprint() >= budget.memory_bytes:
             return StopReason.MEMORY, state
     for it in range(len(history) + 1, limit + 1):
