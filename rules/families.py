@@ -31,7 +31,8 @@ the e-graph guards the size relations under which it is the same
 product and a bias add (``LINEAR_DECOMPOSE``) and the bias add's own splits (``BIAS_ADD_ONE``)
 are what a row-parallel layer needs: Megatron all-reduces the partial product before adding
 the bias. ``LINEAR_ACTIVATION`` takes a dense layer's activation out of it, which Unity's
-Figure 2b needs for a GELU layer.
+Figure 2b needs for a GELU layer. ``LINEAR_BIAS_NESTED`` composes the dense layer's
+one-level splits into splits two ways at once (AutoDDL's 2D matmul splits).
 ``NORM`` and ``ATTENTION`` are the full enumerations, kept so they can be run (``generate(NORM)``).
 """
 
@@ -249,6 +250,17 @@ LINEAR_NESTED = Config(
     inputs=(_x("x1", (2, 4)), _x("w1", (4, 4), "weight")),
 )
 
+#: A transformer's dense layers on [B, S, H] (with a bias, and without), split two ways at
+#: once (:mod:`pcgopt.rules.nesting`): the batch or the sequence by the columns, either by the
+#: contraction, the batch by the sequence; AutoDDL's 2D matmul splits of a layer, reached in one
+#: rewrite instead of only through the cleanup rules.
+LINEAR_BIAS_NESTED = Config(
+    one_op=True,
+    nested=True,
+    ops=("linear_bias", "linear_plain", *_SPLITS),
+    inputs=(_x("x1", (2, 4, 6)), _x("w1", (6, 6), "weight"), _x("b1", (6,), "bias")),
+)
+
 PRESETS: dict[str, tuple[Config, ...]] = {
     "matrix": (Config(), LINEAR_SMOOTH_ONE, SOFTMAX_ONE, LINEAR_NESTED),
     "transformer": (
@@ -264,6 +276,7 @@ PRESETS: dict[str, tuple[Config, ...]] = {
         LINEAR_DECOMPOSE,
         BIAS_ADD_ONE,
         LINEAR_ACTIVATION,
+        LINEAR_BIAS_NESTED,
     ),
     "layouts": LAYOUTS,
     "lookups": (EMBEDDING_BAG_ONE, EMBEDDING_BAG_SINGLE_ONE),
