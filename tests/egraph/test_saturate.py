@@ -557,14 +557,14 @@ def test_memory_freed_but_kept_by_the_allocator_is_returned_before_the_budget_is
     memory budget reads, until ``return_freed_memory`` hands them back (glibc)."""
     import numpy as np
 
-    if saturate_module.return_freed_memory() == 0 and not saturate_module._malloc_trim[0]:
+    if saturate_module._malloc_trim() is None:
         pytest.skip("not glibc: nothing to return")
     blocks = [np.ones(128) for _ in range(400_000)]  # 1 KiB each: malloc's heap, not mmap
     kept = blocks[::100]
     del blocks
     released = saturate_module.return_freed_memory()
     assert released > 100 * 2**20, released
-    assert len(kept) == 4_000
+    del kept  # alive until here: the freed blocks lie between them
 
 
 def blowing_up_model():
