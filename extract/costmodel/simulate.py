@@ -472,37 +472,17 @@ class _Pass:
             for j in node.inputs:
                 if nodes[j].grad:
                     readers[j] += 1
-        grad_out = [loss if readers[j] == 0 else -math.inf for j in range(n)]
-        grad_in = [loss] * n
-        waiting = readers[:]
-        done = [False] * n
-        mapped = self.width > 1
+        self.grad_out = [loss if readers[j] == 0 else -math.inf for j in range(n)]
+        self.grad_in = [loss] * n
+        self.waiting = readers[:]
+        self.done = [False] * n
         self.buckets: dict[Hashable, list[_Member]] = {}
         self.filled: dict[Hashable, float] = {}
         self.issued: list[tuple[Hashable, list[_Member]]] = []
-
-        def finish(i: int) -> None:
-            """Node i has run its backward: its inputs' gradients may be complete."""
-            done[i] = True
-            for j in nodes[i].inputs:
-                if not nodes[j].grad:
-                    continue
-                back = grad_in[i] + self.moved(j, i) if mapped else grad_in[i]
-                grad_out[j] = max(grad_out[j], back)
-                waiting[j] -= 1
-                if waiting[j] == 0 and nodes[j].kind == "free" and not done[j]:
-                    resolve(j)
-
-        def resolve(j: int) -> None:
-            # A node that moves no data passes its gradient on as soon as it is complete.
-            grad_in[j] = grad_out[j]
-            if nodes[j].syncs:
-                self.sync(j, grad_out[j])
-            finish(j)
-
+        grad_in, grad_out = self.grad_in, self.grad_out
         for i in range(n - 1, -1, -1):
             node = nodes[i]
-            if done[i] or not node.grad:
+            if self.done[i] or not node.grad:
                 continue
             if node.kind == "compute" and node.backward_s:
                 grad_in[i] = self.task("compute", i, grad_out[i], node.backward_s, "backward")
@@ -512,10 +492,33 @@ class _Pass:
                 grad_in[i] = grad_out[i]
                 if node.syncs:
                     self.sync(i, grad_out[i])
-            finish(i)
+            self.finish(i)
         for key, bucket in self.buckets.items():
             if bucket:
                 self.issue(key, bucket)
+
+    # Methods, not closures of backward: two closures that call each other hold each other,
+    # and each pass would then wait for a full collection to be freed (a layer-wise search on
+    # BERT-Large left 2.7 million such objects).
+    def finish(self, i: int) -> None:
+        """Node i has run its backward: its inputs' gradients may be complete."""
+        nodes, grad_out, waiting = self.nodes, self.grad_out, self.waiting
+        self.done[i] = True
+        for j in nodes[i].inputs:
+            if not nodes[j].grad:
+                continue
+            back = self.grad_in[i] + self.moved(j, i) if self.width > 1 else self.grad_in[i]
+            grad_out[j] = max(grad_out[j], back)
+            waiting[j] -= 1
+            if waiting[j] == 0 and nodes[j].kind == "free" and not self.done[j]:
+                self.resolve(j)
+
+    def resolve(self, j: int) -> None:
+        """A node that moves no data passes its gradient on as soon as it is complete."""
+        self.grad_in[j] = self.grad_out[j]
+        if self.nodes[j].syncs:
+            self.sync(j, self.grad_out[j])
+        self.finish(j)
 
     def sync(self, i: int, ready: float) -> None:
         """Node i's gradients join their buckets (the last pass only)."""

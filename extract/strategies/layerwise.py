@@ -228,7 +228,8 @@ class _LayerwiseLowering(_Lowering):
     def __init__(self, pcg: PCG, strategies: Mapping[str, MatmulStrategy], input_degree: int):
         super().__init__(pcg, input_degree)
         self.strategies = strategies
-        self.failed: list[tuple[str, MatmulStrategy, PCGError]] = []
+        # Why each failed, as text: an exception kept would hold its traceback's frames.
+        self.failed: list[tuple[str, MatmulStrategy, str]] = []
 
     def lowered(self) -> PCG:
         """The lowered PCG; raises :class:`~pcgopt.extract.strategies.baselines.BaselineError`
@@ -387,7 +388,7 @@ class _LayerwiseLowering(_Lowering):
             return self._dense(node, strategy)
         except PCGError as e:
             # Not silently lowered another way: the assignment would not be what it says.
-            self.failed.append((node.name, strategy, e))
+            self.failed.append((node.name, strategy, str(e)))
             raise
 
     def _dense(self, node: Node, strategy: MatmulStrategy) -> tuple[Tensor, ...]:

@@ -543,46 +543,66 @@ def evaluate_parallel(
     ranges = [range(n) for n in (*partial_ranges, *(degrees[a.name] for a in split_axes))]
     ctx_sizes = tuple(tuple(s.block_sizes) for s in outputs)
     global_in_sizes = tuple(s.sizes for s in shapes)
+    # Index maps worked out once, not per task (a plan on 64 devices has 64 tasks a node):
+    # each input's partial-sum position among the task's and its split dimensions, each
+    # output's, and where each split axis's blocks start.
+    n_partial = len(partial_ranges)
+    in_sum = [
+        max((k for k, owners in enumerate(partial_owner) if i in owners), default=None)
+        for i in range(len(inputs))
+    ]
+    in_dims = [
+        [(a.inputs[i], k) for k, a in enumerate(split_axes) if a.inputs[i] is not None]
+        for i in range(len(inputs))
+    ]
+    out_dims = [
+        [
+            (a.outputs[o], k)
+            for k, a in enumerate(split_axes)
+            if o < len(a.outputs) and a.outputs[o] is not None
+        ]
+        for o in range(len(outputs))
+    ]
+    names = [a.name for a in split_axes]
+    steps = [(a.size or _axis_extent(a, shapes)) // degrees[a.name] for a in split_axes]
+    sum_axes = [
+        *range(n_partial),
+        *(n_partial + k for k, a in enumerate(split_axes) if a.kind is AxisKind.REDUCE),
+    ]
+    datas = [(x.data, x.shape.rank) for x in inputs]
     for task in itertools.product(*ranges):
-        p_idx, a_idx = task[: len(partial_ranges)], task[len(partial_ranges) :]
-        axis_index = {a.name: k for a, k in zip(split_axes, a_idx, strict=True)}
+        a_idx = task[n_partial:]
         blocks = []
-        for i, x in enumerate(inputs):
-            s = 0
-            for owners, k in zip(partial_owner, p_idx, strict=True):
-                if i in owners:
-                    s = k
-            blk = [0] * x.shape.rank
-            for a in split_axes:
-                if a.inputs[i] is not None:
-                    blk[a.inputs[i]] = axis_index[a.name]
-            blocks.append(x.block(s, tuple(blk)))
-        offsets = {
-            a.name: axis_index[a.name] * ((a.size or _axis_extent(a, shapes)) // degrees[a.name])
-            for a in split_axes
-        }
-        ctx = LocalContext(offsets, ctx_sizes, global_in_sizes)
-        local_out = op.local(params, ctx, *blocks)
-        red_idx = tuple(axis_index[a.name] for a in reduce_split)
-        sum_index = (
-            int(np.ravel_multi_index((*p_idx, *red_idx), out_sum_grid)) if out_sum_grid else 0
+        for (data, rank), s, dims in zip(datas, in_sum, in_dims, strict=True):
+            blk = [0] * rank
+            for d, k in dims:
+                blk[d] = a_idx[k]
+            blocks.append(data[(0 if s is None else task[s], *blk)])
+        ctx = LocalContext(
+            {name: k * step for name, k, step in zip(names, a_idx, steps, strict=True)},
+            ctx_sizes,
+            global_in_sizes,
         )
-        for o, (val, out_shape) in enumerate(zip(local_out, outputs, strict=True)):
+        local_out = op.local(params, ctx, *blocks)
+        sum_index = 0
+        for g, t in zip(out_sum_grid, sum_axes, strict=True):
+            sum_index = sum_index * g + task[t]
+        for o, (val, sizes) in enumerate(zip(local_out, ctx_sizes, strict=True)):
             val = np.asarray(val)
-            if val.shape != out_shape.block_sizes:
+            if val.shape != sizes:
+                out_shape = outputs[o]
                 raise ShapeError(
                     f"{op.name}: local computation produced a block of shape {val.shape}, "
                     f"expected {out_shape.block_sizes} for {out_shape} (a bug in the operator spec)"
                 )
             if results[o] is None:
+                out_shape = outputs[o]
                 results[o] = np.zeros(
-                    (out_shape.sum_degree, *out_shape.degrees, *out_shape.block_sizes),
-                    dtype=val.dtype,
+                    (out_shape.sum_degree, *out_shape.degrees, *sizes), dtype=val.dtype
                 )
-            blk = [0] * out_shape.rank
-            for a in split_axes:
-                if o < len(a.outputs) and a.outputs[o] is not None:
-                    blk[a.outputs[o]] = axis_index[a.name]
+            blk = [0] * len(sizes)
+            for d, k in out_dims[o]:
+                blk[d] = a_idx[k]
             results[o][(sum_index, *blk)] = val
     return tuple(ShardedArray(s, r) for s, r in zip(outputs, results, strict=True))
 
