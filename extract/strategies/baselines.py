@@ -712,6 +712,7 @@ def megatron(
     *,
     tensor_degree: int | None = None,
     sequence_parallel: bool = False,
+    copies_if_unsplit: bool = False,
 ) -> PCG:
     """Megatron-LM tensor parallelism over ``tensor_degree`` devices, data parallelism over the
     remaining ``num_devices // tensor_degree`` (the largest degree dividing the batch).
@@ -726,6 +727,11 @@ def megatron(
     LayerNorm between them run on, and store, ``1 / tensor_degree`` of the tokens. A layer
     whose sequence (or tokens, for a rank-2 activation) does not divide by the degree keeps
     the AllReduce.
+
+    An explicit ``tensor_degree`` at which no dense layer splits raises :class:`BaselineError`
+    naming the degrees that do, unless ``copies_if_unsplit``: then every layer is copied on the
+    tensor-parallel devices, as Megatron copies what it does not split (a pipeline stage with
+    no dense layer, beside stages that have them).
     """
     if not isinstance(sequence_parallel, bool):
         raise BaselineError(f"sequence_parallel must be True or False, got {sequence_parallel!r}")
@@ -735,6 +741,15 @@ def megatron(
     sp = sequence_parallel
     if tensor_degree is not None:
         _check_tensor_degree(machine, tensor_degree)
+        if tensor_degree > 1 and not copies_if_unsplit and not _column_parallel(pcg, tensor_degree):
+            # Every layer would fall back to copies on the tensor-parallel devices: not
+            # Megatron, and under its name a plan that only replicates its work.
+            raise BaselineError(
+                f"tensor_degree {tensor_degree}: no dense layer's columns (heads) divide by it "
+                "with another dense layer reading its output, so Megatron has nothing to split; "
+                "degrees that do: "
+                + (", ".join(str(t) for t in _megatron_degrees(pcg, machine)) or "none")
+            )
         dp = largest_divisor(batch, machine.num_devices // tensor_degree)
         return _Lowering(pcg, dp, tensor_degree, sequence_parallel=sp).run()
     per_node = _devices_per_node(machine)
@@ -747,6 +762,12 @@ def megatron(
         if not lowering.fallbacks:
             return plan
     return _Lowering(pcg, largest_divisor(batch, machine.num_devices)).run()
+
+
+def _megatron_degrees(pcg: PCG, machine: Machine) -> list[int]:
+    """The tensor degrees above 1 dividing ``machine``'s devices at which some column-parallel
+    layer of ``pcg`` splits."""
+    return [t for t in divisors(machine.num_devices) if t > 1 and _column_parallel(pcg, t)]
 
 
 def megatron_sp(pcg: PCG, machine: Machine) -> PCG:

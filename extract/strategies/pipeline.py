@@ -104,7 +104,14 @@ _SUMS = frozenset({"reduce", "all_reduce", "reduce_scatter"})
 
 
 def _megatron(tensor_degree: int, sequence_parallel: bool) -> StageStrategy:
-    return partial(megatron, tensor_degree=tensor_degree, sequence_parallel=sequence_parallel)
+    # A segment without a dense layer to split (a loss head) is copied over the stage's
+    # tensor-parallel devices, as Megatron-LM copies it.
+    return partial(
+        megatron,
+        tensor_degree=tensor_degree,
+        sequence_parallel=sequence_parallel,
+        copies_if_unsplit=True,
+    )
 
 
 def stage_strategies(devices: int) -> dict[str, StageStrategy]:

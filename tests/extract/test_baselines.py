@@ -58,6 +58,11 @@ def test_hybrid_megatron_on_a_whole_node_is_equivalent(name):
     pcg = models.build(name, small=True, batch=6) if name != "vgg13" else None
     pcg = pcg or models.build(name, small=True, batch=3)
     for t in (2, 3):
+        if t == 3 and name != "candle_uno":
+            # No layer of theirs splits 3 ways: a plan under Megatron's name would only copy.
+            with pytest.raises(BaselineError, match=r"nothing to split; degrees that do: 2$"):
+                megatron(pcg, SUMMIT_NODE, tensor_degree=t)
+            continue
         plan = megatron(pcg, SUMMIT_NODE, tensor_degree=t)
         pcgopt.assert_equivalent(pcg, plan, trials=1)
         assert iteration_cost(plan, SUMMIT_NODE).devices_used <= 6
