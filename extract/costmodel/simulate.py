@@ -340,11 +340,14 @@ def _simulate(
     scale = 1.0 / m
     first: list[Task] = []
     period = _Pass(sim, offsets, transfer, moves, 0.0, 0, False, scale, first).run()
+    # The same pass shifted by whole periods; built as tuples (``_replace`` per task took most
+    # of the simulation of a stage of 64 micro-batches).
+    new_task = tuple.__new__
     for k in range(m - 1):
         shift = k * period
         tasks.extend(
-            t._replace(start_s=t.start_s + shift, end_s=t.end_s + shift, micro_batch=k)
-            for t in first
+            new_task(Task, (stream, start + shift, end + shift, name, phase, devices, k, dev, own))
+            for stream, start, end, name, phase, devices, _, dev, own in first
         )
     t0 = (m - 1) * period
     end = _Pass(sim, offsets, transfer, moves, t0, m - 1, True, scale, tasks).run()

@@ -377,6 +377,15 @@ class _OutOfTime(Exception):
     """The pipeline search's time limit passed while it was costing stage plans."""
 
 
+class _Slower(Exception):
+    """Cuts given up while being costed in full: their iteration takes at least ``bound``
+    seconds, no less than the time they had to beat."""
+
+    def __init__(self, bound: float):
+        super().__init__(bound)
+        self.bound = bound
+
+
 class _Costs:
     """Segment costs, memoized by (segment up to names, strategy, stage units, micro-batches)."""
 
@@ -597,9 +606,9 @@ def pipeline_search(
             f"the time limit ({time_budget_s:.3g} s) ran out before a pipelined plan was costed"
         )
     beat = math.inf if faster_than_s is None else float(faster_than_s)
-    found = _costed_in_full(costs, ranked, schedule, deadline, beat)
+    found, given_up = _costed_in_full(costs, ranked, schedule, deadline, beat)
     if ranked and faster_than_s is not None:
-        found = _faster_than(found, ranked, beat)
+        found = _faster_than(found, ranked, beat, given_up)
     if not found:
         allowed = "" if strategies is None else f" with stage plans {list(strategies)}"
         raise PipelineError(
@@ -654,37 +663,51 @@ def _ranked_cuts(
 
 def _costed_in_full(
     costs: _Costs, ranked: Sequence[tuple], schedule: str, deadline: float, beat: float
-) -> list[PipelinePlan]:
+) -> tuple[list[PipelinePlan], float]:
     """The ranked cuts costed in full in the order of their estimates, each unless its lower
     bound (the bottleneck stage's work and the way to it and back) is already over the best
-    full cost (or ``beat``); the first is costed however late (one step), the others until
-    ``deadline``."""
+    full cost (or ``beat``), or reaches it while its stages are costed (:func:`_assemble`);
+    the first is costed however late (one step), the others until ``deadline``. Also the
+    least lower bound of those given up while costed (inf if none was)."""
     found: list[PipelinePlan] = []
+    given_up = math.inf
     for _, cuts, which, bound, count, units, micro, names in sorted(ranked, key=lambda r: r[0]):
         best = min((p.time_s for p in found if p.feasible), default=beat)
         if bound >= best:
             continue
         if found and time.perf_counter() > deadline:
             break
-        plan = _assemble(costs, names, cuts, count, units, micro, schedule, which)
+        try:
+            plan = _assemble(costs, names, cuts, count, units, micro, schedule, which, best)
+        except _Slower as slower:
+            given_up = min(given_up, slower.bound)
+            continue
         if plan is not None:
             found.append(plan)
-    return found
+    return found, given_up
 
 
 def _faster_than(
-    found: list[PipelinePlan], ranked: Sequence[tuple], beat: float
+    found: list[PipelinePlan], ranked: Sequence[tuple], beat: float, given_up: float
 ) -> list[PipelinePlan]:
     """The plans of ``found`` that fit and take less than ``beat`` seconds; raises
-    :class:`PipelineError`, saying why, if none does."""
+    :class:`PipelineError`, saying why, if none does (``given_up``: the least lower bound of
+    the cuts given up while costed in full)."""
     faster = [p for p in found if p.feasible and p.time_s < beat]
     if faster:
         return faster
     fastest = min((p.time_s for p in found if p.feasible), default=math.inf)
-    if math.isfinite(fastest):
+    if math.isfinite(fastest) and given_up >= fastest:
         why = f"the fastest takes {fastest * 1e3:.4g} ms"
+    elif math.isfinite(fastest):
+        why = (
+            f"the fastest costed in full takes {fastest * 1e3:.4g} ms, the others at least "
+            f"{given_up * 1e3:.4g} ms"
+        )
     elif found:
         why = "none of those costed fits"
+    elif math.isfinite(given_up):
+        why = f"each one costed takes at least {given_up * 1e3:.4g} ms"
     elif all(r[3] >= beat for r in ranked):
         why = (
             "the bottleneck stage's computation alone takes at least "
@@ -778,39 +801,62 @@ def _search_one(
     # computation, and (1F1B) the way of the first micro-batch to it and of the last one back
     # (computation alone: the segments' sums of their collectives are not the stage's).
     stage_busy = [float(computing[which[r][i, j], i, j]) for i, j, r in cuts]
-    if schedule == "2bw":
-        bound = micro * max(stage_busy)
-    else:
-        ways = [b + send[j] for b, (_, j, _) in zip(stage_busy, cuts, strict=True)]
-        before = np.cumsum([0.0, *ways])
-        bound = max(before[k] + micro * b for k, b in enumerate(stage_busy))
+    bound = _time_bound(stage_busy, [float(send[j]) / 2 for _, j, _ in cuts], micro, schedule)
     return objective, cuts, which, bound
 
 
-def _tied_weights(stages: list[Stage], machine: Machine) -> list[Stage]:
-    """A weight read by several stages (a tied embedding: the lookup in the first, the logits in
-    the last) has a copy in each; their gradients are summed across the stages once per
-    iteration, as Megatron-LM does, by an AllReduce between the devices of the stages at the
-    same rank. Added to the synchronization of every stage that takes part."""
+def _time_bound(
+    busy: Sequence[float],
+    sends: Sequence[float],
+    micro: int,
+    schedule: str,
+    syncs: Sequence[float] | None = None,
+    forwards: Sequence[float] | None = None,
+) -> float:
+    """A lower bound of the iteration of stages whose ``F + B`` per micro-batch is at least
+    ``busy`` (``F`` at least ``forwards``, default 0), whose transfer to the next stage takes
+    ``sends`` each way, and whose synchronization after their last backward takes at least
+    ``syncs`` (default 0): under 2BW each stage's ``M`` micro-batches and synchronization;
+    under 1F1B the first stage's last backward comes after the first micro-batch's way to any
+    stage, that stage's ``M`` micro-batches and the last one's way back, and any stage's own
+    synchronization after its ``M`` micro-batches and the first one's way to it."""
+    syncs = [0.0] * len(busy) if syncs is None else syncs
+    forwards = [0.0] * len(busy) if forwards is None else forwards
+    if schedule == "2bw":
+        return max(micro * b + sync for b, sync in zip(busy, syncs, strict=True))
+    own = back = there_and_back = down = 0.0
+    for b, send, sync, f in zip(busy, sends, syncs, forwards, strict=True):
+        back = max(back, there_and_back + micro * b)
+        own = max(own, down + micro * b + sync)
+        there_and_back += b + 2 * send
+        down += f + send
+    return max(own, back + syncs[0])
+
+
+def _tied_weights(
+    costs: Sequence[CostBreakdown], devices: Sequence[range], machine: Machine
+) -> list[float]:
+    """The seconds each stage's synchronization gains from the weights several stages read (a
+    tied embedding: the lookup in the first, the logits in the last), given each stage's
+    ``costs`` and ``devices``. Each such stage has a copy; their gradients are summed across
+    the stages once per iteration, as Megatron-LM does, by an AllReduce between the devices of
+    the stages at the same rank, added to the synchronization of every stage that takes part."""
     holders: dict[str, list[int]] = {}
-    for s in stages:
-        for name, node in s.cost.per_node.items():
+    for i, cost in enumerate(costs):
+        for name, node in cost.per_node.items():
             if node.op == "weight" and node.weight_memory[1]:  # trainable: has a gradient
-                holders.setdefault(name, []).append(s.index)
-    extra = [0.0] * len(stages)
+                holders.setdefault(name, []).append(i)
+    extra = [0.0] * len(costs)
     for name, held in holders.items():
         if len(held) < 2:
             continue
-        nbytes = max(stages[i].cost.per_node[name].weight_memory[1] for i in held)
-        ranks = len(stages[held[0]].devices)
-        groups = tuple(tuple(stages[i].devices[d] for i in held) for d in range(ranks))
+        nbytes = max(costs[i].per_node[name].weight_memory[1] for i in held)
+        ranks = len(devices[held[0]])
+        groups = tuple(tuple(devices[i][d] for i in held) for d in range(ranks))
         seconds = collective_cost("all_reduce", groups, nbytes, machine).seconds
         for i in held:
             extra[i] += seconds
-    return [
-        replace(s, times=replace(s.times, sync_s=s.times.sync_s + e)) if e else s
-        for s, e in zip(stages, extra, strict=True)
-    ]
+    return extra
 
 
 def _assemble(
@@ -822,34 +868,67 @@ def _assemble(
     micro: int,
     schedule: str,
     which: Sequence[np.ndarray],
+    beat: float = math.inf,
 ) -> PipelinePlan | None:
-    """The chosen cuts, each stage costed as one PCG."""
+    """The chosen cuts, each stage costed as one PCG; None if a stage plan cannot be built.
+
+    The stages' forwards and backwards are costed first, the likeliest bottleneck first, with
+    a lower bound of the iteration (:func:`_time_bound`) from what is known: a costed stage's
+    ``F + B``, an uncosted one's computation. Once that bound reaches ``beat`` the cuts cannot
+    win: :class:`_Slower` is raised before the rest (and every synchronization, a simulated
+    iteration each) is costed."""
     machine, pcg = costs.machine, costs.pcg
     block = stage_machine(machine, units)
     per_stage = block.num_devices
     versions = 2 if schedule == "2bw" else 1
-    stages, times = [], []
-    for s, (first, stop, r) in enumerate(cuts):
-        name = names[int(which[r][first, stop])]
+    chosen = [names[int(which[r][first, stop])] for first, stop, r in cuts]
+    sends = [
+        costs.send_s(stop - 1, units, micro) if s < count - 1 else 0.0
+        for s, (_, stop, _) in enumerate(cuts)
+    ]
+    busy = [
+        sum(costs.part(k, name, units, micro).compute_s for k in range(first, stop))
+        for name, (first, stop, _) in zip(chosen, cuts, strict=True)
+    ]
+    built: dict[int, tuple[Segment, PCG, CostBreakdown, _Part]] = {}
+    for s in sorted(range(count), key=lambda k: -busy[k]):
+        first, stop, _ = cuts[s]
         segs = costs.segments[first:stop]
         merged = Segment(
             s, tuple(x for seg in segs for x in seg.nodes), segs[0].entry, segs[-1].exit
         )
-        own = segment_pcg(pcg, merged)
         try:
-            plan = costs.strategies[name](own, block)
+            plan = costs.strategies[chosen[s]](segment_pcg(pcg, merged), block)
             cost = costs.cost(plan, block, micro, merged, costs.in_sequence)
-            run = costs.cost(plan, block, micro, merged, costs.runtime)
         except PCGError:
             return None
         part = _part(cost, plan, micro, merged.exit is not None)
+        built[s] = (merged, plan, cost, part)
+        busy[s] = part.forward_s + part.backward_s
+        bound = _time_bound(busy, sends, micro, schedule)
+        if bound >= beat:
+            raise _Slower(bound)
+    # Every stage synchronizes after its last backward for at least its update and its share
+    # of the weights it shares with other stages.
+    devices = [range(s * per_stage, (s + 1) * per_stage) for s in range(count)]
+    tied = _tied_weights([built[s][2] for s in range(count)], devices, machine)
+    least_sync = [built[s][2].update_s + tied[s] for s in range(count)]
+    forwards = [built[s][3].forward_s for s in range(count)]
+    bound = _time_bound(busy, sends, micro, schedule, least_sync, forwards)
+    if bound >= beat:
+        raise _Slower(bound)
+    stages, times = [], []
+    for s, (first, stop, _) in enumerate(cuts):
+        merged, plan, cost, part = built[s]
+        try:
+            run = costs.cost(plan, block, micro, merged, costs.runtime)
+        except PCGError:
+            return None
         # What the runtime's iteration adds to the micro-batches' forwards and backwards in
         # sequence (and to the exit's gathers, the transfer's work): its synchronization as it
         # overlaps it, and the update, which nothing overlaps.
-        busy = micro * (part.forward_s + part.backward_s)
-        sync = max(run.update_s, run.total_s - busy - part.exit_s)
-        send = costs.send_s(stop - 1, units, micro) if s < count - 1 else 0.0
-        t = StageTimes(part.forward_s, part.backward_s, send, sync)
+        sync = max(run.update_s, run.total_s - micro * busy[s] - part.exit_s) + tied[s]
+        t = StageTimes(part.forward_s, part.backward_s, sends[s], sync)
         held = in_flight(s, count, micro)
         memory = part.static_bytes + (versions - 1) * part.weight_bytes
         memory += held * part.activation_bytes
@@ -860,8 +939,8 @@ def _assemble(
                 first,
                 stop - 1,
                 merged.nodes,
-                range(s * per_stage, (s + 1) * per_stage),
-                name,
+                devices[s],
+                chosen[s],
                 t,
                 memory,
                 plan,
@@ -869,8 +948,6 @@ def _assemble(
                 merged,
             )
         )
-    stages = _tied_weights(stages, machine)
-    times = [s.times for s in stages]
     return PipelinePlan(
         tuple(stages),
         micro,

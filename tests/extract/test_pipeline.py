@@ -31,6 +31,7 @@ from pcgopt.extract.search.plan import PlanCheckError, _check_pipeline, saturate
 from pcgopt.extract.strategies.pipeline import (
     _assemble,
     _best_cuts,
+    _time_bound,
     micro_batch_counts,
     pipeline_search,
     stage_machine,
@@ -123,6 +124,28 @@ def test_no_schedule_beats_its_bottleneck_stage(data, micro):
         assert len(mine) == 2 * micro
         for a, b in itertools.pairwise(mine):
             assert b.start_s >= a.end_s - 1e-9
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    data=st.lists(st.tuples(_TIME, _TIME, _TIME, _TIME), min_size=1, max_size=5),
+    micro=st.integers(1, 10),
+    schedule=st.sampled_from(["1f1b", "2bw"]),
+)
+def test_the_bound_the_search_gives_up_by_is_below_every_schedule(data, micro, schedule):
+    """The search stops costing cuts once this bound reaches the time to beat: it must never
+    exceed the iteration, from the stages' exact times or from less (their computation, no
+    synchronization)."""
+    times = [StageTimes(*t) for t in data]
+    busy = [t.busy_s for t in times]
+    sends = [t.send_s for t in times[:-1]] + [0.0]
+    times[-1] = dataclasses.replace(times[-1], send_s=0.0)
+    syncs = [t.sync_s for t in times]
+    forwards = [t.forward_s for t in times]
+    full = pipeline_time(times, micro, schedule)
+    assert _time_bound(busy, sends, micro, schedule, syncs, forwards) <= full + 1e-9
+    less = [b / 2 for b in busy]
+    assert _time_bound(less, sends, micro, schedule) <= full + 1e-9
 
 
 @settings(max_examples=40, deadline=None)
