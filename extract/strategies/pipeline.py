@@ -46,8 +46,9 @@ skipping those whose lower bound (the bottleneck stage's ``M (F + B)`` and, for 
 micro-batch's way to it and the last one's back) is over the best cost so far; the fastest that
 fits is returned. While candidates are costed the bound tightens (each stage's exact ``F + B``,
 likeliest bottleneck first, then every stage's update and tied-weight AllReduce after its last
-backward), and a candidate is given up as soon as it reaches the best cost so far. A model that micro-batches would change (an operator that mixes the samples
-of the batch: :func:`pcgopt.scaled.micro_batch_difference`) is refused.
+backward), and a candidate is given up as soon as it reaches the best cost so far. A model
+that micro-batches would change (an operator that mixes the samples of the batch:
+:func:`pcgopt.scaled.micro_batch_difference`) is refused.
 """
 
 from __future__ import annotations
