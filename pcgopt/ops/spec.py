@@ -536,8 +536,6 @@ def evaluate_parallel(
     else:
         partial_owner = [(i,) for i in sig.linear_in if shapes[i].sum_degree > 1]
         partial_ranges = [shapes[i[0]].sum_degree for i in partial_owner]
-    reduce_split = [a for a in split_axes if a.kind is AxisKind.REDUCE]
-    out_sum_grid = (*partial_ranges, *(degrees[a.name] for a in reduce_split))
 
     results: list[np.ndarray | None] = [None] * len(outputs)
     ranges = [range(n) for n in (*partial_ranges, *(degrees[a.name] for a in split_axes))]
@@ -569,6 +567,7 @@ def evaluate_parallel(
         *range(n_partial),
         *(n_partial + k for k, a in enumerate(split_axes) if a.kind is AxisKind.REDUCE),
     ]
+    sum_grid = [len(ranges[t]) for t in sum_axes]
     datas = [(x.data, x.shape.rank) for x in inputs]
     for task in itertools.product(*ranges):
         a_idx = task[n_partial:]
@@ -585,7 +584,7 @@ def evaluate_parallel(
         )
         local_out = op.local(params, ctx, *blocks)
         sum_index = 0
-        for g, t in zip(out_sum_grid, sum_axes, strict=True):
+        for g, t in zip(sum_grid, sum_axes, strict=True):
             sum_index = sum_index * g + task[t]
         for o, (val, sizes) in enumerate(zip(local_out, ctx_sizes, strict=True)):
             val = np.asarray(val)

@@ -337,7 +337,6 @@ def test_a_data_parallel_plan_is_placed_late_when_the_placed_ones_came_out_slowe
     )
     assert set(mappings) == {first, "data parallel"}
     assert list(failed.values()) == [plan_module.UNPLACED]
-    assert candidates["data parallel"][1].total_s == pytest.approx(dp_s)
 
 
 def test_plans_for_one_node_of_several_are_candidates_on_the_whole_machine():
