@@ -947,6 +947,19 @@ def saturate(
     return sat
 
 
+def _refuse_micro_batches(pcg: PCG, what: str) -> None:
+    """The e-graph's shapes have no micro-batch counts (Pipeline, Batch): a PCG cut into
+    micro-batches would lose them there, so it is refused."""
+    found = pcg.first_in_micro_batches()
+    if found is not None:
+        name, shape = found
+        raise EGraphError(
+            f"{what}: node {name!r} outputs {shape}, cut into micro-batches; the e-graph does "
+            f"not model micro-batches (Pipeline, Batch): saturate the PCG without them "
+            f"(pipelined plans come from pcgopt.extract.pipeline_search)"
+        )
+
+
 def saturate_together(
     pcgs: Sequence[PCG],
     machine: Machine,
@@ -989,6 +1002,8 @@ def saturate_together(
             if not isinstance(seed, PCG):
                 where = f"seeds[{k}]" if len(pcgs) == 1 else f"seeds[{j}][{k}]"
                 raise TypeError(f"{where} must be a PCG, got {type(seed).__name__}")
+        for k, graph in enumerate((pcg, *seeds[j])):
+            _refuse_micro_batches(graph, "the PCG" if k == 0 else f"seed {k - 1}")
     if not isinstance(machine, Machine):
         raise TypeError(f"saturate needs a pcgopt.Machine, got {type(machine).__name__}")
     problems: list[_Problem] = list(zip(pcgs, seeds, strict=True))

@@ -27,6 +27,7 @@ from pcgopt.errors import (
 from pcgopt.evaluate import Evaluation, assert_equivalent, equivalent, evaluate, random_feeds
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.machine import DeviceSpec, Level, Link, Machine, MachineError
+from pcgopt.micro import with_micro_batches
 from pcgopt.ops import OPERATORS, OpKind, OpSpec, get_op
 from pcgopt.scaled import ScaledDown, ScaleDownError, scaled_down
 from pcgopt.shapes import DType, ParallelDim, ParallelTensorShape
@@ -76,6 +77,7 @@ __all__ = [
     "random_feeds",
     "saturate_and_extract",
     "scaled_down",
+    "with_micro_batches",
 ]
 
 # The optimizer lives in the top layer (pcgopt.extract); the IR package must not import it at

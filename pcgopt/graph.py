@@ -177,6 +177,15 @@ class PCG:
     def nodes_of_kind(self, kind: OpKind) -> tuple[Node, ...]:
         return tuple(n for n in self._nodes if OPERATORS[n.op].kind is kind)
 
+    def first_in_micro_batches(self) -> tuple[str, ParallelTensorShape] | None:
+        """The first node (in order) whose output is cut into micro-batches (Pipeline), with
+        that output's shape; None when the PCG processes whole batches."""
+        for n in self._nodes:
+            for s in self.output_shapes(n.name):
+                if s.micro_batches > 1:
+                    return n.name, s
+        return None
+
     @property
     def inputs(self) -> tuple[Node, ...]:
         """The Input nodes."""

@@ -13,6 +13,12 @@ A tensor can have both (copies of partial sums), as on a 2-D device mesh where o
 partial sums and the other replicates. The number of shards (devices the tensor spans) is
 ``sum_degree * copy_degree * prod(degrees)``.
 
+A dimension may also be cut into ``micro`` micro-batches (Unity's Pipeline, section 4.1): every
+block is processed as ``micro`` equal pieces, one after another, on the same devices. That is
+how the tensor is computed, not where it lives: the degree, the shards and the values are those
+without micro-batches. ``64/2~4`` is a dimension of 64 split two ways, each block of 32 in four
+micro-batches of 8.
+
 >>> ParallelTensorShape.of((64, 784), degrees=(2, 1), sum_degree=2)
 f32[64/2, 784] r2(partial)
 >>> ParallelTensorShape.parse("f32[64/2, 784] r2(partial)").num_shards
@@ -82,31 +88,46 @@ def _check_positive_int(value: object, what: str) -> int:
 
 @dataclass(frozen=True, slots=True)
 class ParallelDim:
-    """One data dimension: ``size`` elements split into ``degree`` equal blocks."""
+    """One data dimension: ``size`` elements split into ``degree`` equal blocks, each processed
+    as ``micro`` equal micro-batches one after another (module docstring)."""
 
     size: int
     degree: int = 1
+    micro: int = 1
 
     def __post_init__(self) -> None:
         _check_positive_int(self.size, "dimension size")
         _check_positive_int(self.degree, "dimension degree")
+        _check_positive_int(self.micro, "micro-batch count")
         if self.size % self.degree:
             raise DegreeError(f"degree {self.degree} does not divide size {self.size}")
+        if self.block % self.micro:
+            raise DegreeError(
+                f"{self.micro} micro-batches do not divide a block of {self.block} (size "
+                f"{self.size} split {self.degree} way{'s' if self.degree > 1 else ''})"
+            )
 
     @property
     def block(self) -> int:
         """Size of one block (the per-shard extent)."""
         return self.size // self.degree
 
+    @property
+    def piece(self) -> int:
+        """Size of one micro-batch of a block (the block when there are no micro-batches)."""
+        return self.block // self.micro
+
     def __repr__(self) -> str:
-        return (
-            f"ParallelDim({self.size})"
-            if self.degree == 1
-            else f"ParallelDim({self.size}, {self.degree})"
-        )
+        args = [str(self.size)]
+        if self.degree > 1 or self.micro > 1:
+            args.append(str(self.degree))
+        if self.micro > 1:
+            args.append(f"micro={self.micro}")
+        return f"ParallelDim({', '.join(args)})"
 
     def __str__(self) -> str:
-        return str(self.size) if self.degree == 1 else f"{self.size}/{self.degree}"
+        text = str(self.size) if self.degree == 1 else f"{self.size}/{self.degree}"
+        return text if self.micro == 1 else f"{text}~{self.micro}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,23 +161,28 @@ class ParallelTensorShape:
         degrees: Iterable[int] | None = None,
         copy_degree: int = 1,
         sum_degree: int = 1,
+        micro: Iterable[int] | None = None,
     ) -> ParallelTensorShape:
-        """Builds a shape from plain sizes (and optionally per-dimension degrees)."""
+        """Builds a shape from plain sizes (and optionally per-dimension degrees and micro-batch
+        counts)."""
         sizes = tuple(sizes)
         degrees = tuple(degrees) if degrees is not None else (1,) * len(sizes)
-        if len(degrees) != len(sizes):
-            raise ShapeError(f"{len(degrees)} degrees given for {len(sizes)} dimensions")
+        micro = tuple(micro) if micro is not None else (1,) * len(sizes)
+        for what, values in (("degrees", degrees), ("micro-batch counts", micro)):
+            if len(values) != len(sizes):
+                raise ShapeError(f"{len(values)} {what} given for {len(sizes)} dimensions")
         dims = []
-        for i, (s, d) in enumerate(zip(sizes, degrees, strict=True)):
+        for i, (s, d, m) in enumerate(zip(sizes, degrees, micro, strict=True)):
             try:
-                dims.append(ParallelDim(s, d))
+                dims.append(ParallelDim(s, d, m))
             except ShapeError as e:
                 raise type(e)(f"dimension {i}: {e.message}") from None
         return cls(tuple(dims), DType.of(dtype), copy_degree, sum_degree)
 
     @classmethod
     def parse(cls, text: str) -> ParallelTensorShape:
-        """Reads the repr notation back: ``"f32[64/2, 784] r2 r4(partial)"``."""
+        """Reads the repr notation back: ``"f32[64/2, 784] r2 r4(partial)"`` (``64/2~4``: four
+        micro-batches per block)."""
         m = _SHAPE_RE.fullmatch(text.strip())
         if not m:
             raise ShapeError(
@@ -165,8 +191,9 @@ class ParallelTensorShape:
         dims = []
         body = m.group("dims").strip()
         for part in body.split(",") if body else []:
-            size, _, degree = part.strip().partition("/")
-            dims.append(ParallelDim(int(size), int(degree) if degree else 1))
+            split, _, micro = part.strip().partition("~")
+            size, _, degree = split.partition("/")
+            dims.append(ParallelDim(int(size), int(degree) if degree else 1, int(micro or 1)))
         copies, partial = 1, 1
         for rep in re.finditer(r"r(\d+)(\(partial\))?", m.group("reps") or ""):
             if rep.group(2):
@@ -189,6 +216,16 @@ class ParallelTensorShape:
     @property
     def degrees(self) -> tuple[int, ...]:
         return tuple(d.degree for d in self.dims)
+
+    @property
+    def micro(self) -> tuple[int, ...]:
+        """Micro-batches per block of every dimension (1: none)."""
+        return tuple(d.micro for d in self.dims)
+
+    @property
+    def micro_batches(self) -> int:
+        """How many micro-batches a block is processed in (the product over dimensions)."""
+        return math.prod(d.micro for d in self.dims)
 
     @property
     def block_sizes(self) -> tuple[int, ...]:
@@ -235,14 +272,30 @@ class ParallelTensorShape:
     # -- updates (each returns a new shape) -----------------------------------------------------
 
     def with_degree(self, dim: int, degree: int) -> ParallelTensorShape:
-        """The shape with dimension ``dim`` split ``degree`` ways."""
+        """The shape with dimension ``dim`` split ``degree`` ways (its micro-batches kept)."""
         dim = self.normalize_dim(dim)
         dims = list(self.dims)
         try:
-            dims[dim] = ParallelDim(dims[dim].size, degree)
+            dims[dim] = ParallelDim(dims[dim].size, degree, dims[dim].micro)
         except ShapeError as e:
             raise type(e)(f"dimension {dim}: {e.message}") from None
         return replace(self, dims=tuple(dims))
+
+    def with_micro(self, dim: int, micro: int) -> ParallelTensorShape:
+        """The shape with every block of dimension ``dim`` in ``micro`` micro-batches."""
+        dim = self.normalize_dim(dim)
+        dims = list(self.dims)
+        try:
+            dims[dim] = ParallelDim(dims[dim].size, dims[dim].degree, micro)
+        except ShapeError as e:
+            raise type(e)(f"dimension {dim}: {e.message}") from None
+        return replace(self, dims=tuple(dims))
+
+    def without_micro(self) -> ParallelTensorShape:
+        """The shape with every block processed whole (no micro-batches)."""
+        if self.micro_batches == 1:
+            return self
+        return replace(self, dims=tuple(ParallelDim(d.size, d.degree) for d in self.dims))
 
     def with_replicas(self, *, copy_degree: int | None = None, sum_degree: int | None = None):
         return replace(
@@ -275,7 +328,7 @@ class ParallelTensorShape:
 
 
 _SHAPE_RE = re.compile(
-    r"(?P<dtype>[a-z0-9]+)\[(?P<dims>[0-9/,\s]*)\](?P<reps>(\s+r\d+(\(partial\))?)*)"
+    r"(?P<dtype>[a-z0-9]+)\[(?P<dims>[0-9/~,\s]*)\](?P<reps>(\s+r\d+(\(partial\))?)*)"
 )
 
 

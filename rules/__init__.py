@@ -8,7 +8,9 @@ collectives and attention on rank-3 and rank-4 tensors; ``python -m pcgopt.rules
 ``k`` and ``j``, ranks 1 to 4; ``--preset layouts``; used by saturation only when asked,
 :data:`OPT_IN`) and ``rules_lookups.json`` (embedding bags, a recommender's sparse features:
 split by batch, table columns or rows; ``--preset lookups``; loaded only for models with
-embedding bags). See
+embedding bags) and ``rules_pipeline.json`` (Pipeline and Batch, Unity's micro-batch operators,
+through every kind of operator a model pipelines; ``--preset pipeline``; never in the e-graph,
+which does not model micro-batches: :data:`OPT_IN`). See
 :mod:`pcgopt.rules.generate` for how they are found and :mod:`pcgopt.rules.families` for what
 each preset enumerates.
 
@@ -36,17 +38,22 @@ LAYOUTS_RULES_FILE = Path(__file__).with_name("rules_layouts.json")
 #: The shipped rule file of the lookups preset (embedding bags: rank-2 ids into rank-2 tables).
 LOOKUPS_RULES_FILE = Path(__file__).with_name("rules_lookups.json")
 
+#: The shipped rule file of the pipeline preset (Pipeline and Batch through operators).
+PIPELINE_RULES_FILE = Path(__file__).with_name("rules_pipeline.json")
+
 #: Every shipped rule file, by the preset that writes it.
 SHIPPED = {
     "matrix": RULES_FILE,
     "transformer": TRANSFORMER_RULES_FILE,
     "layouts": LAYOUTS_RULES_FILE,
     "lookups": LOOKUPS_RULES_FILE,
+    "pipeline": PIPELINE_RULES_FILE,
 }
 
 #: Shipped rule files that saturation uses only when asked (``saturate(..., presets=...)``):
-#: the layouts of two degrees, which grow the e-graph by every pair of degrees.
-OPT_IN = frozenset({"layouts"})
+#: the layouts of two degrees, which grow the e-graph by every pair of degrees, and the
+#: micro-batch rules, which the e-graph cannot translate (it has no micro-batch counts).
+OPT_IN = frozenset({"layouts", "pipeline"})
 
 
 def load_records(path: Path | None = None) -> list[tuple[Rule, dict[str, Any]]]:
@@ -72,6 +79,7 @@ __all__ = [
     "LAYOUTS_RULES_FILE",
     "LOOKUPS_RULES_FILE",
     "OPT_IN",
+    "PIPELINE_RULES_FILE",
     "RULES_FILE",
     "SHIPPED",
     "TRANSFORMER_RULES_FILE",

@@ -26,7 +26,7 @@ from pcgopt.rules import RULES_FILE, load
 from pcgopt.rules.arity import WIDEST
 from pcgopt.rules.candidates import kind
 from pcgopt.rules.enumerate import Config
-from pcgopt.rules.families import MIN_RANK, NAME_PREFIX, PRESETS
+from pcgopt.rules.families import MIN_RANK, NAME_PREFIX, PRESETS, USES
 from pcgopt.rules.generate import generate, merge, rule_file
 
 
@@ -61,7 +61,7 @@ def _generate(args: argparse.Namespace) -> int:
         gens.append(
             generate(config, workers=args.workers, work_dir=args.work_dir, timeout=args.timeout)
         )
-    gen = merge(gens, MIN_RANK[args.preset], NAME_PREFIX[args.preset])
+    gen = merge(gens, MIN_RANK[args.preset], NAME_PREFIX[args.preset], USES.get(args.preset))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(rule_file(gen, configs[0] if len(configs) == 1 else configs))
     s = gen.stats

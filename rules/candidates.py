@@ -190,8 +190,9 @@ def lift(
             return memo[e]
         args = tuple(go(a) for a in e.args)
         params = dict(e.params)
-        if isinstance(OPERATORS[e.op], ParallelOp) and params.get("degree") in degree_syms:
-            params["degree"] = degree_syms[params["degree"]]
+        spec = OPERATORS[e.op]
+        if isinstance(spec, ParallelOp) and params.get(spec.count_param) in degree_syms:
+            params[spec.count_param] = degree_syms[params[spec.count_param]]
         if e.op == "split":
             params["sizes"] = _split_sizes(e, args)
         if e.op == "reshape":

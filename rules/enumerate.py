@@ -220,6 +220,12 @@ class Config:
             ],
             "discard_copies": [Variant("discard_copies", (("degree", k),)) for k in ks],
             "to_partial": [Variant("to_partial", (("degree", k),)) for k in ks],
+            "pipeline": [
+                Variant("pipeline", (("dim", d), ("micro_batches", k))) for k in ks for d in axes
+            ],
+            "batch": [
+                Variant("batch", (("dim", d), ("micro_batches", k))) for k in ks for d in axes
+            ],
         }
         unknown = sorted(set(self.ops) - set(table))
         if unknown:

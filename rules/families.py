@@ -40,6 +40,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from pcgopt.ops.parallel import MICRO_BATCH_OPS
 from pcgopt.rules.enumerate import Config, InputSpec
 from pcgopt.shapes import ParallelTensorShape
 
@@ -261,6 +262,55 @@ LINEAR_BIAS_NESTED = Config(
     inputs=(_x("x1", (2, 4, 6)), _x("w1", (6, 6), "weight"), _x("b1", (6,), "bias")),
 )
 
+#: Micro-batches (``pipeline`` preset): Pipeline and Batch through one operator of each kind a
+#: model pipelines (``relu(pipeline(x, dim=0, micro_batches=k)) = pipeline(relu(x), dim=0,
+#: micro_batches=k)``), on matrices and on a transformer's ranks, and their relation to the
+#: splits (``pipeline(partition(x))``). Every rule has Pipeline or Batch on a side, so the
+#: e-graph, which does not model micro-batches, never loads them (:data:`OPT_IN`); they are the
+#: proofs that cutting a whole PCG into micro-batches keeps what it computes.
+_MICRO = ("pipeline", "batch")
+PIPELINE = (
+    Config(
+        one_op=True,
+        ops=("linear", "relu", "softmax", "add", *_MICRO),
+        inputs=(_x("x1", (2, 4)), _x("x2", (2, 4)), _x("w1", (4, 4), "weight")),
+    ),
+    Config(
+        one_op=True,
+        ops=("linear_bias", "linear_plain", "layer_norm", *_MICRO),
+        inputs=(_x("x1", (2, 4, 6)), _x("w1", (6, 6), "weight"), _x("b1", (6,), "bias")),
+    ),
+    Config(
+        one_op=True,
+        ops=("add", "gelu", "dropout", "matmul", *_MICRO),
+        inputs=(_x("x1", (2, 4, 6)), _x("x2", (2, 4, 6)), _x("w1", (6, 6), "weight")),
+    ),
+    Config(
+        one_op=True,
+        ops=("transpose_heads", "batch_matmul", "scale", "softmax", *_MICRO),
+        inputs=(_x("x1", (2, 2, 4, 4)), _x("x2", (2, 2, 4, 4))),
+    ),
+    Config(
+        one_op=True,
+        ops=("reshape_split", *_MICRO),
+        inputs=(_x("x1", (2, 4, 8)),),
+    ),
+    Config(
+        one_op=True,
+        ops=("embedding", *_MICRO),
+        inputs=(
+            InputSpec("i1", "ids", ParallelTensorShape.of((2, 4), "i64")),
+            _x("t1", (4, 6), "weight"),
+        ),
+        split_rank=3,
+    ),
+    Config(
+        max_ops=2,
+        ops=("partition", "combine", "replicate", *_MICRO),
+        inputs=(_x("x1", (4, 4)),),
+    ),
+)
+
 PRESETS: dict[str, tuple[Config, ...]] = {
     "matrix": (Config(), LINEAR_SMOOTH_ONE, SOFTMAX_ONE, LINEAR_NESTED),
     "transformer": (
@@ -280,14 +330,25 @@ PRESETS: dict[str, tuple[Config, ...]] = {
     ),
     "layouts": LAYOUTS,
     "lookups": (EMBEDDING_BAG_ONE, EMBEDDING_BAG_SINGLE_ONE),
+    "pipeline": PIPELINE,
 }
 
 #: What a preset's rule names start with (:func:`pcgopt.rules.generate.merge`).
-NAME_PREFIX = {"matrix": "", "transformer": "tf_", "layouts": "ly_", "lookups": "lk_"}
+NAME_PREFIX = {
+    "matrix": "",
+    "transformer": "tf_",
+    "layouts": "ly_",
+    "lookups": "lk_",
+    "pipeline": "pp_",
+}
+
+#: The operators of which a preset's every rule has one on a side (the others its families
+#: find are another preset's).
+USES = {"pipeline": MICRO_BATCH_OPS}
 
 #: The operators of which a preset's every rule has one on each side: such a preset can rewrite
 #: only a PCG with one of them (the e-graph leaves it out elsewhere).
 OPERATORS_OF = {"lookups": ("embedding_bag",)}
 
 #: The lowest rank a preset's rules must touch to be kept (ranks below are another preset's).
-MIN_RANK = {"matrix": 0, "transformer": 3, "layouts": 0, "lookups": 0}
+MIN_RANK = {"matrix": 0, "transformer": 3, "layouts": 0, "lookups": 0, "pipeline": 0}

@@ -505,10 +505,16 @@ def rule_rank(rule: Rule) -> int:
     return max(rule_ranks(rule).values(), default=0)  # the input variables included
 
 
-def merge(gens: Sequence[Generated], min_rank: int = 0, prefix: str = "") -> Generated:
+def merge(
+    gens: Sequence[Generated],
+    min_rank: int = 0,
+    prefix: str = "",
+    uses: frozenset[str] | None = None,
+) -> Generated:
     """The proved rules of several runs (a preset's families) as one set: each rule once (by
     canonical text, the first run's), and only rules with a tensor (input or computed, see
-    :func:`rule_rank`) of rank ``min_rank`` or more, named ``prefix`` + their name. Statistics
+    :func:`rule_rank`) of rank ``min_rank`` or more and, with ``uses``, one of those operators
+    on a side, named ``prefix`` + their name. Statistics
     are summed. (A rule's name hashes its untyped text, so the same text at another rank, in
     another preset's file, has the same name: the prefix keeps the names of every shipped file
     distinct.)"""
@@ -529,7 +535,7 @@ def merge(gens: Sequence[Generated], min_rank: int = 0, prefix: str = "") -> Gen
         # [B, h, S, d] in another) has the same name: the later one gets a suffix.
         renamed: dict[str, str] = {}
         for r in gen.rules:
-            if rule_rank(r) >= min_rank:
+            if rule_rank(r) >= min_rank and (uses is None or _uses(r, uses)):
                 text = canonical_text(r)
                 if text in rules:
                     continue
@@ -551,6 +557,15 @@ def merge(gens: Sequence[Generated], min_rank: int = 0, prefix: str = "") -> Gen
                     mine[key] = v
     out.rules = sorted(rules.values(), key=lambda r: (kind(r), canonical_text(r)))
     return out
+
+
+def _uses(rule: Rule, ops: frozenset[str]) -> bool:
+    return any(
+        isinstance(t, Term) and t.op in ops
+        for side in (rule.lhs, rule.rhs)
+        for e in side
+        for t in walk(e)
+    )
 
 
 def _generator(config: Config) -> dict:

@@ -68,7 +68,7 @@ def test_models_and_ops(capsys):
     assert "  heads    int, default 16, small 2" in out and "--set KEY=VALUE" in out
     assert main(["models", "gpt5"]) == 2
     assert main(["ops"]) == 0
-    assert "parallel (11): partition, combine" in capsys.readouterr().out
+    assert "parallel (13): partition, combine" in capsys.readouterr().out
     assert main(["ops", "partition"]) == 0
     assert "degree: a positive int, required" in capsys.readouterr().out
 

@@ -121,7 +121,7 @@ def _with(letters: str, axis: int, letter: str) -> str:
 
 def _erasures() -> list[Axiom]:
     out = []
-    symbol = {"dim": "d", "src_dim": "s", "dst_dim": "t", "degree": "k"}
+    symbol = {"dim": "d", "src_dim": "s", "dst_dim": "t", "degree": "k", "micro_batches": "k"}
     for name, spec in OPERATORS.items():
         if isinstance(spec, ParallelOp):
             params = ", ".join(f"{p.name}={symbol[p.name]}" for p in spec.params)

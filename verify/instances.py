@@ -45,7 +45,7 @@ from pcgopt.rewrite import (
 from pcgopt.shapes import ParallelTensorShape
 from pcgopt.sharded import ShardedArray
 from pcgopt.verify import limits
-from pcgopt.verify.shapes import Unsupported, new_model, side
+from pcgopt.verify.shapes import Unsupported, new_model, side, uses_micro_batches
 
 Condition = tuple[IntExpr, str, IntExpr]
 
@@ -72,9 +72,10 @@ def structural_symbols(rule: Rule) -> set[str]:
         for sub in walk(e):
             if not isinstance(sub, Term):
                 continue
-            compute = isinstance(OPERATORS[sub.op], ComputeOp)
+            spec = OPERATORS[sub.op]
+            count = None if isinstance(spec, ComputeOp) else getattr(spec, "count_param", None)
             for k, v in sub.params.items():
-                if compute or k != "degree":
+                if k != count:
                     out |= set(int_symbols(v))
     return out
 
@@ -246,7 +247,8 @@ def instances(
 def _z3_instances(rule, lhs, rhs, sizes, fixed, degree_syms, count, seed) -> list[Instance]:
     example = {s: 2 for s in degree_syms} | {k: v for k, v in fixed.items()}
     try:
-        m = new_model(sizes, degree_syms, rule.input_dtypes())
+        micro = uses_micro_batches((*lhs, *rhs))
+        m = new_model(sizes, degree_syms, rule.input_dtypes(), micro=micro)
         _, l_valid = side(m, lhs, example, sizes=True)
         _, r_valid = side(m, rhs, example, sizes=True)
     except Unsupported:

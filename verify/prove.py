@@ -40,7 +40,7 @@ from pcgopt.verify import limits
 from pcgopt.verify.axioms import AXIOMS, Axiom, SizeAxiom
 from pcgopt.verify.instances import SCALE, compare, instances, structural_assignments
 from pcgopt.verify.logic import SIZE, TENSOR, Encoder, rule_ranks
-from pcgopt.verify.shapes import Unsupported, new_model, side
+from pcgopt.verify.shapes import Unsupported, new_model, side, uses_micro_batches
 
 Status = Literal["proved", "refuted", "unknown"]
 POWERS_OF_TWO = (1, 2, 4, 8, 16, 32, 64)
@@ -282,12 +282,16 @@ def _relevant(
 # --------------------------------------------------------------------------------------------
 
 
+def _micro(rule: Rule) -> bool:
+    return uses_micro_batches((*rule.lhs, *rule.rhs))
+
+
 def _shape_obligation(rule: Rule, bounded: bool) -> tuple[z3.Solver, object, tuple]:
     # The structure is read at the sizes the concrete instances use, so that both halves speak
     # about the same rule.
     sizes = rule.example_sizes({k: v * SCALE for k, v in rule.letter_sizes().items()})
     example = rule.example_symbols()
-    m = new_model(sizes, sorted(rule.symbols), rule.input_dtypes())
+    m = new_model(sizes, sorted(rule.symbols), rule.input_dtypes(), micro=_micro(rule))
     l_out, l_valid = side(m, rule.lhs, example)
     r_out, r_valid = side(m, rule.rhs, example)
     s = z3.Solver()
@@ -350,6 +354,7 @@ def _concretize(rule: Rule, m, solver: z3.Solver) -> Instance | None:
             degrees=degs,
             copy_degree=model.eval(sh.copies, model_completion=True).as_long(),
             sum_degree=model.eval(sh.partial, model_completion=True).as_long(),
+            micro=[model.eval(k, model_completion=True).as_long() for k in sh.micro_counts],
         )
     symbols = {k: model.eval(v, model_completion=True).as_long() for k, v in m.symbols.items()}
     return Instance(shapes, symbols)
@@ -372,7 +377,7 @@ def _never_both_well_formed(rule: Rule) -> str | None:
     if limits.check(s, 5.0) != z3.unsat:
         return None
     sizes = rule.example_sizes({k: v * SCALE for k, v in rule.letter_sizes().items()})
-    m2 = new_model(sizes, sorted(rule.symbols), rule.input_dtypes())
+    m2 = new_model(sizes, sorted(rule.symbols), rule.input_dtypes(), micro=_micro(rule))
     _, l_valid = side(m2, rule.lhs, rule.example_symbols())
     s2 = z3.Solver()
     s2.add(m2.positive + l_valid)

@@ -11,6 +11,11 @@ runs) is modelled where it states the size relations that keep its structure
 the e-graph applies a rule only there; its axis sizes are the example's, so they enter only with
 ``sizes=True``.
 
+Micro-batch counts (Pipeline and Batch) are modelled only in rules that use those operators
+(:func:`uses_micro_batches`); elsewhere every count is the constant 1, so the other rules'
+obligations are what they were. Like degrees, they follow the loop axes: a parallel axis
+carries its inputs' count to its outputs, a reduce axis takes none.
+
 Sizes are left out by default: a rule is proved for every choice of degrees without assuming
 they divide the sizes, which is stronger than needed (fewer assumptions), and a counterexample
 that needs an impossible size is re-checked concretely by the caller. With ``sizes=True`` the
@@ -23,12 +28,12 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import z3
 
 from pcgopt.ops import OPERATORS, AxisKind, ComputeOp, ParallelOp, get_op
-from pcgopt.ops.parallel import StackPartial
+from pcgopt.ops.parallel import MICRO_BATCH_OPS, StackPartial
 from pcgopt.ops.params import ParamType
 from pcgopt.rewrite import (
     Expr,
@@ -58,14 +63,23 @@ class SymShape:
     copies: z3.ArithRef
     partial: z3.ArithRef
     dtype: DType = DType.F32
+    #: Micro-batches per block of every dimension; empty: none (every count 1).
+    micro: tuple[z3.ArithRef, ...] = ()
+
+    @property
+    def micro_counts(self) -> tuple[z3.ArithRef, ...]:
+        return self.micro or (z3.IntVal(1),) * len(self.sizes)
 
     def fields(self) -> tuple[z3.ArithRef, ...]:
-        return (*self.degrees, self.copies, self.partial)
+        """The shape's variables (constant micro-batch counts left out)."""
+        return (*self.degrees, self.copies, self.partial, *self.micro)
 
     def equal(self, other: SymShape) -> z3.BoolRef:
         if self.sizes != other.sizes:
             return z3.BoolVal(False)
-        return z3.And([a == b for a, b in zip(self.fields(), other.fields(), strict=True)])
+        mine = (*self.degrees, self.copies, self.partial, *self.micro_counts)
+        theirs = (*other.degrees, other.copies, other.partial, *other.micro_counts)
+        return z3.And([a == b for a, b in zip(mine, theirs, strict=True)])
 
     def concrete(self, model: z3.ModelRef) -> ParallelTensorShape:
         ev = lambda t: model.eval(t, model_completion=True).as_long()  # noqa: E731
@@ -75,6 +89,7 @@ class SymShape:
             degrees=[ev(d) for d in self.degrees],
             copy_degree=ev(self.copies),
             sum_degree=ev(self.partial),
+            micro=[ev(m) for m in self.micro_counts],
         )
 
 
@@ -107,14 +122,29 @@ class Model:
         raise Unsupported(f"unsupported integer parameter {value!r}")
 
 
+def uses_micro_batches(exprs: Sequence[Expr]) -> bool:
+    """Whether these terms cut or gather micro-batches (Pipeline, Batch)."""
+    stack = list(exprs)
+    while stack:
+        e = stack.pop()
+        if isinstance(e, Term):
+            if e.op in MICRO_BATCH_OPS:
+                return True
+            stack.extend(e.args)
+    return False
+
+
 def new_model(
     inputs: Mapping[str, tuple[int, ...]],
     symbols: Sequence[str],
     dtypes: Mapping[str, DType] | None = None,
+    *,
+    micro: bool = False,
 ) -> Model:
     """Fresh variables for the rule's tensor variables (given their example sizes) and its
     degree symbols, which are at least 2 (a degree of 1 makes a parallel operator the
-    identity, and a rule that only holds then is no parallelization rule)."""
+    identity, and a rule that only holds then is no parallelization rule). With ``micro``,
+    every dimension's micro-batch count is a variable too; without, it is 1."""
     m = Model({}, {})
     for name, sizes in inputs.items():
         degs = tuple(m.fresh(f"{name}.degree{d}") for d in range(len(sizes)))
@@ -124,6 +154,7 @@ def new_model(
             m.fresh(f"{name}.copies"),
             m.fresh(f"{name}.partial"),
             (dtypes or {}).get(name, DType.F32),
+            tuple(m.fresh(f"{name}.micro{d}") for d in range(len(sizes))) if micro else (),
         )
     for s in symbols:
         m.symbols[s] = m.fresh(s)
@@ -151,8 +182,7 @@ def side(
     input_sizes = {k: v.sizes for k, v in m.inputs.items()}
     if sizes:
         for x in m.inputs.values():
-            for n, d in zip(x.sizes, x.degrees, strict=True):
-                _divides(m, d, z3.IntVal(n), "block", valid)
+            _blocks_divide(m, x, valid)
     example = Instance(
         {k: ParallelTensorShape.of(v.sizes, v.dtype) for k, v in m.inputs.items()},
         dict(example_symbols),
@@ -173,22 +203,23 @@ def side(
             for a in args[1:]:
                 valid.append(args[0].equal(a))
             first = args[0]
-            outs = (
-                SymShape(
-                    first.sizes, first.degrees, first.copies, first.partial * len(args), first.dtype
-                ),
-            )
+            outs = (replace(first, partial=first.partial * len(args)),)
         else:
             raise Unsupported(f"{e.op} cannot appear in a rule")
         if sizes:
             for o in outs:
-                for n, d in zip(o.sizes, o.degrees, strict=True):
-                    _divides(m, d, z3.IntVal(n), "block", valid)
+                _blocks_divide(m, o, valid)
         memo[e] = outs
         return outs
 
     outs = tuple(shapes(e)[e.index if isinstance(e, Term) else 0] for e in exprs)
     return outs, valid
+
+
+def _blocks_divide(m: Model, x: SymShape, valid: list) -> None:
+    """Every dimension's degree times micro-batch count divides its size."""
+    for n, d, k in zip(x.sizes, x.degrees, x.micro_counts, strict=True):
+        _divides(m, d * k if x.micro else d, z3.IntVal(n), "block", valid)
 
 
 def _concrete_params(e: Term, example: Instance, shapes) -> dict:
@@ -238,6 +269,7 @@ def _compute(
         for d, deg in enumerate(a.degrees):
             if d not in covered[i]:
                 valid.append(deg == 1)
+    micro = _axis_micro(sig, args, covered, valid)
 
     linear = set(sig.linear_in)
     for i, a in enumerate(args):
@@ -266,11 +298,47 @@ def _compute(
     outs = []
     for o, out in enumerate(logical):
         degs = [z3.IntVal(1)] * out.rank
+        counts = [z3.IntVal(1)] * out.rank
         for ax in sig.axes:
             if o < len(ax.outputs) and ax.outputs[o] is not None:
                 degs[ax.outputs[o]] = degree[ax.name]
-        outs.append(SymShape(out.sizes, tuple(degs), copies, in_partial * reduce_degree, out.dtype))
+                counts[ax.outputs[o]] = micro.get(ax.name, z3.IntVal(1))
+        outs.append(
+            SymShape(
+                out.sizes,
+                tuple(degs),
+                copies,
+                in_partial * reduce_degree,
+                out.dtype,
+                tuple(counts) if micro else (),
+            )
+        )
     return tuple(outs)
+
+
+def _axis_micro(sig, args, covered: list[set[int]], valid: list) -> dict[str, z3.ArithRef]:
+    """Each loop axis's micro-batch count (empty when no argument models any), as
+    :func:`pcgopt.ops.spec.axis_micro_batches` reads it: the arguments along an axis agree, a
+    reduce axis or one that reaches no output takes none, nor does a dimension no axis
+    indexes."""
+    if not any(a.micro for a in args):
+        return {}
+    counts: dict[str, z3.ArithRef] = {}
+    for ax in sig.axes:
+        mapped = [(i, d) for i, d in enumerate(ax.inputs) if d is not None]
+        if not mapped:
+            continue
+        i0, d0 = mapped[0]
+        counts[ax.name] = args[i0].micro_counts[d0]
+        for i, d in mapped[1:]:
+            valid.append(args[i].micro_counts[d] == counts[ax.name])
+        if ax.kind is AxisKind.REDUCE or not any(d is not None for d in ax.outputs):
+            valid.append(counts[ax.name] == 1)
+    for i, a in enumerate(args):
+        for d, k in enumerate(a.micro_counts):
+            if d not in covered[i]:
+                valid.append(k == 1)
+    return counts
 
 
 def _parallel(
@@ -289,13 +357,21 @@ def _parallel(
             int_params[k] = v % len(x.sizes)
         else:
             int_params[k] = 0  # a placeholder: steps only read dims from the parameters
-    degree = m.int_expr(raw["degree"], input_sizes)
+    degree = m.int_expr(raw[spec.count_param], input_sizes)
     valid.append(degree >= 1)
     if spec.name == "all_to_all" and int_params["src_dim"] == int_params["dst_dim"]:
         valid.append(z3.BoolVal(False))
     degs, copies, partial = list(x.degrees), x.copies, x.partial
+    micro = list(x.micro)
     for kind, dim, _ in spec.steps(int_params):
-        if kind == "partition":
+        if kind in ("pipeline", "batch"):
+            if not micro:
+                raise Unsupported(f"{e.op} in a model without micro-batch counts")
+            if kind == "pipeline":
+                micro[dim] = micro[dim] * degree
+            else:
+                micro[dim] = _divides(m, degree, micro[dim], "batch", valid)
+        elif kind == "partition":
             degs[dim] = degs[dim] * degree
         elif kind == "combine":
             degs[dim] = _divides(m, degree, degs[dim], "combine", valid)
@@ -310,7 +386,7 @@ def _parallel(
             partial = _divides(m, degree, partial, "reduce", valid)
         else:  # a new primitive must be modelled here
             raise Unsupported(f"no symbolic model for the primitive step {kind!r}")
-    return (SymShape(x.sizes, tuple(degs), copies, partial, x.dtype),)
+    return (SymShape(x.sizes, tuple(degs), copies, partial, x.dtype, tuple(micro)),)
 
 
 def parallel_operator_names() -> set[str]:

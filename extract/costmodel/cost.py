@@ -137,6 +137,11 @@ computed from data runs ``m`` times on ``1/m`` of the bytes (so its latency term
 times), one on a tensor computed from weights only runs ``m`` times in full; compute keeps its
 FLOPs and bytes and pays ``m`` kernel launches; activations kept for the backward are those of
 one micro-batch (``1/m``). :func:`accumulate_to_fit` picks the smallest ``m`` that fits memory.
+A PCG that cuts micro-batches itself (Pipeline and Batch, :mod:`pcgopt.ops.parallel`;
+:func:`pcgopt.with_micro_batches`) is costed so with its own count, the nodes whose outputs are
+in micro-batches taking the part of the data's: they run once per micro-batch on its share and
+keep one micro-batch's activations; the others compute once, and their collectives run once per
+micro-batch in full, as above (every micro-batched tensor must have the same count).
 """
 
 from __future__ import annotations
@@ -1267,6 +1272,7 @@ def iteration_cost(
     # Micro-batches first: a count that does not divide the batch fails before the placement
     # is worked out (accumulate_to_fit tries several).
     m = _check_micro_batches(pcg, micro_batches)
+    m, micro_nodes = _explicit_micro_batches(pcg, m)
     if not isinstance(runtime, Runtime):
         raise CostError(
             f"runtime must be a pcgopt.extract.Runtime (e.g. Runtime(overlap=False)), got "
@@ -1294,6 +1300,7 @@ def iteration_cost(
         m,
         runtime,
         grad_inputs,
+        micro_nodes,
     )
     devices_used = it.add_node_times()
     memory = it.add_memory_and_updates()
@@ -1327,6 +1334,7 @@ class _Iteration:
         micro_batches: int,
         runtime: Runtime = DDP,
         grad_inputs: frozenset[str] = frozenset(),
+        micro_nodes: frozenset[str] | None = None,
     ) -> None:
         self.pcg, self.machine, self.opt, self.placement = pcg, machine, opt, placement
         self.reduction_cost = reduction_cost
@@ -1346,6 +1354,9 @@ class _Iteration:
                 self.needs_grad[n.name] = n.name in grad_inputs
             else:
                 self.needs_grad[n.name] = any(self.needs_grad[r.node] for r in n.inputs)
+        if micro_nodes is not None:
+            # The PCG says which nodes run once per micro-batch (Pipeline .. Batch).
+            self.on_data = {n.name: n.name in micro_nodes for n in pcg.nodes}
         self.source_of, self.stored_below = source_layouts(pcg)
         self.consumers = pcg.consumers()
         self._gradient_rows: dict[str, int | None] = {}
@@ -1635,6 +1646,34 @@ class _Iteration:
         return Simulation(
             tuple(sim), update_seconds, self.runtime, bucket_cost, self.m, devices_used
         )
+
+
+def _explicit_micro_batches(pcg: PCG, micro_batches: int) -> tuple[int, frozenset[str] | None]:
+    """The micro-batch count a PCG cuts itself (Pipeline) and the nodes whose outputs are in
+    micro-batches; ``(micro_batches, None)`` for a PCG that cuts none."""
+    counts: dict[int, str] = {}
+    nodes = []
+    for n in pcg.nodes:
+        m = max(s.micro_batches for s in pcg.output_shapes(n.name))
+        if m > 1:
+            counts.setdefault(m, n.name)
+            nodes.append(n.name)
+    if not counts:
+        return micro_batches, None
+    if len(counts) > 1:
+        seen = ", ".join(f"{m} at node {name!r}" for m, name in sorted(counts.items()))
+        raise CostError(
+            f"the PCG cuts micro-batches of different counts ({seen}); the cost model takes one "
+            f"count per iteration"
+        )
+    ((m, first),) = counts.items()
+    if micro_batches != 1:
+        raise CostError(
+            f"micro_batches={micro_batches} given for a PCG that cuts {m} micro-batches itself "
+            f"(from node {first!r}); leave micro_batches at 1",
+            node=first,
+        )
+    return m, frozenset(nodes)
 
 
 def _check_micro_batches(pcg: PCG, micro_batches: int) -> int:

@@ -958,6 +958,14 @@ def _checked_arguments(
     for k, seed in enumerate(seeds):
         if not isinstance(seed, PCG):
             raise PCGError(f"seeds[{k}] must be a pcgopt.PCG, got {type(seed).__name__}")
+    for what, graph in (("the PCG", pcg), *((f"seeds[{k}]", s) for k, s in enumerate(seeds))):
+        found = graph.first_in_micro_batches()
+        if found is not None:
+            raise PCGError(
+                f"{what}: node {found[0]!r} outputs {found[1]}, cut into micro-batches; "
+                f"saturate_and_extract plans whole batches and cuts micro-batches itself "
+                f"(pipeline=True): give it the model without Pipeline and Batch"
+            )
     return machine
 
 

@@ -40,13 +40,15 @@ P_s) + (M - 1) max_s (F_s + B_s)`` (for 2BW, ``M max_s (F_s + B_s)``), every sta
 memory. The maximum is handled as Alpa's inter-operator pass does: for each bound ``T`` on a
 stage's ``F + B``, the cheapest sum with every stage within ``T``, plus ``(M - 1) T``; the least
 over ``T`` is the optimum. The ``(S, M)`` candidates are then costed in full, every stage as one
-PCG, by the event schedule with its synchronizations
-(:func:`~pcgopt.extract.costmodel.pipeline.pipeline_time`), in the order of their objectives,
-skipping those whose lower bound (the bottleneck stage's ``M (F + B)`` and, for 1F1B, the first
-micro-batch's way to it and the last one's back) is over the best cost so far; the fastest that
-fits is returned. While candidates are costed the bound tightens (each stage's exact ``F + B``,
-likeliest bottleneck first, then every stage's update and tied-weight AllReduce after its last
-backward), and a candidate is given up as soon as it reaches the best cost so far. A model
+PCG cut into the ``M`` micro-batches (Unity's Pipeline and Batch operators,
+:func:`pcgopt.with_micro_batches`: :attr:`Stage.micro_batched`), by the event schedule with
+its synchronizations (:func:`~pcgopt.extract.costmodel.pipeline.pipeline_time`), in the order
+of their objectives, skipping those whose lower bound (the bottleneck stage's ``M (F + B)``
+and, for 1F1B, the first micro-batch's way to it and the last one's back) is over the best cost
+so far; the fastest that fits is returned. While candidates are costed the bound tightens
+(each stage's exact ``F + B``, likeliest bottleneck first, then every stage's update and
+tied-weight AllReduce after its last backward), and a candidate is given up as soon as it
+reaches the best cost so far. A model
 that micro-batches would change (an operator that mixes the samples of the batch:
 :func:`pcgopt.scaled.micro_batch_difference`) is refused.
 """
@@ -83,6 +85,7 @@ from pcgopt.extract.costmodel.simulate import DDP, Runtime
 from pcgopt.extract.strategies.baselines import batch_size, data_parallel, fsdp, megatron
 from pcgopt.graph import PCG, TensorRef
 from pcgopt.machine import Machine
+from pcgopt.micro import with_micro_batches
 from pcgopt.scaled import ScaleDownError, micro_batch_difference
 from pcgopt.segments import Segment, canonical, is_parallel, segment_pcg, split_segments
 from pcgopt.serialize import pcg_to_dict
@@ -246,7 +249,9 @@ class Stage:
     """One stage of a :class:`PipelinePlan`: segments ``first .. last`` of the model (its
     ``nodes``), on ``devices``, running ``strategy``; ``plan`` is its PCG (its entry an input,
     its exit an output), the plan of ``segment`` (its part of the model, :func:`pcgopt.segments.
-    segment_pcg`), and ``cost`` that PCG's iteration with the plan's micro-batches."""
+    segment_pcg`); ``micro_batched`` is that plan cut into the pipeline's micro-batches (Unity's
+    Pipeline after its inputs, Batch before what sums over the batch and before its outputs:
+    :func:`pcgopt.with_micro_batches`), and ``cost`` its iteration."""
 
     index: int
     first: int
@@ -259,6 +264,7 @@ class Stage:
     plan: PCG = field(repr=False, compare=False)
     cost: CostBreakdown = field(repr=False, compare=False)
     segment: Segment = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
+    micro_batched: PCG = field(repr=False, compare=False, default=None)  # type: ignore[assignment]
 
     @property
     def entry(self) -> str | None:
@@ -370,10 +376,28 @@ class PipelinePlan:
                 f"{t.send_s * 1e3:.3f} ms, sync {t.sync_s * 1e3:.3f} ms; "
                 f"{s.memory_bytes / gib:.2f} GiB"
             )
+            if s.micro_batched is not None and self.micro_batches > 1:
+                lines.append(f"    {_cut_words(s.micro_batched)}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.explain()
+
+
+def _cut_words(cut: PCG) -> str:
+    """Where a stage's PCG is cut into micro-batches and gathered back, in words."""
+    consumers = cut.consumers()
+    outputs = {r.node for r in cut.outputs}
+    piped = [n.inputs[0].node for n in cut.nodes if n.op == "pipeline"]
+    before: list[str] = []
+    for n in cut.nodes:
+        if n.op == "batch":
+            before += [c for c, _ in consumers.get(n.output(), ()) if cut.node(c).op != "batch"]
+            before += ["the output"] if n.name in outputs else []
+    return (
+        f"Pipeline on {', '.join(piped) or 'nothing'}; Batch before "
+        f"{', '.join(dict.fromkeys(before)) or 'nothing'}"
+    )
 
 
 class _OutOfTime(Exception):
@@ -438,21 +462,27 @@ class _Costs:
         if plan is None:
             return _NO_PART
         try:
-            cost = self.cost(plan, block, micro, seg, self.in_sequence)
+            # The dynamic program's estimate: gradient accumulation over ``micro`` (the cost
+            # model's, without cutting the PCG); a stage is costed cut (:meth:`cost`).
+            cost = iteration_cost(
+                plan,
+                block,
+                optimizer=self.optimizer,
+                micro_batches=micro,
+                runtime=self.in_sequence,
+                grad_inputs=() if seg.entry is None else (seg.entry.node,),
+            )
         except PCGError:
             return _NO_PART
         return _part(cost, plan, micro, seg.exit is not None)
 
-    def cost(
-        self, plan: PCG, block: Machine, micro: int, segment: Segment, runtime: Runtime
-    ) -> CostBreakdown:
-        """``plan`` of ``segment`` (or of a stage's segments) on ``block``: an iteration of
-        ``micro`` micro-batches under ``runtime``, its entry's gradient computed."""
+    def cost(self, plan: PCG, block: Machine, segment: Segment, runtime: Runtime) -> CostBreakdown:
+        """``plan`` (a stage's, in micro-batches: :func:`pcgopt.with_micro_batches`) of
+        ``segment`` on ``block`` under ``runtime``, its entry's gradient computed."""
         return iteration_cost(
             plan,
             block,
             optimizer=self.optimizer,
-            micro_batches=micro,
             runtime=runtime,
             grad_inputs=() if segment.entry is None else (segment.entry.node,),
         )
@@ -902,11 +932,12 @@ def _assemble(
         )
         try:
             plan = costs.strategies[chosen[s]](segment_pcg(pcg, merged), block)
-            cost = costs.cost(plan, block, micro, merged, costs.in_sequence)
+            cut = with_micro_batches(plan, micro)
+            cost = costs.cost(cut, block, merged, costs.in_sequence)
         except PCGError:
             return None
         part = _part(cost, plan, micro, merged.exit is not None)
-        built[s] = (merged, plan, cost, part)
+        built[s] = (merged, plan, cut, cost, part)
         busy[s] = part.forward_s + part.backward_s
         bound = _time_bound(busy, sends, micro, schedule)
         if bound >= beat:
@@ -914,17 +945,17 @@ def _assemble(
     # Every stage synchronizes after its last backward for at least its update and its share
     # of the weights it shares with other stages.
     devices = [range(s * per_stage, (s + 1) * per_stage) for s in range(count)]
-    tied = _tied_weights([built[s][2] for s in range(count)], devices, machine)
-    least_sync = [built[s][2].update_s + tied[s] for s in range(count)]
-    forwards = [built[s][3].forward_s for s in range(count)]
+    tied = _tied_weights([built[s][3] for s in range(count)], devices, machine)
+    least_sync = [built[s][3].update_s + tied[s] for s in range(count)]
+    forwards = [built[s][4].forward_s for s in range(count)]
     bound = _time_bound(busy, sends, micro, schedule, least_sync, forwards)
     if bound >= beat:
         raise _Slower(bound)
     stages, times = [], []
     for s, (first, stop, _) in enumerate(cuts):
-        merged, plan, cost, part = built[s]
+        merged, plan, cut, cost, part = built[s]
         try:
-            run = costs.cost(plan, block, micro, merged, costs.runtime)
+            run = costs.cost(cut, block, merged, costs.runtime)
         except PCGError:
             return None
         # What the runtime's iteration adds to the micro-batches' forwards and backwards in
@@ -949,6 +980,7 @@ def _assemble(
                 plan,
                 cost,
                 merged,
+                cut,
             )
         )
     return PipelinePlan(

@@ -19,6 +19,8 @@ AllReduce           ``lax.psum``
 AllGather           ``lax.all_gather`` (tiled)
 ReduceScatter       ``lax.psum_scatter`` (tiled)
 AllToAll            ``lax.all_to_all`` (tiled)
+Pipeline, Batch     nothing: the device computes its whole block (the same values; a
+                    pipelined plan's loop over micro-batches is :mod:`pcgopt.lower.pipelined`'s)
 compute operators   the operator's own semantics on the local blocks
                     (``OpSpec.local``, run on JAX arrays; :mod:`pcgopt.ops.arrays`)
 ==================  =================================================================

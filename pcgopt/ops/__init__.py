@@ -46,10 +46,12 @@ from pcgopt.ops.parallel import (
     AllGather,
     AllReduce,
     AllToAll,
+    Batch,
     Combine,
     DiscardCopies,
     ParallelOp,
     Partition,
+    Pipeline,
     Reduce,
     ReduceScatter,
     Replicate,
@@ -137,6 +139,8 @@ _SPECS: tuple[OpSpec, ...] = (
     AllGather(),
     ReduceScatter(),
     AllToAll(),
+    Pipeline(),
+    Batch(),
 )
 
 #: Operator name -> spec. Read-only.

@@ -10,11 +10,22 @@ The primitives change one thing about a parallel tensor:
 * ToPartial(degree): turns every ``degree`` copies into ``degree`` partial sums, the first
   keeping the value and the others zero (AutoDDL's free Broadcast -> Partial-sum; no data moves).
 
+Two more change how a tensor is computed, not where it is (Unity section 4.1, Figure 8c):
+
+* Pipeline(dim, micro_batches): processes every block of ``dim`` as ``micro_batches`` equal
+  micro-batches, one after another, on the devices that hold it (the degree stays, the size
+  processed at once shrinks);
+* Batch(dim, micro_batches): gathers runs of ``micro_batches`` micro-batches back into one.
+
+Neither moves data. Compute operators carry micro-batches along their parallel loop axes
+(:func:`pcgopt.ops.spec.infer_parallel`) and refuse them on a reduction, where each
+micro-batch would leave a partial sum of its own.
+
 Partition/Combine and Replicate/Reduce are each other's backward, as are DiscardCopies and
-ToPartial. StackPartial(n inputs) makes the inputs the partial sums of one tensor (no data
-moves), so that Add = Reduce . StackPartial (Unity Figure 11b). The fused collectives are
-defined as compositions of the primitives (:meth:`ParallelOp.steps`), so their meaning is the
-composition by construction:
+ToPartial, and Pipeline and Batch. StackPartial(n inputs) makes the inputs the partial sums of
+one tensor (no data moves), so that Add = Reduce . StackPartial (Unity Figure 11b). The fused
+collectives are defined as compositions of the primitives (:meth:`ParallelOp.steps`), so their
+meaning is the composition by construction:
 
 * AllReduce(d) = Replicate(d) . Reduce(d)
 * ReduceScatter(dim, d) = Partition(dim, d) . Reduce(d)
@@ -25,6 +36,7 @@ composition by construction:
 from __future__ import annotations
 
 from abc import abstractmethod
+from typing import ClassVar
 
 from pcgopt.errors import DegreeError, ShapeError
 from pcgopt.ops.params import Param, ParamType
@@ -84,8 +96,35 @@ def _take_copies(s: ParallelTensorShape, degree: int, what: str) -> ParallelTens
     return s.with_replicas(copy_degree=s.copy_degree // degree)
 
 
+def _pipeline_shape(s: ParallelTensorShape, dim: int, count: int) -> ParallelTensorShape:
+    d = s.dims[dim]
+    if d.block % (d.micro * count):
+        raise DegreeError(
+            f"cannot cut dimension {dim} into {count} more micro-batches: its blocks of "
+            f"{d.block} (size {d.size} split {d.degree} way{'s' if d.degree > 1 else ''}"
+            + (f", already in {d.micro} micro-batches" if d.micro > 1 else "")
+            + f") do not divide into {d.micro * count}"
+        )
+    return s.with_micro(dim, d.micro * count)
+
+
+def _batch_shape(s: ParallelTensorShape, dim: int, count: int) -> ParallelTensorShape:
+    d = s.dims[dim]
+    if d.micro % count:
+        raise DegreeError(
+            f"cannot batch {count} micro-batches of dimension {dim}: its blocks are processed in "
+            f"{d.micro} micro-batch{'es' if d.micro > 1 else ''}, and {count} does not divide "
+            f"{d.micro}"
+        )
+    return s.with_micro(dim, d.micro // count)
+
+
 def _apply_shape(s: ParallelTensorShape, step: Step) -> ParallelTensorShape:
     kind, dim, degree = step
+    if kind == "pipeline":
+        return _pipeline_shape(s, dim, degree)
+    if kind == "batch":
+        return _batch_shape(s, dim, degree)
     if kind == "partition":
         return _partition_shape(s, dim, degree)
     if kind == "combine":
@@ -106,8 +145,9 @@ def _apply_data(data, step: Step):
         return split_dim(data, dim, degree)
     if kind == "combine":
         return merge_dim(data, dim, degree)
-    if kind in ("replicate", "discard"):
-        return data  # copies are not stored twice
+    if kind in ("replicate", "discard", "pipeline", "batch"):
+        # Copies are not stored twice; micro-batches are an order of work on the same blocks.
+        return data
     if kind == "to_partial":
         return spread_partials(data, degree)
     return sum_partials(data, degree)
@@ -118,6 +158,9 @@ class ParallelOp(OpSpec):
 
     kind = OpKind.PARALLEL
     input_names = ("x",)
+    #: The parameter that says how many (devices' blocks, copies, partial sums, micro-batches):
+    #: the one a rule generalizes to a symbol.
+    count_param: ClassVar[str] = "degree"
 
     @abstractmethod
     def steps(self, params) -> tuple[Step, ...]: ...
@@ -234,6 +277,36 @@ class StackPartial(OpSpec):
 
     def reference(self, params, *xs):
         return (sum(xs[1:], xs[0].copy()),)
+
+
+_MICRO_BATCHES = Param("micro_batches", ParamType.POS_INT)
+
+#: The operators that cut or gather micro-batches.
+MICRO_BATCH_OPS = frozenset({"pipeline", "batch"})
+
+
+class Pipeline(ParallelOp):
+    """Processes every block of dimension ``dim`` as ``micro_batches`` equal micro-batches, one
+    after another (Unity's Pipeline; no data moves)."""
+
+    name = "pipeline"
+    params = (_DIM, _MICRO_BATCHES)
+    count_param = "micro_batches"
+
+    def steps(self, params):
+        return (("pipeline", params["dim"], params["micro_batches"]),)
+
+
+class Batch(ParallelOp):
+    """Gathers runs of ``micro_batches`` micro-batches of dimension ``dim`` back into one
+    (Unity's Batch, the inverse of Pipeline; no data moves)."""
+
+    name = "batch"
+    params = (_DIM, _MICRO_BATCHES)
+    count_param = "micro_batches"
+
+    def steps(self, params):
+        return (("batch", params["dim"], params["micro_batches"]),)
 
 
 class AllReduce(ParallelOp):

@@ -11,6 +11,10 @@ and output dimensions each axis indexes, whether splitting it gives independent 
 that, :func:`infer_parallel` derives the output's parallel shape (degrees, copies, partial sums,
 with errors that say what to insert), and :func:`evaluate_parallel` derives the shard semantics:
 every task applies the operator's local function to its input blocks.
+
+Micro-batches (Pipeline) follow the same axes: a parallel axis carries its dimensions'
+micro-batch count from the inputs to the outputs, and a task runs once per micro-batch on
+that piece of its blocks; a reduce axis refuses them (:func:`axis_micro_batches`).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import numpy as np
 from pcgopt.errors import ArityError, DegreeError, ShapeError
 from pcgopt.ops.params import Param, Params, ParamType, canonical_params, normalize_axes
 from pcgopt.shapes import ParallelTensorShape
-from pcgopt.sharded import ShardedArray
+from pcgopt.sharded import ShardedArray, merge_dim, split_dim
 
 Sizes = tuple[int, ...]
 
@@ -372,6 +376,8 @@ class ComputeOp(OpSpec):
 
     def evaluate(self, params, inputs, outputs):
         sig = self.signature(params, _sizes([x.shape for x in inputs]), _sizes(outputs))
+        if any(x.shape.micro_batches > 1 for x in inputs):
+            return _evaluate_micro_batches(self, params, sig, inputs, outputs)
         return evaluate_parallel(self, params, sig, inputs, outputs)
 
 
@@ -433,6 +439,61 @@ def axis_degrees(
     return degrees
 
 
+def axis_micro_batches(
+    op: OpSpec, sig: Signature, inputs: Sequence[ParallelTensorShape]
+) -> dict[str, int]:
+    """The micro-batch count of every loop axis, read off the inputs (Pipeline, module
+    docstring). Checks that the inputs indexed by an axis agree, that only parallel axes that
+    reach an output carry micro-batches, and that no other input dimension is in any."""
+    counts: dict[str, int] = {}
+    covered: list[set[int]] = [set() for _ in inputs]
+    for ax in sig.axes:
+        first: tuple[int, int] | None = None
+        count = 1
+        for i, dim in enumerate(ax.inputs):
+            if dim is None:
+                continue
+            covered[i].add(dim)
+            m = inputs[i].dims[dim].micro
+            if first is None:
+                first, count = (i, dim), m
+            elif m != count:
+                fi, fd = first
+                raise DegreeError(
+                    f"{op.input_name(fi)} dimension {fd} is in {count} micro-batch(es) but "
+                    f"{op.input_name(i)} dimension {dim} is in {m}; both index the {ax.name!r} "
+                    f"axis of {op.name} and must be cut alike (Pipeline or Batch one of them)"
+                )
+        if count > 1:
+            fi, fd = first  # type: ignore[misc]
+            where = f"{op.input_name(fi)} dimension {fd} is in {count} micro-batches"
+            if ax.kind is AxisKind.REDUCE:
+                raise DegreeError(
+                    f"{where}, but {op.name} sums over it (its {ax.name!r} axis): every "
+                    f"micro-batch would leave a partial sum of its own; Batch it first"
+                )
+            if not any(d is not None for d in ax.outputs):
+                raise DegreeError(
+                    f"{where}, but no output of {op.name} has that axis; Batch it first"
+                )
+            blocks = (ax.size or _axis_extent(ax, inputs)) // inputs[fi].dims[fd].degree
+            if blocks % count:
+                raise DegreeError(
+                    f"{where}, but the {ax.name!r} axis of {op.name} has blocks of {blocks}, "
+                    f"which {count} micro-batches do not divide"
+                )
+        counts[ax.name] = count
+    for i, shape in enumerate(inputs):
+        for dim, pd in enumerate(shape.dims):
+            if pd.micro > 1 and dim not in covered[i]:
+                raise DegreeError(
+                    f"{op.input_name(i)} dimension {dim} is in {pd.micro} micro-batches, but "
+                    f"{op.name} has no loop axis over that dimension to run them one at a "
+                    f"time; Batch it first"
+                )
+    return counts
+
+
 def _partial_degrees(
     op: OpSpec, sig: Signature, inputs: Sequence[ParallelTensorShape]
 ) -> tuple[int, ...]:
@@ -462,6 +523,7 @@ def infer_parallel(
 ) -> tuple[ParallelTensorShape, ...]:
     """Output parallel shapes of a compute operator from its signature (module docstring)."""
     degrees = axis_degrees(op, sig, inputs)
+    micro = axis_micro_batches(op, sig, inputs)
     sums = _partial_degrees(op, sig, inputs)
     linear = set(sig.linear_in)
     reduce_degree = math.prod(degrees[a.name] for a in sig.axes if a.kind is AxisKind.REDUCE)
@@ -503,12 +565,19 @@ def infer_parallel(
     outs = []
     for o, out in enumerate(logical):
         out_degrees = [1] * out.rank
+        out_micro = [1] * out.rank
         for ax in sig.axes:
             if o < len(ax.outputs) and ax.outputs[o] is not None:
                 out_degrees[ax.outputs[o]] = degrees[ax.name]
+                out_micro[ax.outputs[o]] = micro[ax.name]
         outs.append(
             ParallelTensorShape.of(
-                out.sizes, out.dtype, degrees=out_degrees, copy_degree=copies, sum_degree=out_sum
+                out.sizes,
+                out.dtype,
+                degrees=out_degrees,
+                copy_degree=copies,
+                sum_degree=out_sum,
+                micro=out_micro,
             )
         )
     return tuple(outs)
@@ -604,6 +673,45 @@ def evaluate_parallel(
                 blk[d] = a_idx[k]
             results[o][(sum_index, *blk)] = val
     return tuple(ShardedArray(s, r) for s, r in zip(outputs, results, strict=True))
+
+
+def _evaluate_micro_batches(
+    op: ComputeOp,
+    params: Params,
+    sig: Signature,
+    inputs: Sequence[ShardedArray],
+    outputs: Sequence[ParallelTensorShape],
+) -> tuple[ShardedArray, ...]:
+    """Shard semantics with micro-batches: every micro-batch of a block is computed on its own,
+    as a block of a split ``micro`` times finer would be, and the pieces are put back in place
+    (the layout does not change: micro-batches are pieces of the blocks a device holds)."""
+    axis_micro_batches(op, sig, [x.shape for x in inputs])  # refuses what cannot be cut
+
+    def pieces(shape: ParallelTensorShape) -> ParallelTensorShape:
+        return ParallelTensorShape.of(
+            shape.sizes,
+            shape.dtype,
+            degrees=[d.degree * d.micro for d in shape.dims],
+            copy_degree=shape.copy_degree,
+            sum_degree=shape.sum_degree,
+        )
+
+    split = []
+    for x in inputs:
+        data = x.data
+        for dim, m in enumerate(x.shape.micro):
+            if m > 1:
+                data = split_dim(data, dim, m)
+        split.append(ShardedArray(pieces(x.shape), data))
+    results = evaluate_parallel(op, params, sig, split, [pieces(o) for o in outputs])
+    merged = []
+    for r, shape in zip(results, outputs, strict=True):
+        data = r.data
+        for dim, m in enumerate(shape.micro):
+            if m > 1:
+                data = merge_dim(data, dim, m)
+        merged.append(ShardedArray(shape, data))
+    return tuple(merged)
 
 
 def _axis_extent(ax: LoopAxis, shapes: Sequence[ParallelTensorShape]) -> int:

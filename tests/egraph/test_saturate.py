@@ -1150,3 +1150,13 @@ def test_the_match_limit_grows_with_the_degrees_so_every_layer_gets_split():
         and sat.egraph.shapes[n.eclass].num_shards > 1
     }
     assert split >= {n.name for n in model.nodes if n.op == "linear"}
+
+
+def test_a_pcg_in_micro_batches_is_refused_by_name():
+    """The e-graph's shapes have no micro-batch counts: it would drop them."""
+    from pcgopt import with_micro_batches
+    from pcgopt.models import mnist_mlp
+
+    cut = with_micro_batches(mnist_mlp(), 2)
+    with pytest.raises(EGraphError, match=r"node 'x_pipeline' outputs f32\[64~2, 784\]"):
+        saturate(cut, Machine.preset("dgx-a100"))

@@ -671,3 +671,37 @@ def test_docstring_examples_run():
     for module in (pcgopt.extract.costmodel.cost, pcgopt.extract.costmodel.calibrate):
         failed, tried = doctest.testmod(module)
         assert tried > 0 and failed == 0, module.__name__
+
+
+def test_a_pcg_in_micro_batches_costs_what_gradient_accumulation_does():
+    """Unity's Pipeline and Batch in the PCG say which nodes run once per micro-batch; cut
+    where gradient accumulation cuts, the cost is the same."""
+    from pcgopt import with_micro_batches
+    from pcgopt.extract.strategies.baselines import data_parallel, megatron
+
+    machine = Machine.preset("dgx-a100")
+    model = models.build("mnist_mlp")
+    for plan in (model, data_parallel(model, machine), megatron(model, machine)):
+        cut = iteration_cost(with_micro_batches(plan, 4), machine)
+        accumulated = iteration_cost(plan, machine, micro_batches=4)
+        assert cut.micro_batches == 4
+        assert cut.total_s == pytest.approx(accumulated.total_s, rel=1e-9)
+        assert cut.memory == accumulated.memory
+        assert cut.memory.activations < iteration_cost(plan, machine).memory.activations
+
+
+def test_micro_batches_are_one_count_per_pcg():
+    from pcgopt import with_micro_batches
+
+    machine = Machine.preset("dgx-a100")
+    cut = with_micro_batches(models.build("mnist_mlp"), 2)
+    with pytest.raises(CostError, match=r"cuts 2 micro-batches itself .* leave micro_batches at 1"):
+        iteration_cost(cut, machine, micro_batches=2)
+    b = PCGBuilder()
+    x = b.pipeline(b.input((8, 4), name="x"), dim=0, micro_batches=2)
+    y = b.pipeline(b.input((8, 4), name="y"), dim=0, micro_batches=4)
+    z = b.add(
+        b.batch(b.relu(x), dim=0, micro_batches=2), b.batch(b.relu(y), dim=0, micro_batches=4)
+    )
+    with pytest.raises(CostError, match="different counts"):
+        iteration_cost(b.build(z), machine)

@@ -26,7 +26,7 @@ from pcgopt.extract.costmodel.pipeline import (
     schedule_1f1b,
     two_bw_time,
 )
-from pcgopt.extract.costmodel.simulate import ADDITIVE
+from pcgopt.extract.costmodel.simulate import ADDITIVE, DDP
 from pcgopt.extract.search.plan import PlanCheckError, _check_pipeline, saturate_and_extract
 from pcgopt.extract.strategies.pipeline import (
     _assemble,
@@ -273,6 +273,19 @@ def test_a_pipelined_plan_covers_the_model_once_in_order_on_disjoint_blocks(
         segs = segments[s.first : s.last + 1]
         merged = Segment(s.index, s.nodes, segs[0].entry, segs[-1].exit)
         assert_equivalent(s.plan, segment_pcg(small_transformer, merged), compare="logical")
+        # It runs in the plan's micro-batches (Unity's Pipeline and Batch in the PCG), which
+        # compute what the whole batch does, and its times are that PCG's.
+        cut = s.micro_batched
+        assert {n.op for n in cut.nodes} >= {"pipeline", "batch"}
+        assert_equivalent(s.plan, cut)
+        assert s.cost.micro_batches == plan.micro_batches > 1
+        again = iteration_cost(
+            cut,
+            stage_machine(four_nodes, 1),
+            runtime=dataclasses.replace(DDP, overlap=False, bucket_bytes=0),
+            grad_inputs=() if s.entry is None else (s.entry,),
+        )
+        assert again.total_s == s.cost.total_s
     assert plan.time_s == pytest.approx(
         pipeline_time([s.times for s in plan.stages], plan.micro_batches)
     )

@@ -505,3 +505,11 @@ def test_a_candidate_is_placed_and_mapped_under_the_runtime_its_cost_carries():
         candidates["data parallel"][1].micro_batches > 1
         or not candidates["data parallel"][1].feasible
     )
+
+
+def test_a_model_in_micro_batches_is_refused_with_what_to_do():
+    cut = pcgopt.with_micro_batches(mnist_mlp(), 2)
+    with pytest.raises(PCGError, match=r"cuts micro-batches itself .* without Pipeline and Batch"):
+        saturate_and_extract(cut, Machine.preset("dgx-a100"))
+    with pytest.raises(PCGError, match=r"seeds\[0\]: node 'x_pipeline'"):
+        saturate_and_extract(mnist_mlp(), Machine.preset("dgx-a100"), seeds=[cut])

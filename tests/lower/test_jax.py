@@ -401,3 +401,15 @@ def test_errors_name_what_is_wrong():
         lowered.forward(inputs, {"w1": weights["w1"]})
     with pytest.raises(LoweringError, match="micro_batches must be a positive integer"):
         lower(figure_2a, 2, micro_batches=0)
+
+
+def test_a_plan_in_micro_batches_runs_as_the_reference_evaluator_says():
+    """Pipeline and Batch change the order of work, not values: each device's program
+    computes its whole block (a pipelined plan's loop over micro-batches is
+    pcgopt.lower.pipelined's)."""
+    from pcgopt import with_micro_batches
+
+    _, dp, _ = _mnist_plans()
+    cut = with_micro_batches(dp, 4)
+    assert any(n.op == "pipeline" for n in cut.nodes)
+    _runs_as_its_reference(cut)

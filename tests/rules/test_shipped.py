@@ -86,3 +86,27 @@ def test_every_shipped_rule_holds_on_random_inputs(rule, meta):
     for k, inst in enumerate(insts):
         mismatch = compare(rule, inst, seed=11 + k)
         assert mismatch is None, str(mismatch)
+
+
+def test_the_micro_batch_rules_each_cut_or_gather_and_stay_out_of_the_e_graph():
+    from pcgopt.egraph import shipped_presets
+    from pcgopt.ops.parallel import MICRO_BATCH_OPS
+    from pcgopt.rules.families import USES
+
+    rules = load(SHIPPED["pipeline"])
+    assert len(rules) > 100 and USES["pipeline"] == MICRO_BATCH_OPS
+    for rule in rules:
+        used = {t.op for e in (*rule.lhs, *rule.rhs) for t in walk(e) if isinstance(t, Term)}
+        assert used & MICRO_BATCH_OPS, rule.name
+    # Through every kind of operator a pipelined transformer has.
+    moved = {t.op for r in rules for e in r.lhs for t in walk(e) if isinstance(t, Term)}
+    assert {"linear", "layer_norm", "batch_matmul", "softmax", "embedding", "gelu"} <= moved
+    assert "pipeline" in OPT_IN and "pipeline" not in shipped_presets()
+    # Nothing else ships a rule with them.
+    for other, path in SHIPPED.items():
+        if other != "pipeline":
+            for rule in load(path):
+                used = {
+                    t.op for e in (*rule.lhs, *rule.rhs) for t in walk(e) if isinstance(t, Term)
+                }
+                assert not used & MICRO_BATCH_OPS, (other, rule.name)

@@ -16,6 +16,20 @@ TRUE_RULES = [
         "reduce(matmul(x, replicate(y, degree=k)), degree=k)",
         {"x": "[m, n]", "y": "[n, p]"},
     ),
+    # Unity's Pipeline through a product's rows, and Batch undoing it (micro-batch counts in
+    # the shape model)
+    (
+        "matmul_micro_batches",
+        "matmul(pipeline(x, dim=0, micro_batches=k), w)",
+        "pipeline(matmul(x, w), dim=0, micro_batches=k)",
+        {"x": "[m, n]", "w": "[n, p]"},
+    ),
+    (
+        "batch_undoes_pipeline",
+        "batch(relu(pipeline(x, dim=1, micro_batches=k)), dim=1, micro_batches=k)",
+        "relu(x)",
+        {"x": "[m, n]"},
+    ),
     # Unity Figure 11a: ReLU supports splitting the rows
     (
         "relu_rows",
@@ -81,6 +95,13 @@ TRUE_RULES = [
 ]
 
 FALSE_RULES = [
+    (
+        "pipeline_moves_dimension",
+        "relu(pipeline(x, dim=0, micro_batches=k))",
+        "pipeline(relu(x), dim=1, micro_batches=k)",
+        {"x": "[m, n]"},
+        "parallel shapes differ",
+    ),
     (
         "relu_is_additive",
         "relu(add(x, y))",
