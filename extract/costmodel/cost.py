@@ -139,9 +139,13 @@ FLOPs and bytes and pays ``m`` kernel launches; activations kept for the backwar
 one micro-batch (``1/m``). :func:`accumulate_to_fit` picks the smallest ``m`` that fits memory.
 A PCG that cuts micro-batches itself (Pipeline and Batch, :mod:`pcgopt.ops.parallel`;
 :func:`pcgopt.with_micro_batches`) is costed so with its own count, the nodes whose outputs are
-in micro-batches taking the part of the data's: they run once per micro-batch on its share and
-keep one micro-batch's activations; the others compute once, and their collectives run once per
-micro-batch in full, as above (every micro-batched tensor must have the same count).
+in micro-batches, and the nodes after them, taking the part of the data's: they run once per
+micro-batch on its share and keep one micro-batch's activations; the others compute once, and
+their collectives run once per micro-batch in full, as above (every micro-batched tensor must
+have the same count). What follows a Batch (a loss's mean over the batch, which cannot take
+micro-batches) is costed as a runtime runs it, on each micro-batch with the results added up:
+that is what it computes when it sums over the batch, and the pipeline search refuses models
+whose operators mix the samples otherwise.
 """
 
 from __future__ import annotations
@@ -1649,15 +1653,17 @@ class _Iteration:
 
 
 def _explicit_micro_batches(pcg: PCG, micro_batches: int) -> tuple[int, frozenset[str] | None]:
-    """The micro-batch count a PCG cuts itself (Pipeline) and the nodes whose outputs are in
-    micro-batches; ``(micro_batches, None)`` for a PCG that cuts none."""
+    """The micro-batch count a PCG cuts itself (Pipeline) and the nodes that run once per
+    micro-batch: those whose outputs are in micro-batches, and those after them (module
+    docstring); ``(micro_batches, None)`` for a PCG that cuts none."""
     counts: dict[int, str] = {}
-    nodes = []
+    nodes: set[str] = set()
     for n in pcg.nodes:
         m = max(s.micro_batches for s in pcg.output_shapes(n.name))
         if m > 1:
             counts.setdefault(m, n.name)
-            nodes.append(n.name)
+        if m > 1 or any(r.node in nodes for r in n.inputs):
+            nodes.add(n.name)
     if not counts:
         return micro_batches, None
     if len(counts) > 1:

@@ -681,7 +681,11 @@ def test_a_pcg_in_micro_batches_costs_what_gradient_accumulation_does():
 
     machine = Machine.preset("dgx-a100")
     model = models.build("mnist_mlp")
-    for plan in (model, data_parallel(model, machine), megatron(model, machine)):
+    b = PCGBuilder()  # a loss: its mean over the batch takes the micro-batches gathered
+    x = b.partition(b.input((64, 32), name="x"), dim=0, degree=8)
+    logits = b.matmul(x, b.replicate(b.weight((32, 1024), name="w"), degree=8))
+    with_loss = b.build(b.reduce_mean(b.combine(logits, dim=0, degree=8), axes=(0, 1)))
+    for plan in (model, data_parallel(model, machine), megatron(model, machine), with_loss):
         cut = iteration_cost(with_micro_batches(plan, 4), machine)
         accumulated = iteration_cost(plan, machine, micro_batches=4)
         assert cut.micro_batches == 4
