@@ -19,7 +19,11 @@ operator mixes samples, so a model with training batch normalization is refused.
 
 **Inside a stage.** Each stage runs one of the hand-written plans (:func:`stage_strategies`:
 data parallelism, FSDP, Megatron at every tensor degree that divides the block, with and without
-sequence parallelism) on its block, chosen per stage. A segment's times are costed once per
+sequence parallelism) on its block, chosen per stage; asked for (``strategies=[...,
+"layer-wise"]``), also the layer-wise search's: AutoDDL's coordinate descent over each dense
+layer's SBP strategy, run once per distinct segment and block size (at most
+:data:`LAYER_WISE_EVALUATIONS` assignments), a stage of several segments taking each one's
+strategies. A segment's times are costed once per
 distinct segment (equal up to names), strategy, block and micro-batch count by
 :func:`~pcgopt.extract.costmodel.cost.iteration_cost` under the runtime's precision and ZeRO
 stage with its tasks one after another, and a stage's are the sums of its segments'. The stage's
@@ -57,7 +61,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from numbers import Integral, Real
@@ -83,6 +87,12 @@ from pcgopt.extract.costmodel.pipeline import (
 )
 from pcgopt.extract.costmodel.simulate import DDP, Runtime
 from pcgopt.extract.strategies.baselines import batch_size, data_parallel, fsdp, megatron
+from pcgopt.extract.strategies.layerwise import (
+    LayerwiseResult,
+    MatmulStrategy,
+    coordinate_descent,
+)
+from pcgopt.extract.strategies.layerwise import lower as layer_wise_lower
 from pcgopt.graph import PCG, TensorRef
 from pcgopt.machine import Machine
 from pcgopt.micro import with_micro_batches
@@ -120,19 +130,37 @@ def _megatron(tensor_degree: int, sequence_parallel: bool) -> StageStrategy:
     )
 
 
-def stage_strategies(devices: int) -> dict[str, StageStrategy]:
-    """The plans a stage of ``devices`` devices may run, by name: data parallelism, FSDP, and
-    Megatron (and Megatron-SP) at every tensor degree above 1 that divides ``devices`` (the
-    rest of the block data parallel).
+#: The stage plan the layer-wise search finds (AutoDDL's coordinate descent over each dense
+#: layer's SBP strategy, :func:`~pcgopt.extract.strategies.layerwise.coordinate_descent`).
+LAYER_WISE = "layer-wise"
 
-    >>> list(stage_strategies(2))
-    ['data parallel', 'fsdp', 'megatron t=2', 'megatron-sp t=2']
+#: The assignments the layer-wise search costs for one segment on one block, at most: a limit of
+#: work, so the same plans come out however fast the machine is.
+LAYER_WISE_EVALUATIONS = 64
+
+
+def _layer_wise(pcg: PCG, machine: Machine, optimizer: str = "adam") -> LayerwiseResult:
+    return coordinate_descent(
+        pcg, machine, restarts=1, optimizer=optimizer, max_evaluations=LAYER_WISE_EVALUATIONS
+    )
+
+
+def stage_strategies(devices: int, *, layer_wise: bool = False) -> dict[str, StageStrategy]:
+    """The plans a stage of ``devices`` devices may run, by name: data parallelism, FSDP,
+    Megatron (and Megatron-SP) at every tensor degree above 1 that divides ``devices`` (the
+    rest of the block data parallel), and with ``layer_wise`` the layer-wise search's
+    (:data:`LAYER_WISE`).
+
+    >>> list(stage_strategies(2, layer_wise=True))
+    ['data parallel', 'fsdp', 'megatron t=2', 'megatron-sp t=2', 'layer-wise']
     """
     found: dict[str, StageStrategy] = {"data parallel": data_parallel, "fsdp": fsdp}
     for t in divisors(devices):
         if t > 1:
             found[f"megatron t={t}"] = _megatron(t, False)
             found[f"megatron-sp t={t}"] = _megatron(t, True)
+    if layer_wise:
+        found[LAYER_WISE] = lambda pcg, machine: _layer_wise(pcg, machine).pcg
     return found
 
 
@@ -428,13 +456,18 @@ class _Costs:
         # The runtime's precision and ZeRO stage, its tasks one after another: a stage's times.
         self.runtime, self.in_sequence = runtime, replace(runtime, overlap=False, bucket_bytes=0)
         self.own = [segment_pcg(pcg, s) for s in segments]
-        self.keys = [canonical(own)[0] for own in self.own]
+        canonical_own = [canonical(own) for own in self.own]
+        self.keys = [key for key, _ in canonical_own]
+        self.backs = [back for _, back in canonical_own]
+        # The layer-wise search's strategies per (segment up to names, units), by canonical
+        # name: searched once per distinct segment, not per layer of a deep model.
+        self.layer_wise: dict[tuple[PCG, int], Mapping[str, MatmulStrategy] | None] = {}
         self.memo: dict[tuple, _Part] = {}
         self.plans: dict[tuple, PCG | None] = {}
         # No part is costed after this (perf_counter seconds): the search's time limit.
         self.deadline = math.inf
         # Every plan any block may run; a block runs those its devices allow.
-        self.strategies = stage_strategies(machine.num_devices)
+        self.strategies = stage_strategies(machine.num_devices, layer_wise=True)
 
     def part(self, index: int, strategy: str, units: int, micro: int) -> _Part:
         key = (self.keys[index], strategy, units, micro, index == len(self.segments) - 1)
@@ -450,10 +483,35 @@ class _Costs:
         if key not in self.plans:
             try:
                 block = stage_machine(self.machine, units)
-                self.plans[key] = self.strategies[strategy](self.own[index], block)
+                if strategy == LAYER_WISE:
+                    self.plans[key] = self.layer_wise_plan(self.own[index], units, (index,))
+                else:
+                    self.plans[key] = self.strategies[strategy](self.own[index], block)
             except PCGError:
                 self.plans[key] = None
         return self.plans[key]
+
+    def layer_wise_plan(self, pcg: PCG, units: int, indices: Sequence[int]) -> PCG:
+        """``pcg`` (segments ``indices``, or one of them) with the strategies the layer-wise
+        search found for each of its segments on a block of ``units``."""
+        block = stage_machine(self.machine, units)
+        picks: dict[str, MatmulStrategy] = {}
+        for index in indices:
+            key = (self.keys[index], units)
+            if key not in self.layer_wise:
+                if time.perf_counter() > self.deadline:
+                    raise _OutOfTime
+                try:
+                    found = _layer_wise(self.keys[index], block, self.optimizer).strategies
+                except PCGError:
+                    found = None
+                self.layer_wise[key] = found
+            found = self.layer_wise[key]
+            if found is None:
+                raise PipelineError(f"segment {index}: the layer-wise search found no plan")
+            back = self.backs[index]
+            picks.update((back[name], s) for name, s in found.items())
+        return layer_wise_lower(pcg, block, picks)
 
     def _part(self, index: int, strategy: str, units: int, micro: int) -> _Part:
         block = stage_machine(self.machine, units)
@@ -557,8 +615,10 @@ def pipeline_search(
     :func:`micro_batch_counts` per stage count); ``schedule``: ``"1f1b"`` (synchronous, the
     input model's semantics) or ``"2bw"``; ``min_ops``: the segments' least computing operators
     (:func:`~pcgopt.segments.split_segments`' default: about one transformer layer);
-    ``strategies``: the stage plans allowed, by :func:`stage_strategies` name (default: all; a
-    single name gives every stage that plan, as Megatron-LM's hand-set degrees do);
+    ``strategies``: the stage plans allowed, by :func:`stage_strategies` name (default: all
+    but :data:`LAYER_WISE`, the layer-wise search's plan, which costs a coordinate descent per
+    distinct segment and block size: name it to add it; a single name gives every stage that
+    plan, as Megatron-LM's hand-set degrees do);
     ``runtime``: how a stage overlaps its synchronization with its last backward (module
     docstring; default PyTorch DDP's); ``time_budget_s``: stop trying stage and micro-batch
     counts (about four micro-batches per stage first) and costing stage plans and candidates
@@ -614,7 +674,7 @@ def pipeline_search(
             f"segment(s) each; possible: {possible}"
         )
     if strategies is not None:
-        known = stage_strategies(machine.num_devices)
+        known = stage_strategies(machine.num_devices, layer_wise=True)
         unknown = [name for name in strategies if name not in known]
         if unknown:
             raise PipelineError(
@@ -681,7 +741,10 @@ def _ranked_cuts(
     machine = costs.machine
     for count, micro in pairs:
         units = units_in_level // count
-        allowed = stage_strategies(units * machine.num_devices // units_in_level)
+        allowed = stage_strategies(
+            units * machine.num_devices // units_in_level,
+            layer_wise=strategies is not None and LAYER_WISE in strategies,
+        )
         names = [name for name in allowed if strategies is None or name in strategies]
         if not names:
             continue
@@ -931,7 +994,11 @@ def _assemble(
             s, tuple(x for seg in segs for x in seg.nodes), segs[0].entry, segs[-1].exit
         )
         try:
-            plan = costs.strategies[chosen[s]](segment_pcg(pcg, merged), block)
+            own = segment_pcg(pcg, merged)
+            if chosen[s] == LAYER_WISE:
+                plan = costs.layer_wise_plan(own, units, range(first, stop))
+            else:
+                plan = costs.strategies[chosen[s]](own, block)
             cut = with_micro_batches(plan, micro)
             cost = costs.cost(cut, block, merged, costs.in_sequence)
         except PCGError:

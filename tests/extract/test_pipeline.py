@@ -29,12 +29,14 @@ from pcgopt.extract.costmodel.pipeline import (
 from pcgopt.extract.costmodel.simulate import ADDITIVE, DDP
 from pcgopt.extract.search.plan import PlanCheckError, _check_pipeline, saturate_and_extract
 from pcgopt.extract.strategies.pipeline import (
+    LAYER_WISE,
     _assemble,
     _best_cuts,
     _time_bound,
     micro_batch_counts,
     pipeline_search,
     stage_machine,
+    stage_strategies,
 )
 from pcgopt.models import build
 from pcgopt.scaled import CHECK_FLOPS_LIMIT
@@ -584,3 +586,27 @@ def test_no_pipeline_when_asked_or_on_one_device():
     one = Machine.preset("dgx-a100", devices_per_node=1)
     alone = saturate_and_extract(model, one, time_budget_s=3, min_segment_ops=2)
     assert alone.pipeline is None
+
+
+def test_stages_may_run_the_layer_wise_search_s_plans(small_transformer, four_nodes):
+    """Asked for, a stage runs the plan AutoDDL's coordinate descent finds for each of its
+    segments; it computes its part of the model like any other stage plan."""
+    assert LAYER_WISE not in stage_strategies(4)
+    plan = pipeline_search(
+        small_transformer, four_nodes, stage_counts=[2], strategies=[LAYER_WISE], min_ops=4
+    )
+    segments = split_segments(small_transformer, 4)
+    for s in plan.stages:
+        assert s.strategy == LAYER_WISE
+        segs = segments[s.first : s.last + 1]
+        merged = Segment(s.index, s.nodes, segs[0].entry, segs[-1].exit)
+        assert_equivalent(s.plan, segment_pcg(small_transformer, merged), compare="logical")
+        assert_equivalent(s.plan, s.micro_batched)
+    both = pipeline_search(
+        small_transformer,
+        four_nodes,
+        stage_counts=[2],
+        strategies=[LAYER_WISE, "data parallel"],
+        min_ops=4,
+    )
+    assert both.estimate_s <= plan.estimate_s
