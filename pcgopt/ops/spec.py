@@ -22,7 +22,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -394,30 +394,62 @@ def _blocks(shapes: Sequence[ParallelTensorShape]) -> tuple[Sizes, ...]:
 # --------------------------------------------------------------------------------------------
 
 
+def _along_axes(
+    op: OpSpec,
+    sig: Signature,
+    inputs: Sequence[ParallelTensorShape],
+    field: str,
+    differ: Callable[[str, str, int, int, LoopAxis], str],
+) -> tuple[dict[str, tuple[int, tuple[int, int] | None]], list[set[int]]]:
+    """Per loop axis, the value of ``field`` (``"degree"``, ``"micro"``) that the input
+    dimensions it indexes agree on, with the first of them (None: it indexes no input); and per
+    input, the dimensions some axis indexes. ``differ(first, other, a, b, axis)`` words the
+    error when two disagree (``first``/``other``: "input dimension d")."""
+    found: dict[str, tuple[int, tuple[int, int] | None]] = {}
+    covered: list[set[int]] = [set() for _ in inputs]
+    for ax in sig.axes:
+        first: tuple[int, int] | None = None
+        value = 1
+        for i, dim in enumerate(ax.inputs):
+            if dim is None:
+                continue
+            covered[i].add(dim)
+            v = getattr(inputs[i].dims[dim], field)
+            if first is None:
+                first, value = (i, dim), v
+            elif v != value:
+                fi, fd = first
+                raise DegreeError(
+                    differ(
+                        f"{op.input_name(fi)} dimension {fd}",
+                        f"{op.input_name(i)} dimension {dim}",
+                        value,
+                        v,
+                        ax,
+                    )
+                )
+        found[ax.name] = (value, first)
+    return found, covered
+
+
 def axis_degrees(
     op: OpSpec, sig: Signature, inputs: Sequence[ParallelTensorShape]
 ) -> dict[str, int]:
     """The degree of every loop axis, read off the inputs; checks that they agree, that they
     divide the axis size, and that no input dimension outside the axes is split."""
+    found, covered = _along_axes(
+        op,
+        sig,
+        inputs,
+        "degree",
+        lambda a, b, x, y, ax: (
+            f"{a} is split {x} ways but {b} is split {y} ways; both index the {ax.name!r} axis "
+            f"of {op.name} and must be split alike"
+        ),
+    )
     degrees: dict[str, int] = {}
-    covered: list[set[int]] = [set() for _ in inputs]
     for ax in sig.axes:
-        first: tuple[int, int] | None = None
-        degree = 1
-        for i, dim in enumerate(ax.inputs):
-            if dim is None:
-                continue
-            covered[i].add(dim)
-            d = inputs[i].dims[dim].degree
-            if first is None:
-                first, degree = (i, dim), d
-            elif d != degree:
-                fi, fd = first
-                raise DegreeError(
-                    f"{op.input_name(fi)} dimension {fd} is split {degree} ways but "
-                    f"{op.input_name(i)} dimension {dim} is split {d} ways; both index the "
-                    f"{ax.name!r} axis of {op.name} and must be split alike"
-                )
+        degree = found[ax.name][0]
         if ax.size is not None and ax.size % degree:
             raise DegreeError(
                 f"the {ax.name!r} axis of {op.name} can be split only by divisors of {ax.size}, "
@@ -445,27 +477,22 @@ def axis_micro_batches(
     """The micro-batch count of every loop axis, read off the inputs (Pipeline, module
     docstring). Checks that the inputs indexed by an axis agree, that only parallel axes that
     reach an output carry micro-batches, and that no other input dimension is in any."""
+    found, covered = _along_axes(
+        op,
+        sig,
+        inputs,
+        "micro",
+        lambda a, b, x, y, ax: (
+            f"{a} is in {x} micro-batch(es) but {b} is in {y}; both index the {ax.name!r} axis "
+            f"of {op.name} and must be cut alike (Pipeline or Batch one of them)"
+        ),
+    )
     counts: dict[str, int] = {}
-    covered: list[set[int]] = [set() for _ in inputs]
     for ax in sig.axes:
-        first: tuple[int, int] | None = None
-        count = 1
-        for i, dim in enumerate(ax.inputs):
-            if dim is None:
-                continue
-            covered[i].add(dim)
-            m = inputs[i].dims[dim].micro
-            if first is None:
-                first, count = (i, dim), m
-            elif m != count:
-                fi, fd = first
-                raise DegreeError(
-                    f"{op.input_name(fi)} dimension {fd} is in {count} micro-batch(es) but "
-                    f"{op.input_name(i)} dimension {dim} is in {m}; both index the {ax.name!r} "
-                    f"axis of {op.name} and must be cut alike (Pipeline or Batch one of them)"
-                )
+        count, first = found[ax.name]
         if count > 1:
-            fi, fd = first  # type: ignore[misc]
+            assert first is not None  # a count above 1 was read off an input
+            fi, fd = first
             where = f"{op.input_name(fi)} dimension {fd} is in {count} micro-batches"
             if ax.kind is AxisKind.REDUCE:
                 raise DegreeError(
