@@ -180,6 +180,10 @@ class PCG:
     def first_in_micro_batches(self) -> tuple[str, ParallelTensorShape] | None:
         """The first node (in order) whose output is cut into micro-batches (Pipeline), with
         that output's shape; None when the PCG processes whole batches."""
+        # Only a Pipeline cuts micro-batches (sources are whole): without one, nothing to scan
+        # (the cost model asks this of every PCG it costs).
+        if not any(n.op == "pipeline" for n in self._nodes):
+            return None
         for n in self._nodes:
             for s in self.output_shapes(n.name):
                 if s.micro_batches > 1:

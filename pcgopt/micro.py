@@ -105,20 +105,20 @@ def with_micro_batches(pcg: PCG, micro_batches: int, dim: int = 0) -> PCG:
             shapes[TensorRef(node.name, i)] = s
         return outs
 
+    def add_micro(op: str, of: TensorRef, at: TensorRef, d: int, m: int) -> TensorRef:
+        """A Pipeline or Batch (``op``) of ``at`` along ``d`` by ``m``, named after ``of``."""
+        params = get_op(op).make_params({"dim": d, "micro_batches": m})
+        node = Node(fresh(f"{of.node}_{op}"), op, (at,), params)
+        add(node)
+        return node.output()
+
     def whole_of(ref: TensorRef) -> TensorRef:
         """The tensor gathered back from its micro-batches (a Batch per cut dimension)."""
         if ref not in whole:
             at = cut[ref]
             for d, m in enumerate(shapes[at].micro):
                 if m > 1:
-                    node = Node(
-                        fresh(f"{ref.node}_batch"),
-                        "batch",
-                        (at,),
-                        get_op("batch").make_params({"dim": d, "micro_batches": m}),
-                    )
-                    add(node)
-                    at = node.output()
+                    at = add_micro("batch", ref, at, d, m)
             whole[ref] = at
         return whole[ref]
 
@@ -138,14 +138,7 @@ def with_micro_batches(pcg: PCG, micro_batches: int, dim: int = 0) -> PCG:
                     f"{ref.node!r} is {shape}: its blocks along dimension {d} have {block} "
                     f"elements, which {micro_batches} micro-batches do not divide"
                 )
-            node = Node(
-                fresh(f"{ref.node}_pipeline"),
-                "pipeline",
-                (ref,),
-                get_op("pipeline").make_params({"dim": d, "micro_batches": micro_batches}),
-            )
-            add(node)
-            cut[ref] = node.output()
+            cut[ref] = add_micro("pipeline", ref, ref, d, micro_batches)
         return cut[ref]
 
     # A data input and the parallel operators that only lay it out (its split over the

@@ -33,7 +33,7 @@ import ast
 import json
 import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,6 +269,11 @@ def rename_vars(expr: Expr, mapping: Mapping[str, str]) -> Expr:
         return memo[e]
 
     return go(expr)
+
+
+def operators_of(exprs: Iterable[Expr]) -> set[str]:
+    """The operators the expressions apply."""
+    return {sub.op for e in exprs for sub in walk(e) if isinstance(sub, Term)}
 
 
 def symbols_of(exprs: tuple[Expr, ...]) -> set[str]:

@@ -98,9 +98,12 @@ class ParallelDim:
     def __post_init__(self) -> None:
         _check_positive_int(self.size, "dimension size")
         _check_positive_int(self.degree, "dimension degree")
-        _check_positive_int(self.micro, "micro-batch count")
         if self.size % self.degree:
             raise DegreeError(f"degree {self.degree} does not divide size {self.size}")
+        # Shapes are made on every shape rule's path; most have no micro-batches.
+        if self.micro == 1 and type(self.micro) is int:
+            return
+        _check_positive_int(self.micro, "micro-batch count")
         if self.block % self.micro:
             raise DegreeError(
                 f"{self.micro} micro-batches do not divide a block of {self.block} (size "
@@ -111,11 +114,6 @@ class ParallelDim:
     def block(self) -> int:
         """Size of one block (the per-shard extent)."""
         return self.size // self.degree
-
-    @property
-    def piece(self) -> int:
-        """Size of one micro-batch of a block (the block when there are no micro-batches)."""
-        return self.block // self.micro
 
     def __repr__(self) -> str:
         args = [str(self.size)]
@@ -168,9 +166,13 @@ class ParallelTensorShape:
         sizes = tuple(sizes)
         degrees = tuple(degrees) if degrees is not None else (1,) * len(sizes)
         micro = tuple(micro) if micro is not None else (1,) * len(sizes)
-        for what, values in (("degrees", degrees), ("micro-batch counts", micro)):
-            if len(values) != len(sizes):
-                raise ShapeError(f"{len(values)} {what} given for {len(sizes)} dimensions")
+        if len(degrees) != len(sizes) or len(micro) != len(sizes):
+            what, values = (
+                ("degrees", degrees)
+                if len(degrees) != len(sizes)
+                else ("micro-batch counts", micro)
+            )
+            raise ShapeError(f"{len(values)} {what} given for {len(sizes)} dimensions")
         dims = []
         for i, (s, d, m) in enumerate(zip(sizes, degrees, micro, strict=True)):
             try:
@@ -290,12 +292,6 @@ class ParallelTensorShape:
         except ShapeError as e:
             raise type(e)(f"dimension {dim}: {e.message}") from None
         return replace(self, dims=tuple(dims))
-
-    def without_micro(self) -> ParallelTensorShape:
-        """The shape with every block processed whole (no micro-batches)."""
-        if self.micro_batches == 1:
-            return self
-        return replace(self, dims=tuple(ParallelDim(d.size, d.degree) for d in self.dims))
 
     def with_replicas(self, *, copy_degree: int | None = None, sum_degree: int | None = None):
         return replace(

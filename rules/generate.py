@@ -33,7 +33,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from pcgopt.progress import Progress
-from pcgopt.rewrite import Rule, Sym, Term, dump_rules, walk
+from pcgopt.rewrite import Rule, Sym, Term, dump_rules, operators_of, walk
 from pcgopt.rules.arity import widenings
 from pcgopt.rules.candidates import (
     Candidate,
@@ -535,7 +535,7 @@ def merge(
         # [B, h, S, d] in another) has the same name: the later one gets a suffix.
         renamed: dict[str, str] = {}
         for r in gen.rules:
-            if rule_rank(r) >= min_rank and (uses is None or _uses(r, uses)):
+            if rule_rank(r) >= min_rank and (uses is None or operators_of((*r.lhs, *r.rhs)) & uses):
                 text = canonical_text(r)
                 if text in rules:
                     continue
@@ -557,15 +557,6 @@ def merge(
                     mine[key] = v
     out.rules = sorted(rules.values(), key=lambda r: (kind(r), canonical_text(r)))
     return out
-
-
-def _uses(rule: Rule, ops: frozenset[str]) -> bool:
-    return any(
-        isinstance(t, Term) and t.op in ops
-        for side in (rule.lhs, rule.rhs)
-        for e in side
-        for t in walk(e)
-    )
 
 
 def _generator(config: Config) -> dict:

@@ -45,6 +45,7 @@ from pcgopt.rewrite import (
     Sym,
     Term,
     Var,
+    operators_of,
     resolve,
 )
 from pcgopt.shapes import DType, ParallelTensorShape
@@ -124,14 +125,7 @@ class Model:
 
 def uses_micro_batches(exprs: Sequence[Expr]) -> bool:
     """Whether these terms cut or gather micro-batches (Pipeline, Batch)."""
-    stack = list(exprs)
-    while stack:
-        e = stack.pop()
-        if isinstance(e, Term):
-            if e.op in MICRO_BATCH_OPS:
-                return True
-            stack.extend(e.args)
-    return False
+    return bool(operators_of(exprs) & MICRO_BATCH_OPS)
 
 
 def new_model(

@@ -1351,16 +1351,18 @@ class _Iteration:
         self.on_data: dict[str, bool] = {}
         self.needs_grad: dict[str, bool] = {}
         for n in pcg.nodes:
-            self.on_data[n.name] = n.op == "input" or any(self.on_data[r.node] for r in n.inputs)
+            if micro_nodes is not None:  # the PCG says which nodes (Pipeline .. Batch)
+                self.on_data[n.name] = n.name in micro_nodes
+            else:
+                self.on_data[n.name] = n.op == "input" or any(
+                    self.on_data[r.node] for r in n.inputs
+                )
             if n.op == "weight":
                 self.needs_grad[n.name] = bool(n.params["trainable"])
             elif n.op == "input":
                 self.needs_grad[n.name] = n.name in grad_inputs
             else:
                 self.needs_grad[n.name] = any(self.needs_grad[r.node] for r in n.inputs)
-        if micro_nodes is not None:
-            # The PCG says which nodes run once per micro-batch (Pipeline .. Batch).
-            self.on_data = {n.name: n.name in micro_nodes for n in pcg.nodes}
         self.source_of, self.stored_below = source_layouts(pcg)
         self.consumers = pcg.consumers()
         self._gradient_rows: dict[str, int | None] = {}
@@ -1656,6 +1658,8 @@ def _explicit_micro_batches(pcg: PCG, micro_batches: int) -> tuple[int, frozense
     """The micro-batch count a PCG cuts itself (Pipeline) and the nodes that run once per
     micro-batch: those whose outputs are in micro-batches, and those after them (module
     docstring); ``(micro_batches, None)`` for a PCG that cuts none."""
+    if pcg.first_in_micro_batches() is None:
+        return micro_batches, None
     counts: dict[int, str] = {}
     nodes: set[str] = set()
     for n in pcg.nodes:
@@ -1664,8 +1668,6 @@ def _explicit_micro_batches(pcg: PCG, micro_batches: int) -> tuple[int, frozense
             counts.setdefault(m, n.name)
         if m > 1 or any(r.node in nodes for r in n.inputs):
             nodes.add(n.name)
-    if not counts:
-        return micro_batches, None
     if len(counts) > 1:
         seen = ", ".join(f"{m} at node {name!r}" for m, name in sorted(counts.items()))
         raise CostError(

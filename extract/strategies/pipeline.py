@@ -482,19 +482,18 @@ class _Costs:
         key = (self.keys[index], strategy, units, index)
         if key not in self.plans:
             try:
-                block = stage_machine(self.machine, units)
-                if strategy == LAYER_WISE:
-                    self.plans[key] = self.layer_wise_plan(self.own[index], units, (index,))
-                else:
-                    self.plans[key] = self.strategies[strategy](self.own[index], block)
+                self.plans[key] = self.stage_plan(self.own[index], strategy, units, (index,))
             except PCGError:
                 self.plans[key] = None
         return self.plans[key]
 
-    def layer_wise_plan(self, pcg: PCG, units: int, indices: Sequence[int]) -> PCG:
-        """``pcg`` (segments ``indices``, or one of them) with the strategies the layer-wise
-        search found for each of its segments on a block of ``units``."""
+    def stage_plan(self, pcg: PCG, strategy: str, units: int, indices: Sequence[int]) -> PCG:
+        """``pcg`` (segments ``indices``: one, or a stage's) under ``strategy`` on a block of
+        ``units``. The layer-wise search's plan takes the strategies it found for each segment
+        (searched once per distinct segment and block size)."""
         block = stage_machine(self.machine, units)
+        if strategy != LAYER_WISE:
+            return self.strategies[strategy](pcg, block)
         picks: dict[str, MatmulStrategy] = {}
         for index in indices:
             key = (self.keys[index], units)
@@ -521,26 +520,28 @@ class _Costs:
             return _NO_PART
         try:
             # The dynamic program's estimate: gradient accumulation over ``micro`` (the cost
-            # model's, without cutting the PCG); a stage is costed cut (:meth:`cost`).
-            cost = iteration_cost(
-                plan,
-                block,
-                optimizer=self.optimizer,
-                micro_batches=micro,
-                runtime=self.in_sequence,
-                grad_inputs=() if seg.entry is None else (seg.entry.node,),
-            )
+            # model's, without cutting the PCG); a stage is costed cut (:func:`_assemble`).
+            cost = self.cost(plan, block, seg, self.in_sequence, micro_batches=micro)
         except PCGError:
             return _NO_PART
         return _part(cost, plan, micro, seg.exit is not None)
 
-    def cost(self, plan: PCG, block: Machine, segment: Segment, runtime: Runtime) -> CostBreakdown:
-        """``plan`` (a stage's, in micro-batches: :func:`pcgopt.with_micro_batches`) of
-        ``segment`` on ``block`` under ``runtime``, its entry's gradient computed."""
+    def cost(
+        self,
+        plan: PCG,
+        block: Machine,
+        segment: Segment,
+        runtime: Runtime,
+        micro_batches: int = 1,
+    ) -> CostBreakdown:
+        """``plan`` of ``segment`` (or of a stage's segments) on ``block`` under ``runtime``,
+        its entry's gradient computed; ``micro_batches``: as :func:`iteration_cost`'s (1 for a
+        plan cut into micro-batches itself: :func:`pcgopt.with_micro_batches`)."""
         return iteration_cost(
             plan,
             block,
             optimizer=self.optimizer,
+            micro_batches=micro_batches,
             runtime=runtime,
             grad_inputs=() if segment.entry is None else (segment.entry.node,),
         )
@@ -986,7 +987,9 @@ def _assemble(
         sum(costs.part(k, name, units, micro).compute_s for k in range(first, stop))
         for name, (first, stop, _) in zip(chosen, cuts, strict=True)
     ]
-    built: dict[int, tuple[Segment, PCG, CostBreakdown, _Part]] = {}
+    # Per stage: its segments merged, its plan, that plan cut into micro-batches, the cut
+    # plan's cost with its tasks in sequence, and its part.
+    built: dict[int, tuple[Segment, PCG, PCG, CostBreakdown, _Part]] = {}
     for s in sorted(range(count), key=lambda k: -busy[k]):
         first, stop, _ = cuts[s]
         segs = costs.segments[first:stop]
@@ -994,11 +997,7 @@ def _assemble(
             s, tuple(x for seg in segs for x in seg.nodes), segs[0].entry, segs[-1].exit
         )
         try:
-            own = segment_pcg(pcg, merged)
-            if chosen[s] == LAYER_WISE:
-                plan = costs.layer_wise_plan(own, units, range(first, stop))
-            else:
-                plan = costs.strategies[chosen[s]](own, block)
+            plan = costs.stage_plan(segment_pcg(pcg, merged), chosen[s], units, range(first, stop))
             cut = with_micro_batches(plan, micro)
             cost = costs.cost(cut, block, merged, costs.in_sequence)
         except PCGError:
