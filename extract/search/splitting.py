@@ -61,6 +61,7 @@ from pcgopt.extract.search.extraction import (
 )
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.machine import Machine
+from pcgopt.names import restore_names
 from pcgopt.ops import get_op
 from pcgopt.rewrite import Rule
 from pcgopt.segments import (
@@ -83,6 +84,7 @@ from pcgopt.shapes import ParallelTensorShape
 __all__ = [
     "MIN_SEGMENT_OPS",
     "Segment",
+    "SegmentPlans",
     "SplitSearch",
     "cancel_inverse_pairs",
     "cut_tensors",
@@ -90,6 +92,7 @@ __all__ = [
     "seed_owners",
     "seed_slice",
     "segment_pcg",
+    "segment_plans",
     "split_search",
     "split_segments",
 ]
@@ -267,51 +270,32 @@ def _extract(
     return _Solved(solved, found.cost.objective(costs.memory_capacity), layouts)
 
 
-def split_search(
+def _solve(
     pcg: PCG,
+    segments: Sequence[Segment],
     machine: Machine,
+    result: SplitSearch,
     *,
-    seeds: Sequence[PCG] = (),
-    rules: list[Rule] | None = None,
-    min_ops: int = MIN_SEGMENT_OPS,
-    saturate_s: float = 30.0,
-    extract_s: float = 10.0,
-    memory_budget: int = 4 * 2**30,
-    optimizer: str | Optimizer = "adam",
-    progress: Callable[[str], None] | None = None,
-    progress_bar: bool = False,
-    segment_budget: Budget | None = None,
-    degrees: Sequence[int] | None = None,
-    presets: Sequence[str] | None = None,
-) -> SplitSearch | None:
-    """Saturate and extract ``pcg`` segment by segment and stitch the best combination
-    (module docstring). None if it does not split into at least two segments of ``min_ops``
-    computing operators. ``seeds``: plans equivalent to ``pcg`` whose slices seed the
-    segments' e-graphs and whose layouts at the cuts are tried. ``saturate_s`` (from the
-    call: cutting the graph and slicing the seeds count) and ``extract_s`` are the time of the
-    distinct segments' saturation together and of their extractions: saturation may run into
-    ``extract_s`` as long as its e-graph leaves the time to cost and extract it
-    (:data:`~pcgopt.extract.search.extraction.EXTRACTION_SECONDS_PER_ENODE`), and each extraction
-    gets what is left divided by the number still to do.
-    ``segment_budget``: the saturation's budget instead (benchmarks: an iteration budget
-    gives every segment that many iterations); either way its back-off match limit and
-    e-node budget are per segment (multiplied by the number of distinct segments, since the
-    run counts matches and e-nodes in all of them). ``degrees``, ``presets``: as for
-    :func:`~pcgopt.egraph.saturate`. ``progress`` receives a line per phase;
-    ``progress_bar``: saturation's bar on stderr too."""
-    say = progress or (lambda msg: None)
-    # The deadlines run from the call: cutting the graph and slicing the seeds is in the shares.
-    saturate_until = time.perf_counter() + saturate_s
-    extract_until = saturate_until + extract_s
-    segments = split_segments(pcg, min_ops)
-    if len(segments) < 2:
-        return None
+    seeds: Sequence[PCG],
+    rules: list[Rule] | None,
+    extract_until: float,
+    memory_budget: int,
+    optimizer: str | Optimizer,
+    say: Callable[[str], None],
+    progress_bar: bool,
+    segment_budget: Budget | None,
+    degrees: Sequence[int] | None,
+    presets: Sequence[str] | None,
+    unsplit_only: bool = False,
+) -> tuple[list[SegmentProblem], dict[tuple[PCG, tuple[PCG, ...]], list[_Solved | str]]]:
+    """Every distinct segment saturated (all in one run) and extracted once per layout it
+    hands on (``unsplit_only``: the unsplit exit alone), within the deadlines; the work is
+    recorded in ``result``. The segments' problems and each distinct one's extractions."""
     seeds = [s for s in dict.fromkeys(seeds) if s != pcg]
     problems = segment_problems(pcg, segments, seeds)
-    result = SplitSearch(None, segments, tuple(p.handed for p in problems))
     distinct = {p.key: p for p in problems}
     say(f"graph splitting: {len(segments)} segments, {len(distinct)} distinct")
-    runs = sum(max(1, len(distinct[k].handed)) for k in distinct)
+    runs = sum(1 if unsplit_only else max(1, len(distinct[k].handed)) for k in distinct)
     solved: dict[tuple[PCG, tuple[PCG, ...]], list[_Solved | str]] = {}
     # One e-graph for all distinct segments: egglog's fixed cost of a run (about a second
     # with the shipped rules, whatever the graph's size) is paid once. The back-off's match
@@ -367,6 +351,8 @@ def split_search(
         # One extraction per layout handed on (root j is the exit laid out as handed[j]);
         # the last segment's outputs all at once.
         wanted = [(r,) for r in roots] if problem.handed else [tuple(roots)]
+        if unsplit_only:
+            wanted = wanted[:1]
         answers: list[_Solved | str] = []
         for picked in wanted:
             left = (extract_until - time.perf_counter()) / max(1, runs - result.extractions)
@@ -378,6 +364,66 @@ def split_search(
             f"segment {k + 1}/{len(distinct)}: {sat.num_eclasses:,} e-classes, "
             f"{sat.num_enodes:,} e-nodes, {len(wanted)} extraction(s)"
         )
+    return problems, solved
+
+
+def split_search(
+    pcg: PCG,
+    machine: Machine,
+    *,
+    seeds: Sequence[PCG] = (),
+    rules: list[Rule] | None = None,
+    min_ops: int = MIN_SEGMENT_OPS,
+    saturate_s: float = 30.0,
+    extract_s: float = 10.0,
+    memory_budget: int = 4 * 2**30,
+    optimizer: str | Optimizer = "adam",
+    progress: Callable[[str], None] | None = None,
+    progress_bar: bool = False,
+    segment_budget: Budget | None = None,
+    degrees: Sequence[int] | None = None,
+    presets: Sequence[str] | None = None,
+) -> SplitSearch | None:
+    """Saturate and extract ``pcg`` segment by segment and stitch the best combination
+    (module docstring). None if it does not split into at least two segments of ``min_ops``
+    computing operators. ``seeds``: plans equivalent to ``pcg`` whose slices seed the
+    segments' e-graphs and whose layouts at the cuts are tried. ``saturate_s`` (from the
+    call: cutting the graph and slicing the seeds count) and ``extract_s`` are the time of the
+    distinct segments' saturation together and of their extractions: saturation may run into
+    ``extract_s`` as long as its e-graph leaves the time to cost and extract it
+    (:data:`~pcgopt.extract.search.extraction.EXTRACTION_SECONDS_PER_ENODE`), and each extraction
+    gets what is left divided by the number still to do.
+    ``segment_budget``: the saturation's budget instead (benchmarks: an iteration budget
+    gives every segment that many iterations); either way its back-off match limit and
+    e-node budget are per segment (multiplied by the number of distinct segments, since the
+    run counts matches and e-nodes in all of them). ``degrees``, ``presets``: as for
+    :func:`~pcgopt.egraph.saturate`. ``progress`` receives a line per phase;
+    ``progress_bar``: saturation's bar on stderr too."""
+    say = progress or (lambda msg: None)
+    # The deadlines run from the call: cutting the graph and slicing the seeds is in the shares.
+    saturate_until = time.perf_counter() + saturate_s
+    extract_until = saturate_until + extract_s
+    segments = split_segments(pcg, min_ops)
+    if len(segments) < 2:
+        return None
+    result = SplitSearch(None, segments)
+    problems, solved = _solve(
+        pcg,
+        segments,
+        machine,
+        result,
+        seeds=seeds,
+        rules=rules,
+        extract_until=extract_until,
+        memory_budget=memory_budget,
+        optimizer=optimizer,
+        say=say,
+        progress_bar=progress_bar,
+        segment_budget=segment_budget,
+        degrees=degrees,
+        presets=presets,
+    )
+    result.layouts = tuple(p.handed for p in problems)
 
     # The DP over the layouts handed on, first segment to last: best[k][j] is the cheapest
     # way through segment k handing on layout j, and the layout segment k-1 handed on.
@@ -418,11 +464,95 @@ def split_search(
     return result
 
 
+@dataclass(frozen=True)
+class SegmentPlans:
+    """Each segment's plan from the e-graph on one machine, handing its exit on unsplit:
+    graph splitting's saturation and extraction (:func:`segment_plans`) without its DP over
+    the layouts at the cuts, so that any run of consecutive segments is a plan of its own
+    (:meth:`span`), as a pipeline stage is. ``search``: the work done."""
+
+    pcg: PCG
+    segments: tuple[Segment, ...]
+    problems: tuple[SegmentProblem, ...]
+    parts: tuple[_Solved | str, ...]  # per segment; a str says why its extraction failed
+    search: SplitSearch
+
+    def span(self, first: int, stop: int) -> PCG:
+        """Segments ``first .. stop-1`` as one plan with the inputs and outputs of
+        :func:`segment_pcg` of them merged (the entry an input, the exit returned unsplit),
+        its nodes named after the model's (:func:`pcgopt.names.restore_names`). Raises
+        :class:`PCGError` naming a segment whose extraction failed."""
+        if not 0 <= first < stop <= len(self.segments):
+            raise PCGError(
+                f"segments {first} to {stop - 1}: the model has segments 0 to "
+                f"{len(self.segments) - 1}"
+            )
+        segs = self.segments[first:stop]
+        merged = Segment(
+            first, tuple(x for s in segs for x in s.nodes), segs[0].entry, segs[-1].exit
+        )
+        parts = []
+        for k in range(first, stop):
+            part = self.parts[k]
+            if isinstance(part, str):
+                raise PCGError(f"segment {k} has no plan from the e-graph: {part}")
+            parts.append(part)
+        own = segment_pcg(self.pcg, merged)
+        stitched = _stitch(own, self.problems[first:stop], parts, [0] * len(parts))
+        return restore_names(own, stitched)
+
+
+def segment_plans(
+    pcg: PCG,
+    machine: Machine,
+    segments: Sequence[Segment],
+    *,
+    seeds: Sequence[PCG] = (),
+    rules: list[Rule] | None = None,
+    saturate_s: float = 30.0,
+    extract_s: float = 10.0,
+    memory_budget: int = 4 * 2**30,
+    optimizer: str | Optimizer = "adam",
+    segment_budget: Budget | None = None,
+    degrees: Sequence[int] | None = None,
+    presets: Sequence[str] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> SegmentPlans:
+    """Every segment of ``segments`` (a cut of ``pcg``, :func:`split_segments`) saturated and
+    extracted on ``machine`` handing its exit on unsplit (:class:`SegmentPlans`); segments
+    equal up to names once, all in one saturation. The options are :func:`split_search`'s."""
+    extract_until = time.perf_counter() + saturate_s + extract_s
+    result = SplitSearch(None, tuple(segments))
+    problems, solved = _solve(
+        pcg,
+        segments,
+        machine,
+        result,
+        seeds=seeds,
+        rules=rules,
+        extract_until=extract_until,
+        memory_budget=memory_budget,
+        optimizer=optimizer,
+        say=progress or (lambda msg: None),
+        progress_bar=False,
+        segment_budget=segment_budget,
+        degrees=degrees,
+        presets=presets,
+        unsplit_only=True,
+    )
+    result.layouts = tuple(p.handed[:1] for p in problems)
+    return SegmentPlans(
+        pcg, tuple(segments), tuple(problems), tuple(solved[p.key][0] for p in problems), result
+    )
+
+
 def _stitch(
     pcg: PCG, problems: Sequence[SegmentProblem], parts: Sequence[_Solved], picks: Sequence[int]
 ) -> PCG:
     """The segments' extractions joined into one PCG over ``pcg``'s sources: segment k's entry
-    input becomes the Combines of what segment k-1 handed on, then inverse pairs cancel."""
+    input becomes the Combines of what segment k-1 handed on, then inverse pairs cancel. The
+    first segment's entry, if it has one, is an input of ``pcg`` (``pcg`` is then a run of
+    segments, :func:`segment_pcg`); a last segment that hands on returns what it hands on."""
     sources = {n.name for n in pcg.nodes if is_source(n)}
     nodes: list[Node] = [n for n in pcg.nodes if is_source(n)]
     handed: TensorRef | None = None
@@ -430,8 +560,9 @@ def _stitch(
     for k, (problem, part) in enumerate(zip(problems, parts, strict=True)):
         names: dict[str, str] = {}
         entry_ref: TensorRef | None = None
-        if problem.entry is not None:
-            assert handed is not None
+        if problem.entry is not None and handed is None:
+            entry_ref = TensorRef(problem.back[problem.entry])
+        elif problem.entry is not None:
             before = problems[k - 1].handed[picks[k - 1]]
             entry_ref = apply_chain(undo_chain(before), handed, f"split{k}/entry", nodes)
         for n in part.pcg.nodes:
@@ -457,6 +588,7 @@ def _stitch(
             )
         if problem.handed:
             handed = _moved(part.pcg.outputs[0], names, problem.entry, entry_ref)
+            outputs = [handed]
         else:
             outputs = [_moved(r, names, problem.entry, entry_ref) for r in part.pcg.outputs]
     return cancel_inverse_pairs(PCG(nodes, outputs))

@@ -23,7 +23,14 @@ sequence parallelism) on its block, chosen per stage; asked for (``strategies=[.
 "layer-wise"]``), also the layer-wise search's: AutoDDL's coordinate descent over each dense
 layer's SBP strategy, run once per distinct segment and block size (at most
 :data:`LAYER_WISE_EVALUATIONS` assignments), a stage of several segments taking each one's
-strategies. A segment's times are costed once per
+strategies; and asked for (``"e-graph"``), the e-graph's: every distinct segment saturated on
+the block with the hand-written plans of the whole model on it as seeds, and extracted handing
+its exit on unsplit (graph splitting's search without its layouts at the cuts,
+:func:`~pcgopt.extract.search.splitting.segment_plans`, within :data:`EGRAPH_STAGE_BUDGET`),
+once per block size; a stage of several segments joins theirs, a layout kept across a cut
+costing nothing (:class:`~pcgopt.extract.search.splitting.SegmentPlans`). Extraction ranks a
+segment's choices for the whole batch, not per micro-batch, so the hand-written plans stay
+beside it. A segment's times are costed once per
 distinct segment (equal up to names), strategy, block and micro-batch count by
 :func:`~pcgopt.extract.costmodel.cost.iteration_cost` under the runtime's precision and ZeRO
 stage with its tasks one after another, and a stage's are the sums of its segments'. The stage's
@@ -65,11 +72,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from numbers import Integral, Real
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from pcgopt.divisors import divisors
+from pcgopt.egraph import Budget
 from pcgopt.errors import PCGError
 from pcgopt.extract.costmodel.cost import (
     OPTIMIZERS,
@@ -100,7 +108,12 @@ from pcgopt.scaled import ScaleDownError, micro_batch_difference
 from pcgopt.segments import Segment, canonical, is_parallel, segment_pcg, split_segments
 from pcgopt.serialize import pcg_to_dict
 
+if TYPE_CHECKING:
+    from pcgopt.extract.search.splitting import SegmentPlans
+
 __all__ = [
+    "EGRAPH",
+    "LAYER_WISE",
     "PipelinePlan",
     "Stage",
     "micro_batch_counts",
@@ -138,6 +151,18 @@ LAYER_WISE = "layer-wise"
 #: work, so the same plans come out however fast the machine is.
 LAYER_WISE_EVALUATIONS = 64
 
+#: The stage plan the e-graph finds: every distinct segment saturated and extracted on the
+#: stage's block (:func:`~pcgopt.extract.search.splitting.segment_plans`), once per block size.
+EGRAPH = "e-graph"
+
+#: The e-graph stage plans' saturation limit, in work (the same plans however fast the machine
+#: is; a time limit only stops it sooner): two iterations, the algebra from the first, at most
+#: 50,000 e-nodes a distinct segment. BERT-Large's four distinct segments on 12 Summit GPUs:
+#: 100,861 e-nodes, 16 s with the extraction.
+EGRAPH_STAGE_BUDGET = Budget(
+    iterations=2, enodes=50_000, seconds=math.inf, speculate=False, algebra_from=1
+)
+
 
 def _layer_wise(pcg: PCG, machine: Machine, optimizer: str = "adam") -> LayerwiseResult:
     return coordinate_descent(
@@ -145,14 +170,16 @@ def _layer_wise(pcg: PCG, machine: Machine, optimizer: str = "adam") -> Layerwis
     )
 
 
-def stage_strategies(devices: int, *, layer_wise: bool = False) -> dict[str, StageStrategy]:
+def stage_strategies(
+    devices: int, *, layer_wise: bool = False, egraph: bool = False
+) -> dict[str, StageStrategy]:
     """The plans a stage of ``devices`` devices may run, by name: data parallelism, FSDP,
     Megatron (and Megatron-SP) at every tensor degree above 1 that divides ``devices`` (the
-    rest of the block data parallel), and with ``layer_wise`` the layer-wise search's
-    (:data:`LAYER_WISE`).
+    rest of the block data parallel), with ``layer_wise`` the layer-wise search's
+    (:data:`LAYER_WISE`), and with ``egraph`` the e-graph's (:data:`EGRAPH`).
 
-    >>> list(stage_strategies(2, layer_wise=True))
-    ['data parallel', 'fsdp', 'megatron t=2', 'megatron-sp t=2', 'layer-wise']
+    >>> list(stage_strategies(2, layer_wise=True, egraph=True))
+    ['data parallel', 'fsdp', 'megatron t=2', 'megatron-sp t=2', 'layer-wise', 'e-graph']
     """
     found: dict[str, StageStrategy] = {"data parallel": data_parallel, "fsdp": fsdp}
     for t in divisors(devices):
@@ -161,7 +188,51 @@ def stage_strategies(devices: int, *, layer_wise: bool = False) -> dict[str, Sta
             found[f"megatron-sp t={t}"] = _megatron(t, True)
     if layer_wise:
         found[LAYER_WISE] = lambda pcg, machine: _layer_wise(pcg, machine).pcg
+    if egraph:
+        found[EGRAPH] = _egraph_plan
     return found
+
+
+def _segment_plans(
+    pcg: PCG,
+    machine: Machine,
+    segments: Sequence[Segment],
+    optimizer: str = "adam",
+    seconds: float = math.inf,
+) -> SegmentPlans:
+    """Every segment of ``pcg`` from the e-graph on ``machine`` (:data:`EGRAPH`), the
+    hand-written plans of the whole model on it as seeds; within :data:`EGRAPH_STAGE_BUDGET`
+    and ``seconds``."""
+    # The search layer is above this one (its plan phase calls the pipeline search): loaded
+    # only when an e-graph stage plan is asked for.
+    from pcgopt.extract.search.splitting import segment_plans
+
+    seeds = []
+    for make in stage_strategies(machine.num_devices).values():
+        try:
+            seeds.append(make(pcg, machine))
+        except PCGError:
+            continue  # a plan this block cannot run seeds nothing
+    finite = math.isfinite(seconds)
+    return segment_plans(
+        pcg,
+        machine,
+        segments,
+        seeds=seeds,
+        optimizer=optimizer,
+        # Under a time limit, saturation gets most of it and leaves the rest to extract.
+        saturate_s=0.7 * seconds if finite else math.inf,
+        extract_s=0.3 * seconds if finite else 0.0,
+        segment_budget=replace(EGRAPH_STAGE_BUDGET, seconds=0.7 * seconds)
+        if finite
+        else EGRAPH_STAGE_BUDGET,
+    )
+
+
+def _egraph_plan(pcg: PCG, machine: Machine) -> PCG:
+    """``pcg`` on ``machine`` as the e-graph plans it (:data:`EGRAPH`), segment by segment."""
+    segments = split_segments(pcg)
+    return _segment_plans(pcg, machine, segments).span(0, len(segments))
 
 
 def _stage_level(machine: Machine) -> tuple[int, object]:
@@ -462,12 +533,14 @@ class _Costs:
         # The layer-wise search's strategies per (segment up to names, units), by canonical
         # name: searched once per distinct segment, not per layer of a deep model.
         self.layer_wise: dict[tuple[PCG, int], Mapping[str, MatmulStrategy] | None] = {}
+        # The e-graph's plans of every segment, per block size (None: none could be made).
+        self.egraph: dict[int, SegmentPlans | None] = {}
         self.memo: dict[tuple, _Part] = {}
         self.plans: dict[tuple, PCG | None] = {}
         # No part is costed after this (perf_counter seconds): the search's time limit.
         self.deadline = math.inf
         # Every plan any block may run; a block runs those its devices allow.
-        self.strategies = stage_strategies(machine.num_devices, layer_wise=True)
+        self.strategies = stage_strategies(machine.num_devices, layer_wise=True, egraph=True)
 
     def part(self, index: int, strategy: str, units: int, micro: int) -> _Part:
         key = (self.keys[index], strategy, units, micro, index == len(self.segments) - 1)
@@ -492,6 +565,8 @@ class _Costs:
         ``units``. The layer-wise search's plan takes the strategies it found for each segment
         (searched once per distinct segment and block size)."""
         block = stage_machine(self.machine, units)
+        if strategy == EGRAPH:
+            return self.segment_plans(units).span(indices[0], indices[-1] + 1)
         if strategy != LAYER_WISE:
             return self.strategies[strategy](pcg, block)
         picks: dict[str, MatmulStrategy] = {}
@@ -511,6 +586,27 @@ class _Costs:
             back = self.backs[index]
             picks.update((back[name], s) for name, s in found.items())
         return layer_wise_lower(pcg, block, picks)
+
+    def segment_plans(self, units: int) -> SegmentPlans:
+        """The e-graph's plans of every segment on a block of ``units`` (searched once per
+        block size, within the search's time limit). Raises :class:`PipelineError` if they
+        could not be made."""
+        if units not in self.egraph:
+            left = self.deadline - time.perf_counter()
+            if left <= 0:
+                raise _OutOfTime
+            block = stage_machine(self.machine, units)
+            try:
+                found: SegmentPlans | None = _segment_plans(
+                    self.pcg, block, self.segments, self.optimizer, left
+                )
+            except PCGError:
+                found = None
+            self.egraph[units] = found
+        found = self.egraph[units]
+        if found is None:
+            raise PipelineError(f"the e-graph found no stage plans on blocks of {units} unit(s)")
+        return found
 
     def _part(self, index: int, strategy: str, units: int, micro: int) -> _Part:
         block = stage_machine(self.machine, units)
@@ -618,7 +714,8 @@ def pipeline_search(
     (:func:`~pcgopt.segments.split_segments`' default: about one transformer layer);
     ``strategies``: the stage plans allowed, by :func:`stage_strategies` name (default: all
     but :data:`LAYER_WISE`, the layer-wise search's plan, which costs a coordinate descent per
-    distinct segment and block size: name it to add it; a single name gives every stage that
+    distinct segment and block size, and :data:`EGRAPH`, the e-graph's, which costs a
+    saturation per block size: name them to add them; a single name gives every stage that
     plan, as Megatron-LM's hand-set degrees do);
     ``runtime``: how a stage overlaps its synchronization with its last backward (module
     docstring; default PyTorch DDP's); ``time_budget_s``: stop trying stage and micro-batch
@@ -675,7 +772,7 @@ def pipeline_search(
             f"segment(s) each; possible: {possible}"
         )
     if strategies is not None:
-        known = stage_strategies(machine.num_devices, layer_wise=True)
+        known = stage_strategies(machine.num_devices, layer_wise=True, egraph=True)
         unknown = [name for name in strategies if name not in known]
         if unknown:
             raise PipelineError(
@@ -745,6 +842,7 @@ def _ranked_cuts(
         allowed = stage_strategies(
             units * machine.num_devices // units_in_level,
             layer_wise=strategies is not None and LAYER_WISE in strategies,
+            egraph=strategies is not None and EGRAPH in strategies,
         )
         names = [name for name in allowed if strategies is None or name in strategies]
         if not names:

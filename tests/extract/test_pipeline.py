@@ -29,6 +29,7 @@ from pcgopt.extract.costmodel.pipeline import (
 from pcgopt.extract.costmodel.simulate import ADDITIVE, DDP
 from pcgopt.extract.search.plan import PlanCheckError, _check_pipeline, saturate_and_extract
 from pcgopt.extract.strategies.pipeline import (
+    EGRAPH,
     LAYER_WISE,
     _assemble,
     _best_cuts,
@@ -610,3 +611,21 @@ def test_stages_may_run_the_layer_wise_search_s_plans(small_transformer, four_no
         min_ops=4,
     )
     assert both.estimate_s <= plan.estimate_s
+
+
+def test_stages_may_run_the_e_graph_s_plans(small_transformer, four_nodes):
+    """Asked for, a stage runs the plan the e-graph extracts for each of its segments on its
+    block, the hand-written plans seeding it; it computes its part of the model like any other
+    stage plan, in the model's names."""
+    assert EGRAPH not in stage_strategies(4)
+    plan = pipeline_search(
+        small_transformer, four_nodes, stage_counts=[4], strategies=[EGRAPH], min_ops=4
+    )
+    segments = split_segments(small_transformer, 4)
+    for s in plan.stages:
+        assert s.strategy == EGRAPH
+        segs = segments[s.first : s.last + 1]
+        merged = Segment(s.index, s.nodes, segs[0].entry, segs[-1].exit)
+        assert_equivalent(s.plan, segment_pcg(small_transformer, merged), compare="logical")
+        assert_equivalent(s.plan, s.micro_batched)
+        assert set(s.nodes) <= {n.name for n in s.plan.nodes}

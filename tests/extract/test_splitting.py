@@ -8,14 +8,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pcgopt import Machine, PCGBuilder, PCGError, equivalent
+from pcgopt.evaluate import assert_equivalent
 from pcgopt.extract import data_parallel, iteration_cost, saturate_and_extract
 from pcgopt.extract.search.splitting import (
+    Segment,
     cancel_inverse_pairs,
     cut_tensors,
     layout_chain,
     seed_owners,
     seed_slice,
     segment_pcg,
+    segment_plans,
     split_search,
     split_segments,
 )
@@ -212,6 +215,27 @@ def test_the_split_search_honours_the_memory_budget_and_shows_saturations_bar(ca
     assert search.pcg is not None and equivalent(g, search.pcg)
     split_search(g, TWO_GPUS, min_ops=4, saturate_s=2, extract_s=1, progress_bar=True)
     assert "saturate [" in capsys.readouterr().err
+
+
+def test_every_run_of_segments_is_a_plan_of_its_own():
+    """The e-graph's plan of each segment, handing its exit on unsplit, joins with its
+    neighbours' into a plan of any run of them (a pipeline stage): it computes what that part
+    of the model does, the layout kept across a cut costing nothing."""
+    g = chain(8)
+    segments = split_segments(g, 4)
+    plans = segment_plans(
+        g, TWO_GPUS, segments, seeds=[data_parallel(g, TWO_GPUS)], saturate_s=8, extract_s=4
+    )
+    assert plans.search.saturations == 3 and len(plans.parts) == 4
+    assert equivalent(g, plans.span(0, 4))
+    middle = plans.span(1, 3)
+    merged = Segment(1, segments[1].nodes + segments[2].nodes, segments[1].entry, segments[2].exit)
+    assert_equivalent(middle, segment_pcg(g, merged), compare="logical")
+    # Joined at the cut without gathering the batch there and splitting it again.
+    combines = sum(n.op == "combine" for n in middle.nodes)
+    assert combines <= sum(n.op == "combine" for n in plans.span(1, 2).nodes)
+    with pytest.raises(PCGError, match="segments 3 to 4: the model has segments 0 to 3"):
+        plans.span(3, 5)
 
 
 def test_a_graph_without_two_big_segments_is_not_split():
