@@ -220,13 +220,25 @@ def segment_pcg(pcg: PCG, segment: Segment, exits: Sequence[ParallelTensorShape]
                     )
                 sources[src.name] = src
         made.append(node)
+    shapes = {n.name: pcg.output_shapes(n.name) for n in (*sources.values(), *made)}
+    entry_as_read = True
     if segment.entry is not None:
         shape = pcg.shape(segment.entry)
-        made.insert(
-            0,
-            Node(segment.entry.node, "input", (), {"shape": shape.sizes, "dtype": shape.dtype}),
+        # Validated alone, in canonical form; the rest is the model's, already validated.
+        alone = PCG(
+            [Node(segment.entry.node, "input", (), {"shape": shape.sizes, "dtype": shape.dtype})]
         )
+        (entry,) = alone.nodes
+        made.insert(0, entry)
+        shapes[entry.name] = alone.output_shapes(entry.name)
+        entry_as_read = segment.entry.index == 0 and shape == shapes[entry.name][0]
     nodes = [*sources.values(), *made]
+    if entry_as_read and not exits:
+        # Every node's shape is the model's: no shape rule needs to run again (BERT-Large's
+        # pipeline search builds a stage's part 78 times: 2.6 s of validation).
+        return PCG._checked(
+            tuple(nodes), shapes, pcg.outputs if segment.exit is None else (segment.exit,)
+        )
     if segment.exit is None:
         return PCG(nodes, pcg.outputs)
     outputs = [segment.exit]

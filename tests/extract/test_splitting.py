@@ -110,6 +110,20 @@ def test_a_segment_reads_its_entry_as_an_input_and_returns_its_exit_in_each_layo
     assert [out.shape(r) for r in out.outputs] == [g.shape(first.exit), split]
 
 
+@pytest.mark.parametrize("model", ["transformer", "inception_v3"])
+def test_a_segment_built_from_the_model_s_shapes_is_the_one_validated_again(model):
+    """segment_pcg takes the model's shapes instead of inferring them again: the PCG is the
+    one a full validation builds, shapes and all."""
+    from pcgopt.models import build
+
+    g = build(model, small=True)
+    for s in split_segments(g, min_ops=4):
+        fast = segment_pcg(g, s)
+        again = PCG(list(fast.nodes), fast.outputs)
+        assert fast == again
+        assert all(fast.output_shapes(n.name) == again.output_shapes(n.name) for n in fast.nodes)
+
+
 def test_partial_sums_are_no_layout_across_a_cut():
     with pytest.raises(PCGError, match="partial"):
         layout_chain(ParallelTensorShape.of((4, 4), sum_degree=2))
