@@ -22,10 +22,12 @@ import time
 from _results import command_sentence, publish
 
 from pcgopt import Machine
+from pcgopt.divisors import divisors
 from pcgopt.extract import saturate_and_extract
 from pcgopt.extract.costmodel.pipeline import PipelineError
 from pcgopt.extract.strategies.pipeline import PipelinePlan, pipeline_search
 from pcgopt.models import build
+from pcgopt.segments import split_segments
 
 HEADING = "## Pipeline parallelism"
 
@@ -61,6 +63,12 @@ def _layers(plan: PipelinePlan) -> str:
     return "/".join(str(s.last - s.first + 1) for s in plan.stages)
 
 
+def _blocks(plan: PipelinePlan) -> str:
+    """The devices of each stage (equal blocks unless the stage count does not divide the
+    nodes)."""
+    return "/".join(str(len(s.devices)) for s in plan.stages) + " GPUs"
+
+
 def _fits(plan: PipelinePlan) -> str:
     return "" if plan.feasible else " (does not fit)"
 
@@ -70,7 +78,7 @@ def bert(nodes: list[int], budget: float) -> list[str]:
         "### BERT-Large on Summit, with and without a pipeline",
         "",
         "| nodes | GPUs | without a pipeline (full search) | best pipeline: time | "
-        "stages x micro-batches, segments per stage | stage plans | memory | bubble | "
+        "stages x micro-batches, segments and GPUs per stage | stage plans | memory | bubble | "
         "2BW, same search | with pipelines considered | speedup | pipeline search time |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -87,7 +95,7 @@ def bert(nodes: list[int], budget: float) -> list[str]:
         lines.append(
             f"| {n} | {machine.num_devices} | {_ms(without)} ({full.stats.chosen}) | "
             f"{_ms(piped.time_s)}{_fits(piped)} | {len(piped.stages)} x {piped.micro_batches}, "
-            f"{_layers(piped)} | {_plans(piped)} | {_gib(piped.memory_bytes)} | "
+            f"{_layers(piped)}, {_blocks(piped)} | {_plans(piped)} | {_gib(piped.memory_bytes)} | "
             f"{_ms(piped.bubble_s)} | {_ms(two.time_s)} ({len(two.stages)} x "
             f"{two.micro_batches}) | {_ms(with_pipelines)} | {without / with_pipelines:.2f}x | "
             f"{took:.1f} s |"
@@ -113,13 +121,15 @@ def autoddl(rows: tuple, quick: bool) -> list[str]:
         "",
         "Sequence 1,024, head dimension 128, FFN 4x, vocabulary 51,200, float32, Adam. Megatron: "
         "every stage runs Megatron at one tensor degree t (t = 1: data parallelism), with or "
-        "without sequence parallelism, the best over t, SP, stage counts and micro-batch counts "
-        "(AutoDDL tunes its degrees by hand). "
-        "pcgopt: the stage search over every stage plan, chosen per stage. AutoDDL measured "
+        "without sequence parallelism, the best over t, SP, stage counts that divide the nodes "
+        "(every stage on as many, as Megatron-LM's pipeline degree requires) and micro-batch "
+        "counts (AutoDDL tunes its degrees by hand). "
+        "pcgopt: the stage search over every stage plan, chosen per stage, and every stage "
+        "count (blocks of two sizes where it does not divide the nodes). AutoDDL measured "
         "(Table 3): the best stage count was the same for both.",
         "",
         "| model | nodes | batch | Megatron + pipeline: time, t, stages x micro-batches | "
-        "pcgopt: time, stages x micro-batches, segments per stage, stage plans | memory | "
+        "pcgopt: time, stages x micro-batches, segments and GPUs per stage, stage plans | memory | "
         "pcgopt / Megatron | search time |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -127,12 +137,16 @@ def autoddl(rows: tuple, quick: bool) -> list[str]:
         machine = Machine.preset("piz-daint", nodes=nodes)
         pcg = build("transformer", batch=batch, seq=1024, loss=True, **sizes)
         best: tuple[PipelinePlan, str] | None = None
+        # Megatron-LM's pipeline degree divides the devices: every stage on as many.
+        equal_blocks = [s for s in divisors(nodes) if s <= len(split_segments(pcg))]
         degrees = ["data parallel"] + [
             f"megatron{sp} t={t}" for t in (2, 4, 8, 16, 32, 64) for sp in ("", "-sp")
         ]
         for strategy in degrees[:3] if quick else degrees:
             try:
-                plan = pipeline_search(pcg, machine, strategies=[strategy])
+                plan = pipeline_search(
+                    pcg, machine, strategies=[strategy], stage_counts=equal_blocks
+                )
             except PipelineError as e:
                 print(f"  {strategy}: {e}", flush=True)
                 continue
@@ -153,7 +167,8 @@ def autoddl(rows: tuple, quick: bool) -> list[str]:
             ratio = f"{plan.time_s / ours.time_s:.2f}x"
         lines.append(
             f"| {name} | {nodes} | {batch} | {megatron_cell} | {_ms(ours.time_s)}{_fits(ours)}, "
-            f"{len(ours.stages)} x {ours.micro_batches}, {_layers(ours)}, {_plans(ours)} | "
+            f"{len(ours.stages)} x {ours.micro_batches}, {_layers(ours)}, {_blocks(ours)}, "
+            f"{_plans(ours)} | "
             f"{_gib(ours.memory_bytes)} | {ratio} | {took:.1f} s |"
         )
         print(lines[-1], flush=True)

@@ -4,18 +4,20 @@ block of the machine with a plan of its own inside, micro-batches handed from st
 :mod:`pcgopt.extract.costmodel.pipeline`'s).
 
 **Stages.** The model is cut at the cuts graph splitting uses (:func:`pcgopt.segments.
-split_segments`: about one transformer layer per segment); a stage is a run of consecutive
-segments. The machine's stage unit is its outermost level with more than one unit (a node on a
-cluster); every stage gets the same number of whole units, consecutive ones, so stage ``s`` of
-``S`` runs on units ``s N/S .. (s + 1) N/S - 1`` and hands its output to the next stage over the
-link between them. A stage reads its entry from the previous stage and sends back its gradient,
-so its entry needs a gradient (``iteration_cost(..., grad_inputs=...)``: it arrives in the
-layout the stage reads it in, and its gradient goes back so, summed over the copies of a
-replicated entry); what it hands on goes by the transfer, not by gathering it (the collectives
-that bring a stage's exit to one device are not charged to the stage): one micro-batch of the
-cut tensor crosses the stage level's link, each unit of the block sending its share, ``latency +
-bytes / (units * bandwidth)``. Micro-batches compute what the whole batch does only if no
-operator mixes samples, so a model with training batch normalization is refused.
+split_segments`: about one transformer layer per segment); a stage is a run of consecutive segments.
+The machine's stage unit is its outermost level with more than one unit (a node on a cluster); every
+stage gets a block of whole units, consecutive ones (:func:`stage_blocks`): with ``S`` stages on
+``N`` units, ``N/S`` each where ``S`` divides ``N``; otherwise ``N mod S`` blocks of ``q + 1`` units
+and the rest of ``q = floor(N/S)``, the larger ones first or last (both tried), as balanced as whole
+units allow. Stage ``s`` hands its output to the next stage over the link between them. A stage
+reads its entry from the previous stage and sends back its gradient, so its entry needs a gradient
+(``iteration_cost(..., grad_inputs=...)``: it arrives in the layout the stage reads it in, and its
+gradient goes back so, summed over the copies of a replicated entry); what it hands on goes by the
+transfer, not by gathering it (the collectives that bring a stage's exit to one device are not
+charged to the stage): one micro-batch of the cut tensor crosses the stage level's link, each unit
+of the smaller of the two blocks sending its share, ``latency + bytes / (units * bandwidth)``.
+Micro-batches compute what the whole batch does only if no operator mixes samples, so a model with
+training batch normalization is refused.
 
 **Inside a stage.** Each stage runs one of the hand-written plans (:func:`stage_strategies`:
 data parallelism, FSDP, Megatron at every tensor degree that divides the block, with and without
@@ -43,9 +45,10 @@ tied embedding), an AllReduce of its gradient between them, not overlapped. Memo
 weights, gradients and optimizer state once (twice the weights under 2BW), and the activations
 of the micro-batches it holds at once (:func:`~pcgopt.extract.costmodel.pipeline.in_flight`).
 
-**Search.** For every stage count ``S`` that divides the units (and is at most the segments),
-and every micro-batch count ``M`` from :func:`micro_batch_counts`, a dynamic program over cut
-points picks the cuts and each stage's strategy that minimize the 1F1B closed form without the
+**Search.** For every stage count ``S`` up to the units and the segments, every order of its
+blocks (:func:`stage_blocks`) and every micro-batch count ``M`` from :func:`micro_batch_counts`,
+a dynamic program over cut points picks the cuts and each stage's strategy (among those its
+block can run) that minimize the 1F1B closed form without the
 synchronization (which runs once per iteration, not per micro-batch): ``sum_s (F_s + B_s + 2
 P_s) + (M - 1) max_s (F_s + B_s)`` (for 2BW, ``M max_s (F_s + B_s)``), every stage fitting in
 memory. The maximum is handled as Alpa's inter-operator pass does: for each bound ``T`` on a
@@ -118,6 +121,7 @@ __all__ = [
     "Stage",
     "micro_batch_counts",
     "pipeline_search",
+    "stage_blocks",
     "stage_machine",
     "stage_strategies",
 ]
@@ -251,26 +255,52 @@ def stage_machine(machine: Machine, units: int) -> Machine:
     12
     """
     i, level = _stage_level(machine)
-    if units < 1 or level.count % units:
+    if isinstance(units, bool) or not isinstance(units, Integral) or not 1 <= units <= level.count:
         raise PipelineError(
-            f"a stage of {units} {level.name}(s): the machine's {level.count} {level.name}s do "
-            "not divide into such stages"
+            f"a stage of {units!r} {level.name}(s): the machine has {level.count} "
+            f"{level.name}s, so a stage takes 1 to {level.count} of them"
         )
     levels = (*machine.levels[:i], replace(level, count=units), *machine.levels[i + 1 :])
     return Machine(levels, machine.device, machine.name)
 
 
+def stage_blocks(units: int, stages: int) -> tuple[tuple[int, ...], ...]:
+    """The blocks of whole units the search gives ``stages`` stages on ``units`` units, each as
+    the units of every stage in order (module docstring): equal where ``stages`` divides
+    ``units``, else the larger blocks first or last.
+
+    >>> stage_blocks(8, 4)
+    ((2, 2, 2, 2),)
+    >>> stage_blocks(8, 3)
+    ((3, 3, 2), (2, 3, 3))
+    """
+    if not 1 <= stages <= units:
+        raise PipelineError(f"{stages} stage(s) on {units} unit(s): each stage needs a unit")
+    small, larger = divmod(units, stages)
+    if larger == 0:
+        return ((small,) * stages,)
+    first = (small + 1,) * larger + (small,) * (stages - larger)
+    return (first, first[::-1])
+
+
 def micro_batch_counts(batch: int, stages: int, *, most: int | None = None) -> tuple[int, ...]:
-    """The micro-batch counts tried for ``stages`` stages: ``stages`` times a power of two,
-    dividing ``batch`` and up to ``most`` (default: the batch, micro-batches of one sample; with
-    one stage, also 1: no accumulation)."""
-    counts = []
-    m = 1 if stages == 1 else stages
-    while m <= min(batch, batch if most is None else most):
-        if batch % m == 0:
-            counts.append(m)
-        m *= 2
-    return tuple(counts)
+    """The micro-batch counts tried for ``stages`` stages: ``stages`` times a power of two, and
+    the powers of two from ``stages`` on (so that a batch of a power of two can be pipelined
+    over any number of stages), dividing ``batch`` and up to ``most`` (default: the batch,
+    micro-batches of one sample; with one stage, also 1: no accumulation).
+
+    >>> micro_batch_counts(96, 3)
+    (3, 4, 6, 8, 12, 16, 24, 32, 48, 96)
+    """
+    top = min(batch, batch if most is None else most)
+    counts = set()
+    for start in (stages, 1 << max(0, stages - 1).bit_length()):
+        m = start
+        while m <= top:
+            if batch % m == 0:
+                counts.add(m)
+            m *= 2
+    return tuple(sorted(counts))
 
 
 @dataclass(frozen=True)
@@ -530,20 +560,39 @@ class _Costs:
         canonical_own = [canonical(own) for own in self.own]
         self.keys = [key for key, _ in canonical_own]
         self.backs = [back for _, back in canonical_own]
+        # Each distinct segment's number: the memo tables' keys (a PCG as a key is compared
+        # node by node on every lookup; BERT-Large on 8 Summit nodes: 4.1 of 21 s).
+        first: dict[PCG, int] = {}
+        self.ids = [first.setdefault(key, len(first)) for key in self.keys]
         # The layer-wise search's strategies per (segment up to names, units), by canonical
         # name: searched once per distinct segment, not per layer of a deep model.
-        self.layer_wise: dict[tuple[PCG, int], Mapping[str, MatmulStrategy] | None] = {}
+        self.layer_wise: dict[tuple[int, int], Mapping[str, MatmulStrategy] | None] = {}
         # The e-graph's plans of every segment, per block size (None: none could be made).
         self.egraph: dict[int, SegmentPlans | None] = {}
         self.memo: dict[tuple, _Part] = {}
         self.plans: dict[tuple, PCG | None] = {}
         # No part is costed after this (perf_counter seconds): the search's time limit.
         self.deadline = math.inf
-        # Every plan any block may run; a block runs those its devices allow.
-        self.strategies = stage_strategies(machine.num_devices, layer_wise=True, egraph=True)
+        # The plans a block of so many devices may run.
+        self.by_devices: dict[int, dict[str, StageStrategy]] = {}
+
+    def runs(self, devices: int) -> dict[str, StageStrategy]:
+        """Every plan a block of ``devices`` devices may run (:func:`stage_strategies`)."""
+        if devices not in self.by_devices:
+            self.by_devices[devices] = stage_strategies(devices, layer_wise=True, egraph=True)
+        return self.by_devices[devices]
+
+    def allowed(self, units: int, asked: Sequence[str] | None) -> list[str]:
+        """The stage plans a block of ``units`` may run, of those ``asked`` for (None: the
+        default set, all but :data:`LAYER_WISE` and :data:`EGRAPH`, as :func:`pipeline_search`'s
+        ``strategies`` says)."""
+        found = self.runs(stage_machine(self.machine, units).num_devices)
+        if asked is None:
+            return [name for name in found if name not in (LAYER_WISE, EGRAPH)]
+        return [name for name in found if name in asked]
 
     def part(self, index: int, strategy: str, units: int, micro: int) -> _Part:
-        key = (self.keys[index], strategy, units, micro, index == len(self.segments) - 1)
+        key = (self.ids[index], strategy, units, micro, index == len(self.segments) - 1)
         if key not in self.memo:
             if time.perf_counter() > self.deadline:
                 raise _OutOfTime
@@ -552,7 +601,7 @@ class _Costs:
 
     def plan(self, index: int, strategy: str, units: int) -> PCG | None:
         """Segment ``index`` under ``strategy`` on a block of ``units`` (None: it cannot be)."""
-        key = (self.keys[index], strategy, units, index)
+        key = (self.ids[index], strategy, units, index)
         if key not in self.plans:
             try:
                 self.plans[key] = self.stage_plan(self.own[index], strategy, units, (index,))
@@ -568,10 +617,10 @@ class _Costs:
         if strategy == EGRAPH:
             return self.segment_plans(units).span(indices[0], indices[-1] + 1)
         if strategy != LAYER_WISE:
-            return self.strategies[strategy](pcg, block)
+            return self.runs(block.num_devices)[strategy](pcg, block)
         picks: dict[str, MatmulStrategy] = {}
         for index in indices:
-            key = (self.keys[index], units)
+            key = (self.ids[index], units)
             if key not in self.layer_wise:
                 if time.perf_counter() > self.deadline:
                     raise _OutOfTime
@@ -655,12 +704,12 @@ class _Costs:
 def _best_cuts(
     busy: np.ndarray, send: np.ndarray, stages: int, micro: int, schedule: str = "1f1b"
 ) -> tuple[float, list[tuple[int, int, int]]] | None:
-    """The dynamic program (module docstring). ``busy[r][i, j]``: the least ``F + B`` of a stage
-    of segments ``i .. j-1`` that is stage ``r`` from the end (1-based) and fits (inf if none);
-    ``send[j]``: both transfers after segment ``j - 1``. The objective: 1F1B's closed form
-    without the synchronization, or for ``"2bw"`` its steady state, ``M`` times the bottleneck
-    (the sum only breaks ties). Returns the objective and the stages as ``(first, stop, r)``,
-    or None when no cut fits."""
+    """The dynamic program (module docstring). ``busy[r][i, j]``: the least ``F + B`` of a stage of
+    segments ``i .. j-1`` that is stage ``r`` from the end (1-based) and fits (inf if none);
+    ``send[r, j]``: both transfers after segment ``j - 1`` when stage ``r`` ends there. The
+    objective: 1F1B's closed form without the synchronization, or for ``"2bw"`` its steady state,
+    ``M`` times the bottleneck (the sum only breaks ties). Returns the objective and the stages as
+    ``(first, stop, r)``, or None when no cut fits."""
     n = busy.shape[1] - 1
     bounds = np.unique(busy[np.isfinite(busy)])
     summed, weight = (0.0, micro) if schedule == "2bw" else (1.0, micro - 1)
@@ -672,7 +721,7 @@ def _best_cuts(
         choice = np.zeros((stages + 1, n + 1), dtype=int)
         f[0, n] = 0.0
         for r in range(1, stages + 1):
-            c = np.where(busy[r] <= bound, busy[r] + send[None, :], math.inf)
+            c = np.where(busy[r] <= bound, busy[r] + send[r][None, :], math.inf)
             total = c + f[r - 1][None, :]
             choice[r] = np.argmin(total, axis=1)
             f[r] = total[np.arange(n + 1), choice[r]]
@@ -707,10 +756,11 @@ def pipeline_search(
     """The fastest pipelined plan of ``pcg`` on ``machine`` that fits (module docstring), or,
     when none fits, the one that needs the least memory.
 
-    ``stage_counts``: the stage counts tried (default: every divisor of the stage level's
-    units, at most the segments); ``micro_batches``: the micro-batch counts tried (default:
-    :func:`micro_batch_counts` per stage count); ``schedule``: ``"1f1b"`` (synchronous, the
-    input model's semantics) or ``"2bw"``; ``min_ops``: the segments' least computing operators
+    ``stage_counts``: the stage counts tried (default: every count from ``min_stages`` up to the
+    stage level's units and the segments; a count that does not divide the units gives blocks of two
+    sizes, :func:`stage_blocks`); ``micro_batches``: the micro-batch counts tried (default:
+    :func:`micro_batch_counts` per stage count); ``schedule``: ``"1f1b"`` (synchronous, the input
+    model's semantics) or ``"2bw"``; ``min_ops``: the segments' least computing operators
     (:func:`~pcgopt.segments.split_segments`' default: about one transformer layer);
     ``strategies``: the stage plans allowed, by :func:`stage_strategies` name (default: all
     but :data:`LAYER_WISE`, the layer-wise search's plan, which costs a coordinate descent per
@@ -719,7 +769,8 @@ def pipeline_search(
     plan, as Megatron-LM's hand-set degrees do);
     ``runtime``: how a stage overlaps its synchronization with its last backward (module
     docstring; default PyTorch DDP's); ``time_budget_s``: stop trying stage and micro-batch
-    counts (about four micro-batches per stage first) and costing stage plans and candidates
+    counts (equal blocks first, and about four micro-batches per stage first) and costing
+    stage plans and candidates
     once this much time has passed (None: no limit); what is found by then is returned (the
     best cuts found are always costed in full), and if no cuts were, a :class:`PipelineError`
     says the time ran out; ``min_stages``: the
@@ -754,44 +805,63 @@ def pipeline_search(
         )
     segments = split_segments(pcg) if min_ops is None else split_segments(pcg, min_ops)
     _, level = _stage_level(machine)
-    possible = [s for s in divisors(level.count) if s <= len(segments)]
-    counts = [s for s in possible if s >= min_stages]
+    most = min(level.count, len(segments))
+    counts = list(range(min_stages, most + 1))
     if stage_counts is not None:
-        bad = [s for s in stage_counts if s not in possible]
+        bad = [s for s in stage_counts if s > most]
         if bad:
             raise PipelineError(
-                f"stage count(s) {bad} not possible: stages take equal blocks of the "
-                f"{level.count} {level.name}s and at least one of the {len(segments)} segment(s) "
-                f"each; possible: {possible}"
+                f"stage count(s) {bad} not possible: each stage takes at least one of the "
+                f"{level.count} {level.name}s and one of the {len(segments)} segment(s); "
+                f"possible: 1 to {most}"
             )
         counts = list(stage_counts)
     if not counts:
         raise PipelineError(
-            f"no stage count of at least {min_stages} is possible: stages take equal blocks of "
-            f"the {level.count} {level.name}s and at least one of the {len(segments)} "
-            f"segment(s) each; possible: {possible}"
+            f"no stage count of at least {min_stages} is possible: each stage takes at least "
+            f"one of the {level.count} {level.name}s and one of the {len(segments)} "
+            f"segment(s); possible: 1 to {most}"
         )
     if strategies is not None:
-        known = stage_strategies(machine.num_devices, layer_wise=True, egraph=True)
+        # Any block's: a stage of 3 of 8 nodes runs tensor degrees that do not divide 8.
+        per_unit = machine.num_devices // level.count
+        known = {
+            name: None
+            for units in range(1, level.count + 1)
+            for name in stage_strategies(units * per_unit, layer_wise=True, egraph=True)
+        }
         unknown = [name for name in strategies if name not in known]
         if unknown:
             raise PipelineError(
                 f"unknown stage plan(s) {unknown}; on this machine: {', '.join(known)}"
             )
+    # Every plan of several stages runs micro-batches: a model they would change is refused
+    # before the search, not after it.
+    checked = min(counts) > 1
+    if checked:
+        _check_micro_batches(pcg)
     batch = batch_size(pcg)
     costs = _Costs(pcg, machine, segments, optimizer, runtime)
     capacity = machine.device.memory_bytes
     deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
-    pairs = [
-        (count, micro)
+    tried = [
+        (count, micro, blocks)
         for count in counts
         for micro in (micro_batch_counts(batch, count) if micro_batches is None else micro_batches)
+        for blocks in stage_blocks(level.count, count)
     ]
-    # Under a time limit the likeliest first: every stage count at about 4 micro-batches per
-    # stage (a bubble of about a fifth), then further from it.
-    pairs.sort(key=lambda p: (abs(math.log2(p[1] / (TYPICAL_MICRO_BATCHES_PER_STAGE * p[0]))), p))
+    # Under a time limit the likeliest first: equal blocks before blocks of two sizes, every
+    # stage count at about 4 micro-batches per stage (a bubble of about a fifth), then further
+    # from it.
+    tried.sort(
+        key=lambda t: (
+            len(set(t[2])) > 1,
+            abs(math.log2(t[1] / (TYPICAL_MICRO_BATCHES_PER_STAGE * t[0]))),
+            t,
+        )
+    )
     costs.deadline = deadline
-    ranked = _ranked_cuts(costs, pairs, level.count, strategies, schedule, capacity)
+    ranked = _ranked_cuts(costs, tried, strategies, schedule, capacity)
     if ranked is None:
         raise PipelineError(
             f"the time limit ({time_budget_s:.3g} s) ran out before a pipelined plan was costed"
@@ -814,7 +884,7 @@ def pipeline_search(
         if fitting
         else min(found, key=lambda p: p.memory_bytes)
     )
-    if chosen.micro_batches > 1 or len(chosen.stages) > 1:
+    if not checked and (chosen.micro_batches > 1 or len(chosen.stages) > 1):
         _check_micro_batches(pcg)
     return chosen
 
@@ -826,33 +896,26 @@ def _is_seconds(value: object, in_range: Callable[[float], bool]) -> bool:
 
 def _ranked_cuts(
     costs: _Costs,
-    pairs: Sequence[tuple[int, int]],
-    units_in_level: int,
+    tried: Sequence[tuple[int, int, tuple[int, ...]]],
     strategies: Sequence[str] | None,
     schedule: str,
     capacity: int,
 ) -> list[tuple] | None:
-    """The best cuts (:func:`_search_one`) of each stage and micro-batch count of ``pairs``, in
-    their order, each with its count, units, micro-batches and stage plan names; those found
-    before the costs' deadline, or None if it passed before any was."""
+    """The best cuts (:func:`_search_one`) of each stage count, micro-batch count and blocks of
+    ``tried`` (:func:`stage_blocks`), in their order, each with its blocks, micro-batches and
+    stage plan names; those found before the costs' deadline, or None if it passed before any
+    was."""
     ranked: list[tuple] = []
-    machine = costs.machine
-    for count, micro in pairs:
-        units = units_in_level // count
-        allowed = stage_strategies(
-            units * machine.num_devices // units_in_level,
-            layer_wise=strategies is not None and LAYER_WISE in strategies,
-            egraph=strategies is not None and EGRAPH in strategies,
-        )
-        names = [name for name in allowed if strategies is None or name in strategies]
+    for _, micro, blocks in tried:
+        names = list(dict.fromkeys(name for u in blocks for name in costs.allowed(u, strategies)))
         if not names:
             continue
         try:
-            found_cuts = _search_one(costs, names, count, units, micro, schedule, capacity)
+            found_cuts = _search_one(costs, names, blocks, micro, schedule, capacity)
         except _OutOfTime:
             return ranked or None
         if found_cuts is not None:
-            ranked.append((*found_cuts, count, units, micro, names))
+            ranked.append((*found_cuts, blocks, micro, names))
     return ranked
 
 
@@ -866,14 +929,14 @@ def _costed_in_full(
     least lower bound of those given up while costed (inf if none was)."""
     found: list[PipelinePlan] = []
     given_up = math.inf
-    for _, cuts, which, bound, count, units, micro, names in sorted(ranked, key=lambda r: r[0]):
+    for _, cuts, which, bound, blocks, micro, names in sorted(ranked, key=lambda r: r[0]):
         best = min((p.time_s for p in found if p.feasible), default=beat)
         if bound >= best:
             continue
         if found and time.perf_counter() > deadline:
             break
         try:
-            plan = _assemble(costs, names, cuts, count, units, micro, schedule, which, best)
+            plan = _assemble(costs, names, cuts, blocks, micro, schedule, which, best)
         except _Slower as slower:
             given_up = min(given_up, slower.bound)
             continue
@@ -940,18 +1003,18 @@ def _check_micro_batches(pcg: PCG) -> None:
 def _search_one(
     costs: _Costs,
     names: Sequence[str],
-    count: int,
-    units: int,
+    blocks: Sequence[int],
     micro: int,
     schedule: str,
     capacity: int,
 ) -> tuple[float, list[tuple[int, int, int]], np.ndarray, float] | None:
-    """The best cuts for ``count`` stages of ``units`` units and ``micro`` micro-batches: the
-    dynamic program's objective, the stages (:func:`_best_cuts`), each stage's strategy by
-    ``[r, first, stop]``, and a lower bound of their time under the schedule."""
+    """The best cuts for stages on ``blocks`` (the units of each, in order) and ``micro``
+    micro-batches, each stage under one of ``names`` its block can run: the dynamic program's
+    objective, the stages (:func:`_best_cuts`), each stage's strategy by ``[r, first, stop]``
+    (an index into ``names``), and a lower bound of their time under the schedule."""
     n = len(costs.segments)
+    count = len(blocks)
     versions = 2 if schedule == "2bw" else 1
-    parts = [[costs.part(i, name, units, micro) for i in range(n)] for name in names]
 
     def spans(values: list[list[float]]) -> np.ndarray:
         """``[k, i, j]``: strategy ``k``'s sum over segments ``i .. j-1`` (inf when j <= i)."""
@@ -967,21 +1030,36 @@ def _search_one(
         upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)
         return np.where(upper[None] & (held_bad == 0), out, math.inf)
 
-    times = spans([[p.forward_s + p.backward_s for p in row] for row in parts])
-    computing = spans([[p.compute_s for p in row] for row in parts])
-    static = spans(
-        [[p.static_bytes + (versions - 1) * p.weight_bytes for p in row] for row in parts]
-    )
-    held = spans([[p.activation_bytes for p in row] for row in parts])
-    send = np.zeros(n + 1)
-    for j in range(1, n):
-        send[j] = 2 * costs.send_s(j - 1, units, micro)
+    # Per block size: every strategy's spans (a strategy the block cannot run is impossible).
+    spanned: dict[int, tuple[np.ndarray, ...]] = {}
+    for units in dict.fromkeys(blocks):
+        runs = set(costs.allowed(units, names))
+        parts = [
+            [costs.part(i, name, units, micro) if name in runs else _NO_PART for i in range(n)]
+            for name in names
+        ]
+        spanned[units] = (
+            spans([[p.forward_s + p.backward_s for p in row] for row in parts]),
+            spans([[p.compute_s for p in row] for row in parts]),
+            spans(
+                [[p.static_bytes + (versions - 1) * p.weight_bytes for p in row] for row in parts]
+            ),
+            spans([[p.activation_bytes for p in row] for row in parts]),
+        )
+    # send[r, j]: both transfers after segment j - 1 when stage r (from the end) ends there,
+    # over the smaller of its block and the next one's.
+    send = np.zeros((count + 1, n + 1))
+    for r in range(2, count + 1):
+        units = min(blocks[count - r], blocks[count - r + 1])
+        for j in range(1, n):
+            send[r, j] = 2 * costs.send_s(j - 1, units, micro)
     # The cuts that fit; when none does, the fastest regardless of memory (a plan that does
     # not fit), so that the caller can say what is missing.
     for limit in (capacity, math.inf):
         busy = np.full((count + 1, n + 1, n + 1), math.inf)
         which = np.full((count + 1, n + 1, n + 1), -1, dtype=int)
         for r in range(1, count + 1):
+            times, _, static, held = spanned[blocks[count - r]]
             fits = static + min(r, micro) * held <= limit
             ranked = np.where(fits, times, math.inf)
             which[r] = np.argmin(ranked, axis=0)
@@ -995,8 +1073,9 @@ def _search_one(
     # A lower bound of the schedule's time with these stages: the bottleneck stage's
     # computation, and (1F1B) the way of the first micro-batch to it and of the last one back
     # (computation alone: the segments' sums of their collectives are not the stage's).
-    stage_busy = [float(computing[which[r][i, j], i, j]) for i, j, r in cuts]
-    bound = _time_bound(stage_busy, [float(send[j]) / 2 for _, j, _ in cuts], micro, schedule)
+    stage_busy = [float(spanned[blocks[count - r]][1][which[r][i, j], i, j]) for i, j, r in cuts]
+    sends = [float(send[r, j]) / 2 for _, j, r in cuts]
+    bound = _time_bound(stage_busy, sends, micro, schedule)
     return objective, cuts, which, bound
 
 
@@ -1046,7 +1125,9 @@ def _tied_weights(
         if len(held) < 2:
             continue
         nbytes = max(costs[i].per_node[name].weight_memory[1] for i in held)
-        ranks = len(devices[held[0]])
+        # The devices at the same rank of each block (of the smallest block's ranks; a larger
+        # block's others have summed theirs into those within their stage's sync).
+        ranks = min(len(devices[i]) for i in held)
         groups = tuple(tuple(devices[i][d] for i in held) for d in range(ranks))
         seconds = collective_cost("all_reduce", groups, nbytes, machine).seconds
         for i in held:
@@ -1058,8 +1139,7 @@ def _assemble(
     costs: _Costs,
     names: Sequence[str],
     cuts: Sequence[tuple[int, int, int]],
-    count: int,
-    units: int,
+    blocks: Sequence[int],
     micro: int,
     schedule: str,
     which: Sequence[np.ndarray],
@@ -1073,17 +1153,17 @@ def _assemble(
     win: :class:`_Slower` is raised before the rest (and every synchronization, a simulated
     iteration each) is costed."""
     machine, pcg = costs.machine, costs.pcg
-    block = stage_machine(machine, units)
-    per_stage = block.num_devices
+    count = len(blocks)
+    machines = [stage_machine(machine, u) for u in blocks]
     versions = 2 if schedule == "2bw" else 1
     chosen = [names[int(which[r][first, stop])] for first, stop, r in cuts]
     sends = [
-        costs.send_s(stop - 1, units, micro) if s < count - 1 else 0.0
+        costs.send_s(stop - 1, min(blocks[s], blocks[s + 1]), micro) if s < count - 1 else 0.0
         for s, (_, stop, _) in enumerate(cuts)
     ]
     busy = [
-        sum(costs.part(k, name, units, micro).compute_s for k in range(first, stop))
-        for name, (first, stop, _) in zip(chosen, cuts, strict=True)
+        sum(costs.part(k, name, blocks[s], micro).compute_s for k in range(first, stop))
+        for s, (name, (first, stop, _)) in enumerate(zip(chosen, cuts, strict=True))
     ]
     # Per stage: its segments merged, its plan, that plan cut into micro-batches, the cut
     # plan's cost with its tasks in sequence, and its part.
@@ -1095,9 +1175,11 @@ def _assemble(
             s, tuple(x for seg in segs for x in seg.nodes), segs[0].entry, segs[-1].exit
         )
         try:
-            plan = costs.stage_plan(segment_pcg(pcg, merged), chosen[s], units, range(first, stop))
+            plan = costs.stage_plan(
+                segment_pcg(pcg, merged), chosen[s], blocks[s], range(first, stop)
+            )
             cut = with_micro_batches(plan, micro)
-            cost = costs.cost(cut, block, merged, costs.in_sequence)
+            cost = costs.cost(cut, machines[s], merged, costs.in_sequence)
         except PCGError:
             return None
         part = _part(cost, plan, micro, merged.exit is not None)
@@ -1108,7 +1190,8 @@ def _assemble(
             raise _Slower(bound)
     # Every stage synchronizes after its last backward for at least its update and its share
     # of the weights it shares with other stages.
-    devices = [range(s * per_stage, (s + 1) * per_stage) for s in range(count)]
+    starts = np.cumsum([0] + [m.num_devices for m in machines]).tolist()
+    devices = [range(starts[s], starts[s + 1]) for s in range(count)]
     tied = _tied_weights([built[s][3] for s in range(count)], devices, machine)
     least_sync = [built[s][3].update_s + tied[s] for s in range(count)]
     forwards = [built[s][4].forward_s for s in range(count)]
@@ -1119,7 +1202,7 @@ def _assemble(
     for s, (first, stop, _) in enumerate(cuts):
         merged, plan, cut, cost, part = built[s]
         try:
-            run = costs.cost(cut, block, merged, costs.runtime)
+            run = costs.cost(cut, machines[s], merged, costs.runtime)
         except PCGError:
             return None
         # What the runtime's iteration adds to the micro-batches' forwards and backwards in

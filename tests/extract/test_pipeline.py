@@ -36,6 +36,7 @@ from pcgopt.extract.strategies.pipeline import (
     _time_bound,
     micro_batch_counts,
     pipeline_search,
+    stage_blocks,
     stage_machine,
     stage_strategies,
 )
@@ -202,7 +203,7 @@ def _exhaustive(busy: np.ndarray, send: np.ndarray, stages: int, micro: int) -> 
         times = [busy[r, i, j] for i, j, r in parts]
         if not all(math.isfinite(t) for t in times):
             continue
-        value = sum(times) + sum(send[j] for _, j, _ in parts[:-1]) + (micro - 1) * max(times)
+        value = sum(times) + sum(send[r, j] for _, j, r in parts[:-1]) + (micro - 1) * max(times)
         best = min(best, value)
     return best
 
@@ -225,7 +226,9 @@ def test_the_stage_dynamic_program_equals_exhaustive_search(segments, stages, mi
             for j in range(i + 1, n + 1):
                 if rng.random() < 0.85:  # some stages do not fit
                     busy[r, i, j] = float(rng.integers(1, 20))
-    send = np.concatenate([[0.0], rng.integers(0, 3, n - 1).astype(float), [0.0]])
+    # Each stage's transfer after it: its own (blocks of other sizes send at other speeds).
+    send = rng.integers(0, 3, (stages + 1, n + 1)).astype(float)
+    send[:, 0] = send[:, n] = 0.0
     found = _best_cuts(busy, send, stages, micro)
     expected = _exhaustive(busy, send, stages, micro)
     if math.isinf(expected):
@@ -237,18 +240,37 @@ def test_the_stage_dynamic_program_equals_exhaustive_search(segments, stages, mi
     assert all(a[1] == b[0] for a, b in itertools.pairwise(cuts))
 
 
-def test_micro_batch_counts_are_multiples_of_the_stages_that_divide_the_batch():
+def test_micro_batch_counts_are_multiples_of_the_stages_or_powers_of_two_that_divide_the_batch():
     assert micro_batch_counts(96, 4) == (4, 8, 16, 32)
     assert micro_batch_counts(96, 1) == (1, 2, 4, 8, 16, 32)
     assert micro_batch_counts(6, 4) == ()
+    # A batch of a power of two still pipelines over three stages.
+    assert micro_batch_counts(512, 3) == (4, 8, 16, 32, 64, 128, 256, 512)
+    assert micro_batch_counts(96, 3, most=12) == (3, 4, 6, 8, 12)
 
 
 def test_a_stage_is_a_block_of_whole_nodes():
     machine = Machine.preset("summit", nodes=8)
     block = stage_machine(machine, 2)
     assert block.num_devices == 12 and block.counts == (2, 2, 3)
-    with pytest.raises(PipelineError, match="do not divide into such stages"):
-        stage_machine(machine, 3)
+    assert stage_machine(machine, 3).num_devices == 18
+    for bad in (0, 9, 2.0):
+        with pytest.raises(PipelineError, match="a stage takes 1 to 8 of them"):
+            stage_machine(machine, bad)
+
+
+def test_stage_counts_that_do_not_divide_the_units_get_blocks_of_two_sizes():
+    """Every count of stages up to the units is possible: as balanced as whole units allow,
+    the larger blocks first or last, consecutive and covering the machine."""
+    for units in range(1, 13):
+        for stages in range(1, units + 1):
+            orders = stage_blocks(units, stages)
+            for blocks in orders:
+                assert len(blocks) == stages and sum(blocks) == units
+                assert max(blocks) - min(blocks) <= 1
+            assert len(orders) == (1 if units % stages == 0 else 2)
+    with pytest.raises(PipelineError, match="each stage needs a unit"):
+        stage_blocks(2, 3)
 
 
 @pytest.fixture(scope="module")
@@ -355,44 +377,58 @@ def test_stage_memory_holds_the_activations_of_the_micro_batches_in_flight(
 def test_the_search_equals_exhaustive_search_over_cuts_and_stage_plans(
     small_transformer, four_nodes
 ):
-    """Every way to cut the small model into two stages, each stage under every plan, costed
-    with the segments' summed times: the search's objective is the least of them."""
+    """Every way to cut the small model into three stages on blocks of 2, 1 and 1 nodes, each
+    stage under every plan its block can run, costed with the segments' summed times: the
+    search's objective is the least of them."""
     from pcgopt.extract.strategies.pipeline import _Costs, _search_one
 
     segments = split_segments(small_transformer, 4)
     costs = _Costs(small_transformer, four_nodes, segments, "adam")
-    names = list(costs.strategies)
-    units, micro, count = 2, 4, 2
-    objective, cuts, which, bound = _search_one(costs, names, count, units, micro, "1f1b", 2**62)
+    names = list(stage_strategies(4))
+    blocks, micro = (2, 1, 1), 4
+    objective, cuts, which, bound = _search_one(costs, names, blocks, micro, "1f1b", 2**62)
     n = len(segments)
+    runs = {u: set(costs.allowed(u, names)) for u in blocks}
+    assert "megatron t=4" in runs[2] and "megatron t=4" not in runs[1]
 
-    def busy(strategy, segments):
-        return sum(
-            costs.part(i, strategy, units, micro).forward_s
-            + costs.part(i, strategy, units, micro).backward_s
-            for i in segments
-        )
+    def busy(strategy, segments, units):
+        if strategy not in runs[units]:
+            return math.inf
+        parts = [costs.part(i, strategy, units, micro) for i in segments]
+        return sum(p.forward_s + p.backward_s for p in parts)
+
+    def sends(stops):
+        # Over the smaller of the two blocks, each way.
+        return [
+            costs.send_s(stop - 1, min(blocks[s], blocks[s + 1]), micro)
+            for s, stop in enumerate(stops[:-1])
+        ]
 
     best = math.inf
-    for cut in range(1, n):
-        for a, b in itertools.product(names, repeat=2):
-            ta, tb = busy(a, range(cut)), busy(b, range(cut, n))
-            send = 2 * costs.send_s(cut - 1, units, micro)
-            best = min(best, ta + tb + send + (micro - 1) * max(ta, tb))
+    for a, b in itertools.combinations(range(1, n), 2):
+        spans = [range(0, a), range(a, b), range(b, n)]
+        for plans in itertools.product(names, repeat=3):
+            t = [busy(p, r, u) for p, r, u in zip(plans, spans, blocks, strict=True)]
+            best = min(best, sum(t) + 2 * sum(sends([a, b, n])) + (micro - 1) * max(t))
     assert objective == pytest.approx(best)
-    # The stages it returns are worth what it says.
-    chosen = [busy(names[which[r][i, j]], range(i, j)) for i, j, r in cuts]
-    sends = 2 * costs.send_s(cuts[0][1] - 1, units, micro)
-    assert sum(chosen) + sends + (micro - 1) * max(chosen) == pytest.approx(objective)
-    # Its lower bound: the first stage's computation, or the second's after the way to it;
-    # and the stages' own costs are at least it.
-    computed = [
-        sum(costs.part(k, names[which[r][i, j]], units, micro).compute_s for k in range(i, j))
-        for i, j, r in cuts
+    # The stages it returns are worth what it says, each under a plan its block runs.
+    chosen = [
+        busy(names[which[r][i, j]], range(i, j), blocks[s]) for s, (i, j, r) in enumerate(cuts)
     ]
-    first_way = computed[0] + sends + micro * computed[1]
-    assert bound == pytest.approx(max(micro * computed[0], first_way))
-    plan = _assemble(costs, names, cuts, count, units, micro, "1f1b", which)
+    stops = [j for _, j, _ in cuts]
+    assert sum(chosen) + 2 * sum(sends(stops)) + (micro - 1) * max(chosen) == pytest.approx(
+        objective
+    )
+    # Its lower bound is the schedule's bound on the stages' computation, and the stages' own
+    # costs are at least it.
+    computed = [
+        sum(costs.part(k, names[which[r][i, j]], blocks[s], micro).compute_s for k in range(i, j))
+        for s, (i, j, r) in enumerate(cuts)
+    ]
+    assert bound == pytest.approx(_time_bound(computed, [*sends(stops), 0.0], micro, "1f1b"))
+    plan = _assemble(costs, names, cuts, blocks, micro, "1f1b", which)
+    assert [len(s.devices) for s in plan.stages] == [4, 2, 2]
+    assert [s.devices.start for s in plan.stages] == [0, 4, 6]
     assert plan.time_s >= bound
 
 
@@ -433,8 +469,8 @@ def test_one_stage_is_the_plan_without_a_pipeline(small_transformer, four_nodes)
 
 
 def test_impossible_stage_counts_and_schedules_are_refused(small_transformer, four_nodes):
-    with pytest.raises(PipelineError, match=r"stage count\(s\) \[3\] not possible"):
-        pipeline_search(small_transformer, four_nodes, stage_counts=[3])
+    with pytest.raises(PipelineError, match=r"stage count\(s\) \[5\] not possible.*1 to 4"):
+        pipeline_search(small_transformer, four_nodes, stage_counts=[5])
     with pytest.raises(PipelineError, match="schedule must be one of"):
         pipeline_search(small_transformer, four_nodes, schedule="gpipe")
     with pytest.raises(PipelineError, match="one device"):
@@ -448,7 +484,7 @@ def test_impossible_stage_counts_and_schedules_are_refused(small_transformer, fo
         ({"min_stages": True}, "min_stages must be a positive integer"),
         ({"time_budget_s": float("nan")}, "time_budget_s must be a finite number"),
         ({"min_stages": 16}, "no stage count of at least 16 is possible"),
-        ({"strategies": ["megatron t=3"]}, r"unknown stage plan\(s\) \['megatron t=3'\]"),
+        ({"strategies": ["megatron t=5"]}, r"unknown stage plan\(s\) \['megatron t=5'\]"),
     ]:
         with pytest.raises(PipelineError, match=message):
             pipeline_search(small_transformer, four_nodes, min_ops=4, **bad)
@@ -510,9 +546,9 @@ def test_a_plan_impossible_on_one_segment_stays_possible_on_the_others():
     model = build("transformer", batch=8, seq=4, hidden=8, layers=4, heads=2, vocab=11, loss=True)
     machine = Machine.preset("dgx-a100", nodes=2, devices_per_node=2)
     costs = Made(model, machine, split_segments(model, 4), "adam")
-    assert P._search_one(costs, ["fsdp"], 2, 1, 2, "1f1b", 2**62) is None
+    assert P._search_one(costs, ["fsdp"], (1, 1), 2, "1f1b", 2**62) is None
     names = ["data parallel", "fsdp"]
-    _, cuts, which, _ = P._search_one(costs, names, 2, 1, 2, "1f1b", 2**62)
+    _, cuts, which, _ = P._search_one(costs, names, (1, 1), 2, "1f1b", 2**62)
     assert [names[which[r][i, j]] for i, j, r in cuts] == ["data parallel", "fsdp"]
     assert cuts[0][:2] == (0, 1)  # data parallelism on segment 0 alone, FSDP on the rest
 

@@ -179,3 +179,26 @@ def test_each_stage_runs_its_forwards_and_backwards_in_1f1b_order(bert, monkeypa
     # after stage 0's, stage 0's backward after stage 1's.
     assert issued.index((1, "F")) > issued.index((0, "F"))
     assert issued.index((0, "B")) > issued.index((1, "B"))
+
+
+def test_stages_on_blocks_of_two_sizes_compute_the_unsharded_models_gradients():
+    """Three stages on four devices: a block of two, then two of one. The tied table is read
+    by the first stage (two devices) and the last (one); its gradient sums both."""
+    model = build("bert_large", batch=6, seq=4, hidden=8, layers=2, heads=2, vocab=11, loss=True)
+    machine = Machine.preset("dgx-a100", nodes=4, devices_per_node=1)
+    piped = pipeline_search(
+        model,
+        machine,
+        stage_counts=[3],
+        micro_batches=[3],
+        min_ops=2,
+        strategies=["data parallel"],
+    )
+    assert [len(s.devices) for s in piped.stages] in ([2, 1, 1], [1, 1, 2])
+    program = piped.to_jax(optimizer="sgd", learning_rate=0.5)
+    inputs, weights = program.random_sources(seed=5)
+    ref_loss, ref_grads = reference_loss_and_grads(model, inputs, weights, micro_batches=3)
+    loss, grads = program.loss_and_grads(inputs, weights)
+    assert _close(loss, ref_loss) <= RTOL
+    for name in ref_grads:
+        assert _close(grads[name], ref_grads[name]) <= RTOL, name
