@@ -625,6 +625,18 @@ def test_no_pipeline_when_asked_or_on_one_device():
     assert alone.pipeline is None
 
 
+def _assert_each_stage_computes_its_part(plan, model, strategy: str, min_ops: int = 4) -> None:
+    """Every stage of ``plan`` runs ``strategy``'s plan, which computes its segments of
+    ``model``, cut into micro-batches or not."""
+    segments = split_segments(model, min_ops)
+    for s in plan.stages:
+        assert s.strategy == strategy
+        segs = segments[s.first : s.last + 1]
+        merged = Segment(s.index, s.nodes, segs[0].entry, segs[-1].exit)
+        assert_equivalent(s.plan, segment_pcg(model, merged), compare="logical")
+        assert_equivalent(s.plan, s.micro_batched)
+
+
 def test_stages_may_run_the_layer_wise_search_s_plans(small_transformer, four_nodes):
     """Asked for, a stage runs the plan AutoDDL's coordinate descent finds for each of its
     segments; it computes its part of the model like any other stage plan."""
@@ -632,13 +644,7 @@ def test_stages_may_run_the_layer_wise_search_s_plans(small_transformer, four_no
     plan = pipeline_search(
         small_transformer, four_nodes, stage_counts=[2], strategies=[LAYER_WISE], min_ops=4
     )
-    segments = split_segments(small_transformer, 4)
-    for s in plan.stages:
-        assert s.strategy == LAYER_WISE
-        segs = segments[s.first : s.last + 1]
-        merged = Segment(s.index, s.nodes, segs[0].entry, segs[-1].exit)
-        assert_equivalent(s.plan, segment_pcg(small_transformer, merged), compare="logical")
-        assert_equivalent(s.plan, s.micro_batched)
+    _assert_each_stage_computes_its_part(plan, small_transformer, LAYER_WISE)
     both = pipeline_search(
         small_transformer,
         four_nodes,
@@ -657,11 +663,6 @@ def test_stages_may_run_the_e_graph_s_plans(small_transformer, four_nodes):
     plan = pipeline_search(
         small_transformer, four_nodes, stage_counts=[4], strategies=[EGRAPH], min_ops=4
     )
-    segments = split_segments(small_transformer, 4)
+    _assert_each_stage_computes_its_part(plan, small_transformer, EGRAPH)
     for s in plan.stages:
-        assert s.strategy == EGRAPH
-        segs = segments[s.first : s.last + 1]
-        merged = Segment(s.index, s.nodes, segs[0].entry, segs[-1].exit)
-        assert_equivalent(s.plan, segment_pcg(small_transformer, merged), compare="logical")
-        assert_equivalent(s.plan, s.micro_batched)
         assert set(s.nodes) <= {n.name for n in s.plan.nodes}

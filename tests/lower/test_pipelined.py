@@ -39,21 +39,32 @@ def bert():
         min_ops=4,
         strategies=["megatron t=2"],
     )
+    return _run(model, piped, micro_batches=4, seed=3)
+
+
+def _run(model, piped, *, micro_batches: int, seed: int):
+    """``piped`` as a program, random sources, and the unsharded model's loss and gradients
+    over the same micro-batches."""
     program = piped.to_jax(optimizer="sgd", learning_rate=0.5)
-    inputs, weights = program.random_sources(seed=3)
-    reference = reference_loss_and_grads(model, inputs, weights, micro_batches=4)
+    inputs, weights = program.random_sources(seed=seed)
+    reference = reference_loss_and_grads(model, inputs, weights, micro_batches=micro_batches)
     return model, program, inputs, weights, reference
 
 
-def test_a_pipeline_computes_the_unsharded_models_loss_and_gradients(bert):
-    _, program, inputs, weights, (ref_loss, ref_grads) = bert
-    assert isinstance(program, PipelinedLowered)
-    assert [p.devices for p in program.pieces] == [(0, 1), (2, 3)]
+def _assert_loss_and_grads(program, inputs, weights, reference) -> None:
+    ref_loss, ref_grads = reference
     loss, grads = program.loss_and_grads(inputs, weights)
     assert _close(loss, ref_loss) <= RTOL
     assert set(grads) == set(ref_grads)
     for name in ref_grads:
         assert _close(grads[name], ref_grads[name]) <= RTOL, name
+
+
+def test_a_pipeline_computes_the_unsharded_models_loss_and_gradients(bert):
+    _, program, inputs, weights, reference = bert
+    assert isinstance(program, PipelinedLowered)
+    assert [p.devices for p in program.pieces] == [(0, 1), (2, 3)]
+    _assert_loss_and_grads(program, inputs, weights, reference)
     # The tied table's gradient sums both stages': the lookup's and the logits'.
     assert "embed/tokens" in program.pieces[0].lowered.weight_names
     assert "embed/tokens" in program.pieces[1].lowered.weight_names
@@ -195,10 +206,5 @@ def test_stages_on_blocks_of_two_sizes_compute_the_unsharded_models_gradients():
         strategies=["data parallel"],
     )
     assert [len(s.devices) for s in piped.stages] in ([2, 1, 1], [1, 1, 2])
-    program = piped.to_jax(optimizer="sgd", learning_rate=0.5)
-    inputs, weights = program.random_sources(seed=5)
-    ref_loss, ref_grads = reference_loss_and_grads(model, inputs, weights, micro_batches=3)
-    loss, grads = program.loss_and_grads(inputs, weights)
-    assert _close(loss, ref_loss) <= RTOL
-    for name in ref_grads:
-        assert _close(grads[name], ref_grads[name]) <= RTOL, name
+    _, program, inputs, weights, reference = _run(model, piped, micro_batches=3, seed=5)
+    _assert_loss_and_grads(program, inputs, weights, reference)
