@@ -872,11 +872,19 @@ def pipeline_search(
         found = _faster_than(found, ranked, beat, given_up)
     if not found:
         allowed = "" if strategies is None else f" with stage plans {list(strategies)}"
+        tried_counts = {t[0] for t in tried}
+        unbatched = [c for c in counts if c not in tried_counts]
+        why = (
+            f"; no micro-batch count for {unbatched} stage(s) divides the batch of {batch} "
+            "(the stages times a power of two, or a power of two from the stages on)"
+            if unbatched
+            else ""
+        )
         raise PipelineError(
             f"no pipelined plan of the model on {machine.name!r}{allowed}: no stage count, "
             "micro-batch count and stage plan could be costed (the batch must divide by the "
             "micro-batches and each stage's data-parallel degree, and a stage plan must fit its "
-            "block)"
+            f"block){why}"
         )
     fitting = [p for p in found if p.feasible]
     chosen = (

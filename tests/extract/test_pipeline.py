@@ -473,6 +473,9 @@ def test_impossible_stage_counts_and_schedules_are_refused(small_transformer, fo
         pipeline_search(small_transformer, four_nodes, stage_counts=[5])
     with pytest.raises(PipelineError, match="schedule must be one of"):
         pipeline_search(small_transformer, four_nodes, schedule="gpipe")
+    odd = build("transformer", batch=6, seq=4, hidden=8, layers=4, heads=2, vocab=11, loss=True)
+    with pytest.raises(PipelineError, match=r"no micro-batch count for \[4\] stage\(s\) divides"):
+        pipeline_search(odd, four_nodes, stage_counts=[4], min_ops=4)
     with pytest.raises(PipelineError, match="one device"):
         pipeline_search(small_transformer, Machine.preset("dgx-a100", devices_per_node=1))
     assert issubclass(PipelineError, PCGError)
