@@ -245,11 +245,24 @@ def test_every_run_of_segments_is_a_plan_of_its_own():
     middle = plans.span(1, 3)
     merged = Segment(1, segments[1].nodes + segments[2].nodes, segments[1].entry, segments[2].exit)
     assert_equivalent(middle, segment_pcg(g, merged), compare="logical")
-    # Joined at the cut without gathering the batch there and splitting it again.
-    combines = sum(n.op == "combine" for n in middle.nodes)
-    assert combines <= sum(n.op == "combine" for n in plans.span(1, 2).nodes)
     with pytest.raises(PCGError, match="segments 3 to 4: the model has segments 0 to 3"):
         plans.span(3, 5)
+
+
+def test_a_run_of_segments_keeps_the_layout_across_its_cuts():
+    """Where splitting the batch pays, each segment alone gathers its exit; two joined keep
+    the split across the cut between them (a Combine then the same Partition cancel)."""
+    g = chain(8, batch=4096, width=1024)
+    segments = split_segments(g, 4)
+    plans = segment_plans(
+        g, TWO_GPUS, segments, seeds=[data_parallel(g, TWO_GPUS)], saturate_s=8, extract_s=4
+    )
+
+    def combines(plan):
+        return sum(n.op == "combine" for n in plan.nodes)
+
+    alone = [combines(plans.span(k, k + 1)) for k in (1, 2)]
+    assert min(alone) >= 1 and combines(plans.span(1, 3)) < sum(alone)
 
 
 def test_a_graph_without_two_big_segments_is_not_split():
