@@ -782,7 +782,58 @@ def pipeline_search(
     Raises :class:`~pcgopt.extract.costmodel.pipeline.PipelineError` when nothing can be
     scheduled (one device, no batch split that fits the counts), when no plan can be faster
     than ``faster_than_s``, or when micro-batches would change what the model computes
-    (checked on the plan found, before it is returned)."""
+    (checked before the search when every stage count tried is above 1, else on the plan
+    found)."""
+    _check_options(schedule, optimizer, min_stages, time_budget_s, faster_than_s, strategies)
+    stage_counts = _positive_ints(stage_counts, "stage_counts")
+    micro_batches = _positive_ints(micro_batches, "micro_batches")
+    segments = split_segments(pcg) if min_ops is None else split_segments(pcg, min_ops)
+    _, level = _stage_level(machine)
+    counts = _stage_counts(level, len(segments), min_stages, stage_counts)
+    if strategies is not None:
+        _check_stage_plan_names(strategies, machine)
+    # Every plan of several stages runs micro-batches: a model they would change is refused
+    # before the search, not after it.
+    checked = min(counts) > 1
+    if checked:
+        _check_micro_batches(pcg)
+    batch = batch_size(pcg)
+    tried = _candidates(counts, batch, micro_batches, level.count)
+    costs = _Costs(pcg, machine, segments, optimizer, runtime)
+    deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
+    costs.deadline = deadline
+    ranked = _ranked_cuts(costs, tried, strategies, schedule, machine.device.memory_bytes)
+    if ranked is None:
+        raise PipelineError(
+            f"the time limit ({time_budget_s:.3g} s) ran out before a pipelined plan was costed"
+        )
+    beat = math.inf if faster_than_s is None else float(faster_than_s)
+    found, given_up = _costed_in_full(costs, ranked, schedule, deadline, beat)
+    if ranked and faster_than_s is not None:
+        found = _faster_than(found, ranked, beat, given_up)
+    if not found:
+        raise _nothing_costed(machine, strategies, counts, tried, batch)
+    fitting = [p for p in found if p.feasible]
+    chosen = (
+        min(fitting, key=lambda p: p.time_s)
+        if fitting
+        else min(found, key=lambda p: p.memory_bytes)
+    )
+    if not checked and (chosen.micro_batches > 1 or len(chosen.stages) > 1):
+        _check_micro_batches(pcg)
+    return chosen
+
+
+def _check_options(
+    schedule: str,
+    optimizer: str,
+    min_stages: int,
+    time_budget_s: float | None,
+    faster_than_s: float | None,
+    strategies: Sequence[str] | None,
+) -> None:
+    """Raises :class:`PipelineError` naming the first of :func:`pipeline_search`'s options
+    that is not valid."""
     if schedule not in SCHEDULES:
         raise PipelineError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
     if optimizer not in OPTIMIZERS:
@@ -797,62 +848,65 @@ def pipeline_search(
         raise PipelineError(
             f"faster_than_s must be a number of seconds > 0 or None, got {faster_than_s!r}"
         )
-    stage_counts = _positive_ints(stage_counts, "stage_counts")
-    micro_batches = _positive_ints(micro_batches, "micro_batches")
     if strategies is not None and (isinstance(strategies, str) or not strategies):
         raise PipelineError(
             f"strategies must be a non-empty sequence of stage plan names, got {strategies!r}"
         )
-    segments = split_segments(pcg) if min_ops is None else split_segments(pcg, min_ops)
-    _, level = _stage_level(machine)
-    most = min(level.count, len(segments))
-    counts = list(range(min_stages, most + 1))
-    if stage_counts is not None:
-        bad = [s for s in stage_counts if s > most]
+
+
+def _stage_counts(
+    level: Any, segments: int, min_stages: int, asked: Sequence[int] | None
+) -> list[int]:
+    """The stage counts to try: ``asked``, or every count from ``min_stages`` on; each at most
+    the stage level's units and the ``segments`` (a clear error otherwise)."""
+    most = min(level.count, segments)
+    if asked is not None:
+        bad = [s for s in asked if s > most]
         if bad:
             raise PipelineError(
                 f"stage count(s) {bad} not possible: each stage takes at least one of the "
-                f"{level.count} {level.name}s and one of the {len(segments)} segment(s); "
+                f"{level.count} {level.name}s and one of the {segments} segment(s); "
                 f"possible: 1 to {most}"
             )
-        counts = list(stage_counts)
+        return list(asked)
+    counts = list(range(min_stages, most + 1))
     if not counts:
         raise PipelineError(
             f"no stage count of at least {min_stages} is possible: each stage takes at least "
-            f"one of the {level.count} {level.name}s and one of the {len(segments)} "
+            f"one of the {level.count} {level.name}s and one of the {segments} "
             f"segment(s); possible: 1 to {most}"
         )
-    if strategies is not None:
-        # Any block's: a stage of 3 of 8 nodes runs tensor degrees that do not divide 8.
-        per_unit = machine.num_devices // level.count
-        known = {
-            name: None
-            for units in range(1, level.count + 1)
-            for name in stage_strategies(units * per_unit, layer_wise=True, egraph=True)
-        }
-        unknown = [name for name in strategies if name not in known]
-        if unknown:
-            raise PipelineError(
-                f"unknown stage plan(s) {unknown}; on this machine: {', '.join(known)}"
-            )
-    # Every plan of several stages runs micro-batches: a model they would change is refused
-    # before the search, not after it.
-    checked = min(counts) > 1
-    if checked:
-        _check_micro_batches(pcg)
-    batch = batch_size(pcg)
-    costs = _Costs(pcg, machine, segments, optimizer, runtime)
-    capacity = machine.device.memory_bytes
-    deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
+    return counts
+
+
+def _check_stage_plan_names(strategies: Sequence[str], machine: Machine) -> None:
+    """Raises :class:`PipelineError` naming the stage plans no block of ``machine`` runs."""
+    _, level = _stage_level(machine)
+    # Any block's: a stage of 3 of 8 nodes runs tensor degrees that do not divide 8.
+    per_unit = machine.num_devices // level.count
+    known = {
+        name: None
+        for units in range(1, level.count + 1)
+        for name in stage_strategies(units * per_unit, layer_wise=True, egraph=True)
+    }
+    unknown = [name for name in strategies if name not in known]
+    if unknown:
+        raise PipelineError(f"unknown stage plan(s) {unknown}; on this machine: {', '.join(known)}")
+
+
+def _candidates(
+    counts: Sequence[int], batch: int, micro_batches: Sequence[int] | None, units: int
+) -> list[tuple[int, int, tuple[int, ...]]]:
+    """Every (stage count, micro-batch count, blocks) to search, the likeliest first (what a
+    time limit reaches): equal blocks before blocks of two sizes, every stage count at about
+    :data:`TYPICAL_MICRO_BATCHES_PER_STAGE` micro-batches per stage (a bubble of about a
+    fifth), then further from it."""
     tried = [
         (count, micro, blocks)
         for count in counts
         for micro in (micro_batch_counts(batch, count) if micro_batches is None else micro_batches)
-        for blocks in stage_blocks(level.count, count)
+        for blocks in stage_blocks(units, count)
     ]
-    # Under a time limit the likeliest first: equal blocks before blocks of two sizes, every
-    # stage count at about 4 micro-batches per stage (a bubble of about a fifth), then further
-    # from it.
     tried.sort(
         key=lambda t: (
             len(set(t[2])) > 1,
@@ -860,41 +914,32 @@ def pipeline_search(
             t,
         )
     )
-    costs.deadline = deadline
-    ranked = _ranked_cuts(costs, tried, strategies, schedule, capacity)
-    if ranked is None:
-        raise PipelineError(
-            f"the time limit ({time_budget_s:.3g} s) ran out before a pipelined plan was costed"
-        )
-    beat = math.inf if faster_than_s is None else float(faster_than_s)
-    found, given_up = _costed_in_full(costs, ranked, schedule, deadline, beat)
-    if ranked and faster_than_s is not None:
-        found = _faster_than(found, ranked, beat, given_up)
-    if not found:
-        allowed = "" if strategies is None else f" with stage plans {list(strategies)}"
-        tried_counts = {t[0] for t in tried}
-        unbatched = [c for c in counts if c not in tried_counts]
-        why = (
-            f"; no micro-batch count for {unbatched} stage(s) divides the batch of {batch} "
-            "(the stages times a power of two, or a power of two from the stages on)"
-            if unbatched
-            else ""
-        )
-        raise PipelineError(
-            f"no pipelined plan of the model on {machine.name!r}{allowed}: no stage count, "
-            "micro-batch count and stage plan could be costed (the batch must divide by the "
-            "micro-batches and each stage's data-parallel degree, and a stage plan must fit its "
-            f"block){why}"
-        )
-    fitting = [p for p in found if p.feasible]
-    chosen = (
-        min(fitting, key=lambda p: p.time_s)
-        if fitting
-        else min(found, key=lambda p: p.memory_bytes)
+    return tried
+
+
+def _nothing_costed(
+    machine: Machine,
+    strategies: Sequence[str] | None,
+    counts: Sequence[int],
+    tried: Sequence[tuple[int, int, tuple[int, ...]]],
+    batch: int,
+) -> PipelineError:
+    """Why no candidate could be costed, naming the stage counts no micro-batch count fits."""
+    allowed = "" if strategies is None else f" with stage plans {list(strategies)}"
+    tried_counts = {t[0] for t in tried}
+    unbatched = [c for c in counts if c not in tried_counts]
+    why = (
+        f"; no micro-batch count for {unbatched} stage(s) divides the batch of {batch} "
+        "(the stages times a power of two, or a power of two from the stages on)"
+        if unbatched
+        else ""
     )
-    if not checked and (chosen.micro_batches > 1 or len(chosen.stages) > 1):
-        _check_micro_batches(pcg)
-    return chosen
+    return PipelineError(
+        f"no pipelined plan of the model on {machine.name!r}{allowed}: no stage count, "
+        "micro-batch count and stage plan could be costed (the batch must divide by the "
+        "micro-batches and each stage's data-parallel degree, and a stage plan must fit its "
+        f"block){why}"
+    )
 
 
 def _is_seconds(value: object, in_range: Callable[[float], bool]) -> bool:
