@@ -22,6 +22,7 @@ from __future__ import annotations
 import enum
 import itertools
 import math
+import operator
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -663,25 +664,40 @@ def evaluate_parallel(
         *range(n_partial),
         *(n_partial + k for k, a in enumerate(split_axes) if a.kind is AxisKind.REDUCE),
     ]
-    sum_grid = [len(ranges[t]) for t in sum_axes]
-    datas = [(x.data, x.shape.rank) for x in inputs]
+    sum_grid = list(zip([len(ranges[t]) for t in sum_axes], sum_axes, strict=True))
+    # Every block's index as items of the task extended by a 0 and its output partial-sum
+    # index (``ext`` below), fetched by one itemgetter: the loop runs once per task.
+    zero, summed = len(ranges), len(ranges) + 1
+    in_index = []
+    for x, s, dims in zip(inputs, in_sum, in_dims, strict=True):
+        items = [zero if s is None else s] + [zero] * x.shape.rank
+        for d, k in dims:
+            items[1 + d] = n_partial + k
+        in_index.append((x.data, _items_getter(items)))
+    out_index = []
+    for o, out_shape in enumerate(outputs):
+        items = [summed] + [zero] * out_shape.rank
+        for d, k in out_dims[o]:
+            items[1 + d] = n_partial + k
+        out_index.append(_items_getter(items))
+    # Most operators compute a block as they compute a whole tensor: no context to build.
+    positioned = type(op).local is not ComputeOp.local
     for task in itertools.product(*ranges):
-        a_idx = task[n_partial:]
-        blocks = []
-        for (data, rank), s, dims in zip(datas, in_sum, in_dims, strict=True):
-            blk = [0] * rank
-            for d, k in dims:
-                blk[d] = a_idx[k]
-            blocks.append(data[(0 if s is None else task[s], *blk)])
-        ctx = LocalContext(
-            {name: k * step for name, k, step in zip(names, a_idx, steps, strict=True)},
-            ctx_sizes,
-            global_in_sizes,
-        )
-        local_out = op.local(params, ctx, *blocks)
         sum_index = 0
-        for g, t in zip(sum_grid, sum_axes, strict=True):
+        for g, t in sum_grid:
             sum_index = sum_index * g + task[t]
+        ext = (*task, 0, sum_index)
+        blocks = [data[index(ext)] for data, index in in_index]
+        if positioned:
+            a_idx = task[n_partial:]
+            ctx = LocalContext(
+                {name: k * step for name, k, step in zip(names, a_idx, steps, strict=True)},
+                ctx_sizes,
+                global_in_sizes,
+            )
+            local_out = op.local(params, ctx, *blocks)
+        else:
+            local_out = op.reference(params, *blocks)
         for o, (val, sizes) in enumerate(zip(local_out, ctx_sizes, strict=True)):
             val = np.asarray(val)
             if val.shape != sizes:
@@ -695,11 +711,14 @@ def evaluate_parallel(
                 results[o] = np.zeros(
                     (out_shape.sum_degree, *out_shape.degrees, *sizes), dtype=val.dtype
                 )
-            blk = [0] * len(sizes)
-            for d, k in out_dims[o]:
-                blk[d] = a_idx[k]
-            results[o][(sum_index, *blk)] = val
+            results[o][out_index[o](ext)] = val
     return tuple(ShardedArray(s, r) for s, r in zip(outputs, results, strict=True))
+
+
+def _items_getter(items: list[int]) -> Callable[[tuple[int, ...]], tuple[int, ...]]:
+    """The tuple of ``items`` of a tuple (a tuple even for one item, as an index must be)."""
+    get = operator.itemgetter(*items)
+    return get if len(items) > 1 else lambda t: (get(t),)
 
 
 def _evaluate_micro_batches(
