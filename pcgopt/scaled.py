@@ -368,23 +368,52 @@ class _Problem:
         full = max((self.full[k] for k in self.full if find(k) in free), default=0)
         spatial = {find(k) for k in self.windows | self.window_outputs}
         step = math.lcm(*(d for k, d in self.degree.items() if find(k) in spatial))
-        lo, hi = self.min_size - 1, step * math.ceil(self.min_size / step)
-        while hi < full:
+        # The search asks only whether the sizes hold (a failure is found there, in
+        # milliseconds; rebuilding the graphs takes a fraction of a second), then builds the
+        # size found; should that fail to build, the search is made again building each size.
+        for build in (False, True):
+            found = self._smallest_window(self.min_size, step, full, build)
+            if found is None:
+                return best
             try:
-                best = self._attempt(window_size=hi)
-                break
+                return found if build else self._attempt(window_size=found)
             except PCGError:
-                lo, hi = hi, hi * 2
+                continue
+        return best
+
+    def _smallest_window(
+        self, start: int, step: int, full: int, build: bool
+    ) -> ScaledDown | int | None:
+        """The smallest size of the windowed classes under which the graphs build (``build``:
+        the instance built) or their sizes hold (else: the size), doubling from ``start`` in
+        multiples of ``step`` and bisecting below the first that does; None if only the full
+        size does."""
+
+        def works(size: int) -> ScaledDown | int | None:
+            try:
+                built = self._attempt(window_size=size, build=build)
+            except PCGError:
+                return None
+            return built if build else size
+
+        lo, hi = start - 1, step * math.ceil(start / step)
+        found = None
+        while hi < full:
+            found = works(hi)
+            if found is not None:
+                break
+            lo, hi = hi, hi * 2
         else:
-            hi = full  # the full size builds (best): bisect below it
+            hi = full  # the full size builds: bisect below it
         lo += 1  # the last size that failed, or none
         while lo < hi:
             mid = (lo + hi) // 2
-            try:
-                best, hi = self._attempt(window_size=mid), mid
-            except PCGError:
+            at = works(mid)
+            if at is None:
                 lo = mid + 1
-        return best
+            else:
+                found, hi = at, mid
+        return found
 
     def _rebuilding(self) -> ScaledDown:
         for _ in range(self.max_rebuilds + 1):
@@ -422,9 +451,10 @@ class _Problem:
                         self.classes.union(a, b)
                         changed = True
 
-    def _attempt(self, window_size: int | None = None) -> ScaledDown:
+    def _attempt(self, window_size: int | None = None, build: bool = True) -> ScaledDown | None:
         """One instance: every free class at its smallest size, the classes of dimensions
-        windows slide along at ``window_size`` (None: their full size), the rest derived."""
+        windows slide along at ``window_size`` (None: their full size), the rest derived.
+        ``build=False``: only checks the sizes (raising as the build would), returning None."""
         find = self.classes.__getitem__
         frozen_roots = {find(k) for k in self.frozen}
         # A product's factors keep their sizes where the product must ([H] -> [heads, dh] of
@@ -507,6 +537,8 @@ class _Problem:
                     node=name,
                 )
         bounds = self._index_bounds(size)
+        if not build:
+            return None
         rebuilt = tuple(self._rebuild(g, pcg, size, bounds) for g, pcg in enumerate(self.pcgs))
         pairs = sorted(
             {(self.full[k], size(k)) for k in self.full if size(k) != self.full[k]},

@@ -363,6 +363,28 @@ def test_windows_bisect_below_the_full_size_when_doubling_reaches_it():
     assert pcg.shape("image").sizes[2:] == (5, 5)
 
 
+def test_a_window_size_whose_sizes_hold_but_whose_graphs_do_not_build_is_passed_over(
+    monkeypatch,
+):
+    # The search for the least window size asks only whether the sizes hold, then builds the
+    # size found; if that build fails, it searches again building each size.
+    from pcgopt import scaled
+
+    attempt = scaled._Problem._attempt
+
+    def fails_to_build_5(self, window_size=None, build=True):
+        if build and window_size == 5:
+            raise ScaleDownError("rebuilt graphs rejected (injected)")
+        return attempt(self, window_size, build)
+
+    monkeypatch.setattr(scaled._Problem, "_attempt", fails_to_build_5)
+    b = PCGBuilder()
+    x = b.input((16, 8, 8, 8), name="image")
+    model = b.build(b.conv2d(x, b.weight((8, 8, 5, 5), name="w"), name="conv"))
+    (pcg,) = scaled_down(model, min_size=2).pcgs
+    assert pcg.shape("image").sizes[2:] == (6, 6)
+
+
 def test_a_reshape_that_moves_the_heads_into_the_batch_shrinks_with_them():
     # PyTorch's attention: [S, B, H] -> [S, B * heads, H / heads], and back. The run moves the
     # factor heads from one dimension to the other; heads is no tensor's dimension, yet both

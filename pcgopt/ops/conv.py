@@ -6,7 +6,7 @@ import math
 from typing import Any
 
 import numpy as np
-from numpy.lib.stride_tricks import sliding_window_view
+from numpy.lib.stride_tricks import as_strided
 
 from pcgopt.errors import ShapeError
 from pcgopt.ops.arrays import is_concrete
@@ -71,8 +71,16 @@ def _windows(
         n, c, h, w = x.shape
         xp = np.full((n, c, h + 2 * ph, w + 2 * pw), fill, dtype=x.dtype)
         xp[:, :, ph : ph + h, pw : pw + w] = x
-    span = (dh * (kh - 1) + 1, dw * (kw - 1) + 1)
-    return sliding_window_view(xp, span, axis=(2, 3))[:, :, ::sh, ::sw, ::dh, ::dw]
+    # The strided view numpy's sliding_window_view(...)[..., ::sh, ::sw, ::dh, ::dw] makes,
+    # built at once: its checks cost more than the convolution on the evaluator's small blocks.
+    n, c, hp, wp = xp.shape
+    oh, ow = (hp - dh * (kh - 1) - 1) // sh + 1, (wp - dw * (kw - 1) - 1) // sw + 1
+    if oh < 1 or ow < 1:
+        raise ValueError(f"a {kh}x{kw} kernel does not fit a padded input of {hp}x{wp}")
+    s0, s1, s2, s3 = xp.strides
+    return as_strided(
+        xp, (n, c, oh, ow, kh, kw), (s0, s1, s2 * sh, s3 * sw, s2 * dh, s3 * dw), writeable=False
+    )
 
 
 def dilated_kernel(params, kernel: tuple[int, int]) -> tuple[int, int]:
