@@ -513,28 +513,33 @@ def _rank(cost: CostBreakdown) -> tuple[bool, float]:
 
 
 #: How long the check takes, predicted before the search so that the phases leave it the time
-#: (:func:`check_seconds`): per plan node, per task of the parallel evaluator (one per shard
-#: and partial sum of a node's output), and per task of a windowed operator (its numpy
-#: windows cost more per call). Fitted to the check of the data-parallel and Megatron plans of
-#: six zoo models on 16 and 64 GPUs (0.02-2.7 s) and rounded up: the constants predict 0.71-2.2x
-#: of each measured time; plans have 1.4-1.7 nodes per model node.
-CHECK_SECONDS_PER_NODE = 0.5e-3
-CHECK_SECONDS_PER_TASK = 15e-6
-CHECK_SECONDS_PER_WINDOWED_TASK = 0.12e-3
-PLAN_NODES_PER_MODEL_NODE = 1.4
+#: (:func:`check_seconds`): per model node and per windowed node (a convolution or pooling,
+#: whose smallest image size is searched) for scaling the pair down, and per task of the
+#: parallel evaluator (one per device a node runs on) and per task of a windowed operator
+#: (numpy windows cost more per call). Fitted to the checks of the data-parallel and Megatron
+#: plans of eight zoo models on 16 and 64 GPUs (0.02-3.6 s; ``python bench/check_time.py``)
+#: and raised by a third: they predict 0.91-1.75x of each measured time.
+CHECK_SECONDS_PER_NODE = 1.3e-3
+CHECK_SECONDS_PER_WINDOWED_NODE = 9e-3
+CHECK_SECONDS_PER_TASK = 17e-6
+CHECK_SECONDS_PER_WINDOWED_TASK = 58e-6
 _WINDOWED_OPS = frozenset({"conv2d", "pool2d", "batch_norm"})
+_WINDOW_SEARCH_OPS = frozenset({"conv2d", "pool2d"})
 
 
 def check_seconds(pcg: PCG, machine: Machine) -> float:
     """The predicted time of checking a plan of ``pcg`` on ``machine`` (every node on every
     device, as a data-parallel plan would), from the constants above."""
     windowed = sum(n.op in _WINDOWED_OPS for n in pcg.nodes)
+    searched = sum(n.op in _WINDOW_SEARCH_OPS for n in pcg.nodes)
     per_device = (
         windowed * CHECK_SECONDS_PER_WINDOWED_TASK
         + (len(pcg.nodes) - windowed) * CHECK_SECONDS_PER_TASK
     )
-    return PLAN_NODES_PER_MODEL_NODE * (
-        len(pcg.nodes) * CHECK_SECONDS_PER_NODE + machine.num_devices * per_device
+    return (
+        len(pcg.nodes) * CHECK_SECONDS_PER_NODE
+        + searched * CHECK_SECONDS_PER_WINDOWED_NODE
+        + machine.num_devices * per_device
     )
 
 
