@@ -37,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 import egglog.bindings as egg
 
+from pcgopt.egraph import rule_cache
 from pcgopt.egraph.export import EGraphData, export
 from pcgopt.egraph.language import (
     EGraphError,
@@ -328,9 +329,15 @@ def _header(lang: Language) -> str:
 class _Base:
     """An egglog e-graph holding the declarations and the rules, reused by pushing and popping."""
 
-    def __init__(self, lang: Language, rules: Sequence[Rule]) -> None:
+    def __init__(
+        self,
+        lang: Language,
+        rules: Sequence[Rule],
+        translated: tuple[list[TranslatedRule], list[tuple[str, str, str]]] | None = None,
+    ) -> None:
+        """``translated``: ``rules`` translated already (:mod:`pcgopt.egraph.rule_cache`)."""
         self.lang = lang
-        ok, skipped = _translate(lang, rules)
+        ok, skipped = _translate(lang, rules) if translated is None else translated
         self.rules = tuple(ok)
         self.untranslated = tuple(skipped)
         self.egraph = egg.EGraph()
@@ -403,14 +410,25 @@ def _computes_low_rank_data(pcg: PCG) -> bool:
 def _load_shipped_base(presets: tuple[str, ...]) -> _Base:
     from pcgopt.rules import SHIPPED, load
 
-    rules: list[Rule] = []
     for p in presets:
         name, slash, part = p.partition("/")
         if slash and slash + part != WITHOUT_ALGEBRA:
             raise ValueError(f"unknown selection {p!r} of a shipped rule file")
+    # The translation is the same for the same files and the same pcgopt: read from the
+    # cache when a process has made it before (seconds saved; rule_cache's docstring).
+    key = rule_cache.translation_key(presets, [SHIPPED[p.partition("/")[0]] for p in presets])
+    cached = rule_cache.read(key)
+    if cached is not None:
+        return _Base(language(), (), cached)
+    rules: list[Rule] = []
+    for p in presets:
+        name, slash, _ = p.partition("/")
         loaded = load(SHIPPED[name])
         rules += [r for r in loaded if rule_kind(r) != "algebraic"] if slash else loaded
-    return _Base(language(), rules)
+    lang = language()
+    translated = _translate(lang, rules)
+    rule_cache.write(key, *translated)
+    return _Base(lang, rules, translated)
 
 
 def _serves(loaded: tuple[str, ...], wanted: tuple[str, ...]) -> bool:

@@ -1,4 +1,7 @@
+import atexit
 import os
+import shutil
+import tempfile
 
 from hypothesis import HealthCheck, settings
 
@@ -12,6 +15,13 @@ if "xla_backend_optimization_level" not in os.environ["XLA_FLAGS"]:
     os.environ["XLA_FLAGS"] += (
         " --xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
     )
+
+# The shipped rules' translation (pcgopt.egraph.rule_cache) cached for this run only, in a
+# directory of its own: the tests' child processes read what the first one wrote, and nothing
+# is left in the user's cache.
+if "PCGOPT_CACHE_DIR" not in os.environ:
+    os.environ["PCGOPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="pcgopt-test-cache-")
+    atexit.register(shutil.rmtree, os.environ["PCGOPT_CACHE_DIR"], ignore_errors=True)
 
 # "ci": the default profile, sized so the whole suite stays within minutes on 2 cores.
 # "thorough": many more examples, for a long local run (HYPOTHESIS_PROFILE=thorough).
