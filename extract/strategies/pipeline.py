@@ -9,7 +9,10 @@ The machine's stage unit is its outermost level with more than one unit (a node 
 stage gets a block of whole units, consecutive ones (:func:`stage_blocks`): with ``S`` stages on
 ``N`` units, ``N/S`` each where ``S`` divides ``N``; otherwise ``N mod S`` blocks of ``q + 1`` units
 and the rest of ``q = floor(N/S)``, the larger ones first or last (both tried), as balanced as whole
-units allow. Stage ``s`` hands its output to the next stage over the link between them. A stage
+units allow; asked for (``blocks="free"``), also blocks the search chooses, as Alpa's
+inter-operator pass chooses its submeshes (:class:`FreeBlocks`: any sizes of
+:func:`free_block_sizes` that take all the units). Stage ``s`` hands its output to the next
+stage over the link between them. A stage
 reads its entry from the previous stage and sends back its gradient, so its entry needs a gradient
 (``iteration_cost(..., grad_inputs=...)``: it arrives in the layout the stage reads it in, and its
 gradient goes back so, summed over the copies of a replicated entry); what it hands on goes by the
@@ -53,8 +56,11 @@ synchronization (which runs once per iteration, not per micro-batch): ``sum_s (F
 P_s) + (M - 1) max_s (F_s + B_s)`` (for 2BW, ``M max_s (F_s + B_s)``), every stage fitting in
 memory. The maximum is handled as Alpa's inter-operator pass does: for each bound ``T`` on a
 stage's ``F + B``, the cheapest sum with every stage within ``T``, plus ``(M - 1) T``; the least
-over ``T`` is the optimum. The ``(S, M)`` candidates are then costed in full, every stage as one
-PCG cut into the ``M`` micro-batches (Unity's Pipeline and Batch operators,
+over ``T`` is the optimum. With free blocks the program's state also holds the units left,
+and each stage picks its block size too; it prices a transfer over the sending block, the
+full costing over the smaller of the two (only the :data:`FREE_BLOCKS_REFINED` best ``(S,
+M)`` on balanced blocks get free ones). The candidates are then costed in full, every stage as
+one PCG cut into the ``M`` micro-batches (Unity's Pipeline and Batch operators,
 :func:`pcgopt.with_micro_batches`: :attr:`Stage.micro_batched`), by the event schedule with
 its synchronizations (:func:`~pcgopt.extract.costmodel.pipeline.pipeline_time`), in the order
 of their objectives, skipping those whose lower bound (the bottleneck stage's ``M (F + B)``
@@ -115,10 +121,13 @@ if TYPE_CHECKING:
     from pcgopt.extract.search.splitting import SegmentPlans
 
 __all__ = [
+    "BLOCKS",
     "EGRAPH",
     "LAYER_WISE",
+    "FreeBlocks",
     "PipelinePlan",
     "Stage",
+    "free_block_sizes",
     "micro_batch_counts",
     "pipeline_search",
     "stage_blocks",
@@ -127,6 +136,9 @@ __all__ = [
 ]
 
 StageStrategy = Callable[[PCG, Machine], PCG]
+
+#: How the stages' blocks are chosen (:func:`pipeline_search`'s ``blocks``).
+BLOCKS = ("balanced", "free")
 
 #: The micro-batches per stage a time-limited search tries first (1F1B's bubble is then
 #: (S - 1) / (M + S - 1), about a fifth).
@@ -711,12 +723,8 @@ def _best_cuts(
     ``M`` times the bottleneck (the sum only breaks ties). Returns the objective and the stages as
     ``(first, stop, r)``, or None when no cut fits."""
     n = busy.shape[1] - 1
-    bounds = np.unique(busy[np.isfinite(busy)])
-    summed, weight = (0.0, micro) if schedule == "2bw" else (1.0, micro - 1)
-    best: tuple[float, list[tuple[int, int, int]]] | None = None
-    for bound in bounds:
-        if best is not None and weight * bound >= best[0]:
-            break  # every later bound costs more in its last term alone
+
+    def solve(bound: float) -> tuple[float, list[tuple[int, int, int]]] | None:
         f = np.full((stages + 1, n + 1), math.inf)
         choice = np.zeros((stages + 1, n + 1), dtype=int)
         f[0, n] = 0.0
@@ -726,16 +734,101 @@ def _best_cuts(
             choice[r] = np.argmin(total, axis=1)
             f[r] = total[np.arange(n + 1), choice[r]]
         if not math.isfinite(f[stages, 0]):
-            continue  # no cut keeps every stage within this bound
-        value = summed * f[stages, 0] + weight * bound
+            return None  # no cut keeps every stage within this bound
+        cuts, i = [], 0
+        for r in range(stages, 0, -1):
+            j = int(choice[r, i])
+            cuts.append((i, j, r))
+            i = j
+        return float(f[stages, 0]), cuts
+
+    return _least_over_bounds(np.unique(busy[np.isfinite(busy)]), solve, micro, schedule)
+
+
+def _least_over_bounds(
+    bounds: np.ndarray,
+    solve: Callable[[float], tuple[float, Any] | None],
+    micro: int,
+    schedule: str,
+) -> tuple[float, Any] | None:
+    """Alpa's loop over the bound ``T`` on every stage's ``F + B`` (module docstring): the least
+    ``summed * sum + weight * T`` over the sorted ``bounds``, where ``solve(T)`` gives the least
+    sum with every stage within ``T`` and what achieves it (None: no stage set within ``T``).
+    A larger bound allows more, so the least bound that can be met is found by bisection; the
+    loop stops once ``weight * T`` alone reaches the best found. Returns the objective and what
+    ``solve`` returned with it, or None."""
+    summed, weight = (0.0, micro) if schedule == "2bw" else (1.0, micro - 1)
+    loosest = solve(float(bounds[-1])) if len(bounds) else None
+    if loosest is None:
+        return None
+    if weight == 0:  # the sum alone: the loosest bound allows every choice
+        return summed * loosest[0], loosest[1]
+    lo, hi = 0, len(bounds) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if solve(float(bounds[mid])) is None:
+            lo = mid + 1
+        else:
+            hi = mid
+    best: tuple[float, Any] | None = None
+    for bound in bounds[lo:]:
+        if best is not None and weight * bound >= best[0]:
+            break  # every later bound costs more in its last term alone
+        found = solve(float(bound))
+        if found is None:
+            continue
+        value = summed * found[0] + weight * float(bound)
         if math.isfinite(value) and (best is None or value < best[0]):
-            cuts, i = [], 0
-            for r in range(stages, 0, -1):
-                j = int(choice[r, i])
-                cuts.append((i, j, r))
-                i = j
-            best = (float(value), cuts)
+            best = (float(value), found[1])
     return best
+
+
+def _best_free_cuts(
+    busy: np.ndarray,
+    send: np.ndarray,
+    sizes: Sequence[int],
+    units: int,
+    stages: int,
+    micro: int,
+    schedule: str = "1f1b",
+) -> tuple[float, tuple[list[tuple[int, int, int]], list[int]]] | None:
+    """:func:`_best_cuts` with each stage's block chosen too, as Alpa's inter-operator pass
+    chooses its submeshes: ``busy[k][r][i, j]`` and ``send[k][r, j]`` as there for a block of
+    ``sizes[k]`` units; the blocks take all ``units``. Returns the objective and the stages
+    ``(first, stop, r)`` with their blocks in order, or None when none fits."""
+    n = busy.shape[-1] - 1
+
+    def solve(bound: float) -> tuple[float, tuple[list[tuple[int, int, int]], list[int]]] | None:
+        # f[r][i, u]: the least sum of the last r stages, from segment i on, on u units.
+        f = np.full((stages + 1, n + 1, units + 1), math.inf)
+        f[0, n, 0] = 0.0
+        pick_j = np.zeros((stages + 1, n + 1, units + 1), dtype=int)
+        pick_k = np.zeros((stages + 1, n + 1, units + 1), dtype=int)
+        for r in range(1, stages + 1):
+            least = np.full((n + 1, units + 1), math.inf)
+            for k, b in enumerate(sizes):
+                c = np.where(busy[k, r] <= bound, busy[k, r] + send[k, r][None, :], math.inf)
+                after = np.full((n + 1, units + 1), math.inf)  # after[j, u]: f[r-1][j, u - b]
+                after[:, b:] = f[r - 1][:, : units + 1 - b]
+                total = c[:, :, None] + after[None, :, :]  # [i, j, u]
+                j = np.argmin(total, axis=1)
+                value = np.take_along_axis(total, j[:, None, :], axis=1)[:, 0, :]
+                better = value < least
+                least = np.where(better, value, least)
+                pick_j[r] = np.where(better, j, pick_j[r])
+                pick_k[r] = np.where(better, k, pick_k[r])
+            f[r] = least
+        if not math.isfinite(f[stages, 0, units]):
+            return None
+        cuts, blocks, i, u = [], [], 0, units
+        for r in range(stages, 0, -1):
+            j, k = int(pick_j[r, i, u]), int(pick_k[r, i, u])
+            cuts.append((i, j, r))
+            blocks.append(int(sizes[k]))
+            i, u = j, u - int(sizes[k])
+        return float(f[stages, 0, units]), (cuts, blocks)
+
+    return _least_over_bounds(np.unique(busy[np.isfinite(busy)]), solve, micro, schedule)
 
 
 def pipeline_search(
@@ -752,6 +845,7 @@ def pipeline_search(
     time_budget_s: float | None = None,
     min_stages: int = 1,
     faster_than_s: float | None = None,
+    blocks: str = "balanced",
 ) -> PipelinePlan:
     """The fastest pipelined plan of ``pcg`` on ``machine`` that fits (module docstring), or,
     when none fits, the one that needs the least memory.
@@ -778,13 +872,19 @@ def pipeline_search(
     as one stage); ``faster_than_s``: only plans that fit and take less than this many seconds
     per iteration are returned, and only those whose lower bound (the bottleneck stage's
     computation) is under it are costed in full (a caller with a plan that fits has no use for
-    slower ones).
+    slower ones); ``blocks``: ``"balanced"`` (:func:`stage_blocks`) or ``"free"``: also let the
+    dynamic program choose each stage's block, of any size :func:`free_block_sizes` allows,
+    as Alpa's inter-operator pass does, for the :data:`FREE_BLOCKS_REFINED` best stage and
+    micro-batch counts on balanced blocks (more plans costed: more block sizes; tried after
+    the balanced ones).
     Raises :class:`~pcgopt.extract.costmodel.pipeline.PipelineError` when nothing can be
     scheduled (one device, no batch split that fits the counts), when no plan can be faster
     than ``faster_than_s``, or when micro-batches would change what the model computes
     (checked before the search when every stage count tried is above 1, else on the plan
     found)."""
     _check_options(schedule, optimizer, min_stages, time_budget_s, faster_than_s, strategies)
+    if blocks not in BLOCKS:
+        raise PipelineError(f"blocks must be one of {', '.join(BLOCKS)}, got {blocks!r}")
     stage_counts = _positive_ints(stage_counts, "stage_counts")
     micro_batches = _positive_ints(micro_batches, "micro_batches")
     segments = split_segments(pcg) if min_ops is None else split_segments(pcg, min_ops)
@@ -798,7 +898,7 @@ def pipeline_search(
     if checked:
         _check_micro_batches(pcg)
     batch = batch_size(pcg)
-    tried = _candidates(counts, batch, micro_batches, level.count)
+    tried = _candidates(counts, batch, micro_batches, level.count, free=blocks == "free")
     costs = _Costs(pcg, machine, segments, optimizer, runtime)
     deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
     costs.deadline = deadline
@@ -895,23 +995,35 @@ def _check_stage_plan_names(strategies: Sequence[str], machine: Machine) -> None
 
 
 def _candidates(
-    counts: Sequence[int], batch: int, micro_batches: Sequence[int] | None, units: int
-) -> list[tuple[int, int, tuple[int, ...]]]:
+    counts: Sequence[int],
+    batch: int,
+    micro_batches: Sequence[int] | None,
+    units: int,
+    free: bool = False,
+) -> list[tuple[int, int, tuple[int, ...] | FreeBlocks]]:
     """Every (stage count, micro-batch count, blocks) to search, the likeliest first (what a
-    time limit reaches): equal blocks before blocks of two sizes, every stage count at about
-    :data:`TYPICAL_MICRO_BATCHES_PER_STAGE` micro-batches per stage (a bubble of about a
-    fifth), then further from it."""
-    tried = [
-        (count, micro, blocks)
-        for count in counts
-        for micro in (micro_batch_counts(batch, count) if micro_batches is None else micro_batches)
-        for blocks in stage_blocks(units, count)
-    ]
+    time limit reaches): equal blocks before blocks of two sizes, and those before blocks the
+    search chooses (``free``: :class:`FreeBlocks` of every stage count above 1), every stage
+    count at about :data:`TYPICAL_MICRO_BATCHES_PER_STAGE` micro-batches per stage (a bubble
+    of about a fifth), then further from it."""
+    tried: list[tuple[int, int, tuple[int, ...] | FreeBlocks]] = []
+    for count in counts:
+        orders: list[tuple[int, ...] | FreeBlocks] = list(stage_blocks(units, count))
+        if free and count > 1:
+            orders.append(FreeBlocks(count, free_block_sizes(units, count)))
+        micros = micro_batch_counts(batch, count) if micro_batches is None else micro_batches
+        tried += [(count, micro, blocks) for micro in micros for blocks in orders]
+
+    def kind(blocks: tuple[int, ...] | FreeBlocks) -> int:
+        return 2 if isinstance(blocks, FreeBlocks) else int(len(set(blocks)) > 1)
+
     tried.sort(
         key=lambda t: (
-            len(set(t[2])) > 1,
+            kind(t[2]),
             abs(math.log2(t[1] / (TYPICAL_MICRO_BATCHES_PER_STAGE * t[0]))),
-            t,
+            t[0],
+            t[1],
+            () if isinstance(t[2], FreeBlocks) else t[2],
         )
     )
     return tried
@@ -959,8 +1071,22 @@ def _ranked_cuts(
     stage plan names; those found before the costs' deadline, or None if it passed before any
     was."""
     ranked: list[tuple] = []
-    for _, micro, blocks in tried:
-        names = list(dict.fromkeys(name for u in blocks for name in costs.allowed(u, strategies)))
+    # The least objective of each (stage count, micro-batch count) on balanced blocks: free
+    # blocks (tried last) refine only the FREE_BLOCKS_REFINED best of them.
+    balanced: dict[tuple[int, int], float] = {}
+    refined: set[tuple[int, int]] | None = None
+    for count, micro, blocks in tried:
+        free = isinstance(blocks, FreeBlocks)
+        if free:
+            if refined is None:
+                best = sorted(balanced, key=balanced.__getitem__)[:FREE_BLOCKS_REFINED]
+                refined = set(best)
+            if (count, micro) not in refined:
+                if len(refined) >= FREE_BLOCKS_REFINED:
+                    continue
+                refined.add((count, micro))  # too few balanced results: the likeliest next
+        sizes = blocks.sizes if free else blocks
+        names = list(dict.fromkeys(name for u in sizes for name in costs.allowed(u, strategies)))
         if not names:
             continue
         try:
@@ -968,7 +1094,11 @@ def _ranked_cuts(
         except _OutOfTime:
             return ranked or None
         if found_cuts is not None:
-            ranked.append((*found_cuts, blocks, micro, names))
+            objective, cuts, which, bound, chosen = found_cuts
+            ranked.append((objective, cuts, which, bound, chosen, micro, names))
+            if not free:
+                key = (count, micro)
+                balanced[key] = min(balanced.get(key, math.inf), objective)
     return ranked
 
 
@@ -1053,20 +1183,64 @@ def _check_micro_batches(pcg: PCG) -> None:
         raise PipelineError(f"the model cannot run as micro-batches: {why}")
 
 
+@dataclass(frozen=True)
+class FreeBlocks:
+    """Blocks the search chooses itself (Alpa's submeshes): ``stages`` blocks of ``sizes``
+    units each, taking all the stage level's units (:func:`free_block_sizes`)."""
+
+    stages: int
+    sizes: tuple[int, ...]
+
+    def __repr__(self) -> str:
+        return f"FreeBlocks({self.stages} stages of {', '.join(map(str, self.sizes))} units)"
+
+
+#: With free blocks, the (stage count, micro-batch count) pairs whose blocks the dynamic program
+#: chooses: the best of them on balanced blocks (its work grows with the units and the block
+#: sizes: AutoDDL's deep Transformer on 64 nodes took minutes for all of them).
+FREE_BLOCKS_REFINED = 4
+
+#: Up to this many units, a free block may take any number of them (:func:`free_block_sizes`).
+FREE_SIZES_ALL_UP_TO = 16
+
+
+def free_block_sizes(units: int, stages: int) -> tuple[int, ...]:
+    """The block sizes a stage may get when the search chooses the blocks (``blocks="free"``),
+    for ``stages`` stages on ``units`` units: every size on up to :data:`FREE_SIZES_ALL_UP_TO`
+    units; on more, the sizes balanced blocks of some stage count take (``floor(units / s)``
+    and one more) and the powers of two, which keeps the dynamic program's work down. Each
+    leaves a unit to every other stage.
+
+    >>> free_block_sizes(8, 3)
+    (1, 2, 3, 4, 5, 6)
+    >>> free_block_sizes(64, 30)
+    (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 16, 17, 21, 22, 32, 33)
+    """
+    most = units - stages + 1
+    if units <= FREE_SIZES_ALL_UP_TO:
+        return tuple(range(1, most + 1))
+    sizes = {q + extra for s in range(1, units + 1) for q in (units // s,) for extra in (0, 1)}
+    sizes |= {1 << k for k in range(units.bit_length())}
+    return tuple(sorted(b for b in sizes if 1 <= b <= most))
+
+
 def _search_one(
     costs: _Costs,
     names: Sequence[str],
-    blocks: Sequence[int],
+    blocks: Sequence[int] | FreeBlocks,
     micro: int,
     schedule: str,
     capacity: int,
-) -> tuple[float, list[tuple[int, int, int]], np.ndarray, float] | None:
-    """The best cuts for stages on ``blocks`` (the units of each, in order) and ``micro``
-    micro-batches, each stage under one of ``names`` its block can run: the dynamic program's
-    objective, the stages (:func:`_best_cuts`), each stage's strategy by ``[r, first, stop]``
-    (an index into ``names``), and a lower bound of their time under the schedule."""
+) -> tuple[float, list[tuple[int, int, int]], np.ndarray, float, tuple[int, ...]] | None:
+    """The best cuts for stages on ``blocks`` (the units of each, in order, or
+    :class:`FreeBlocks` for the search to choose) and ``micro`` micro-batches, each stage under
+    one of ``names`` its block can run: the dynamic program's objective, the stages
+    (:func:`_best_cuts`), each stage's strategy by ``[r, first, stop]`` (an index into
+    ``names``), a lower bound of their time under the schedule, and the blocks."""
     n = len(costs.segments)
-    count = len(blocks)
+    free = isinstance(blocks, FreeBlocks)
+    count = blocks.stages if free else len(blocks)
+    sizes = blocks.sizes if free else tuple(dict.fromkeys(blocks))
     versions = 2 if schedule == "2bw" else 1
 
     def spans(values: list[list[float]]) -> np.ndarray:
@@ -1085,7 +1259,7 @@ def _search_one(
 
     # Per block size: every strategy's spans (a strategy the block cannot run is impossible).
     spanned: dict[int, tuple[np.ndarray, ...]] = {}
-    for units in dict.fromkeys(blocks):
+    for units in sizes:
         runs = set(costs.allowed(units, names))
         parts = [
             [costs.part(i, name, units, micro) if name in runs else _NO_PART for i in range(n)]
@@ -1099,37 +1273,81 @@ def _search_one(
             ),
             spans([[p.activation_bytes for p in row] for row in parts]),
         )
-    # send[r, j]: both transfers after segment j - 1 when stage r (from the end) ends there,
-    # over the smaller of its block and the next one's.
-    send = np.zeros((count + 1, n + 1))
-    for r in range(2, count + 1):
-        units = min(blocks[count - r], blocks[count - r + 1])
-        for j in range(1, n):
-            send[r, j] = 2 * costs.send_s(j - 1, units, micro)
-    # The cuts that fit; when none does, the fastest regardless of memory (a plan that does
-    # not fit), so that the caller can say what is missing.
-    for limit in (capacity, math.inf):
+
+    def transfers(units_of: Callable[[int], int]) -> np.ndarray:
+        """``[r, j]``: both transfers after segment j - 1 when stage r (from the end) ends
+        there, over ``units_of(r)`` units."""
+        send = np.zeros((count + 1, n + 1))
+        for r in range(2, count + 1):
+            units = units_of(r)
+            for j in range(1, n):
+                send[r, j] = 2 * costs.send_s(j - 1, units, micro)
+        return send
+
+    def least(units: int, limit: float) -> tuple[np.ndarray, np.ndarray]:
+        """Per stage position r: the least ``F + B`` of each span on ``units`` that fits
+        ``limit`` (inf if none), and the strategy that gives it."""
         busy = np.full((count + 1, n + 1, n + 1), math.inf)
         which = np.full((count + 1, n + 1, n + 1), -1, dtype=int)
+        times, _, static, held = spanned[units]
         for r in range(1, count + 1):
-            times, _, static, held = spanned[blocks[count - r]]
             fits = static + min(r, micro) * held <= limit
             ranked = np.where(fits, times, math.inf)
             which[r] = np.argmin(ranked, axis=0)
             busy[r] = np.min(ranked, axis=0)
-        best = _best_cuts(busy, send, count, micro, schedule)
+        return busy, which
+
+    if free:
+        # The dynamic program prices each transfer over the sending block (the plan is costed
+        # over the smaller of the two): at most the transfer's time, so the bound stays one.
+        sends = {b: transfers(lambda r, b=b: b) for b in sizes}
+    else:
+        # Over the smaller of its block and the next one's.
+        fixed_send = transfers(lambda r: min(blocks[count - r], blocks[count - r + 1]))
+    # The cuts that fit; when none does, the fastest regardless of memory (a plan that does
+    # not fit), so that the caller can say what is missing.
+    for limit in (capacity, math.inf):
+        per_size = {b: least(b, limit) for b in sizes}
+        if free:
+            busy = np.stack([per_size[b][0] for b in sizes])
+            send = np.stack([sends[b] for b in sizes])
+            units = _stage_level(costs.machine)[1].count
+            found = _best_free_cuts(busy, send, sizes, units, count, micro, schedule)
+            best = None if found is None else (found[0], *found[1])
+        else:
+            busy = np.full((count + 1, n + 1, n + 1), math.inf)
+            for r in range(1, count + 1):
+                busy[r] = per_size[blocks[count - r]][0][r]
+            found = _best_cuts(busy, fixed_send, count, micro, schedule)
+            best = None if found is None else (found[0], found[1], list(blocks))
         if best is not None:
             break
     if best is None:
         return None
-    objective, cuts = best
+    objective, cuts, chosen_blocks = best
+    chosen_blocks = tuple(chosen_blocks)
+    which = np.full((count + 1, n + 1, n + 1), -1, dtype=int)
+    for s, (i, j, r) in enumerate(cuts):
+        which[r, i, j] = per_size[chosen_blocks[s]][1][r, i, j]
     # A lower bound of the schedule's time with these stages: the bottleneck stage's
     # computation, and (1F1B) the way of the first micro-batch to it and of the last one back
     # (computation alone: the segments' sums of their collectives are not the stage's).
-    stage_busy = [float(spanned[blocks[count - r]][1][which[r][i, j], i, j]) for i, j, r in cuts]
-    sends = [float(send[r, j]) / 2 for _, j, r in cuts]
-    bound = _time_bound(stage_busy, sends, micro, schedule)
-    return objective, cuts, which, bound
+    stage_busy = [
+        float(spanned[chosen_blocks[s]][1][which[r, i, j], i, j])
+        for s, (i, j, r) in enumerate(cuts)
+    ]
+    sends_each = [
+        costs.send_s(j - 1, min(chosen_blocks[s], chosen_blocks[s + 1]), micro)
+        if s < count - 1
+        else 0.0
+        for s, (_, j, _) in enumerate(cuts)
+    ]
+    if free:  # the objective with each transfer over the smaller block
+        times = [float(per_size[chosen_blocks[s]][0][r, i, j]) for s, (i, j, r) in enumerate(cuts)]
+        summed, weight = (0.0, micro) if schedule == "2bw" else (1.0, micro - 1)
+        objective = summed * (sum(times) + 2 * sum(sends_each)) + weight * max(times)
+    bound = _time_bound(stage_busy, sends_each, micro, schedule)
+    return objective, cuts, which, bound, chosen_blocks
 
 
 def _time_bound(

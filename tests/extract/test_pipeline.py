@@ -31,9 +31,12 @@ from pcgopt.extract.search.plan import PlanCheckError, _check_pipeline, saturate
 from pcgopt.extract.strategies.pipeline import (
     EGRAPH,
     LAYER_WISE,
+    FreeBlocks,
     _assemble,
     _best_cuts,
+    _best_free_cuts,
     _time_bound,
+    free_block_sizes,
     micro_batch_counts,
     pipeline_search,
     stage_blocks,
@@ -240,6 +243,77 @@ def test_the_stage_dynamic_program_equals_exhaustive_search(segments, stages, mi
     assert all(a[1] == b[0] for a, b in itertools.pairwise(cuts))
 
 
+def _exhaustive_free(busy, send, sizes, units, stages, micro, schedule) -> float:
+    """Every cut and every order of block sizes taking all the units."""
+    n = busy.shape[-1] - 1
+    summed, weight = (0.0, micro) if schedule == "2bw" else (1.0, micro - 1)
+    best = math.inf
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        bounds = (0, *cuts, n)
+        for ks in itertools.product(range(len(sizes)), repeat=stages):
+            if sum(sizes[k] for k in ks) != units:
+                continue
+            # Stage s is r = stages - s from the end; each pays its transfer on its own block.
+            times = [busy[ks[s], stages - s, bounds[s], bounds[s + 1]] for s in range(stages)]
+            if not all(math.isfinite(t) for t in times):
+                continue
+            sends = [send[ks[s], stages - s, bounds[s + 1]] for s in range(stages - 1)]
+            best = min(best, summed * (sum(times) + sum(sends)) + weight * max(times))
+    return best
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    segments=st.integers(1, 5),
+    stages=st.integers(1, 3),
+    spare=st.integers(0, 3),
+    micro=st.integers(1, 6),
+    schedule=st.sampled_from(["1f1b", "2bw"]),
+    seed=st.integers(0, 2**16),
+)
+def test_the_program_that_chooses_the_blocks_equals_exhaustive_search(
+    segments, stages, spare, micro, schedule, seed
+):
+    stages = min(stages, segments)
+    units = stages + spare
+    rng = np.random.default_rng(seed)
+    # Some sizes may be missing, so that some unit counts cannot be made up.
+    sizes = [b for b in range(1, spare + 2) if b == 1 or rng.random() < 0.7]
+    n = segments
+    busy = np.full((len(sizes), stages + 1, n + 1, n + 1), math.inf)
+    for k, r, i in itertools.product(range(len(sizes)), range(1, stages + 1), range(n)):
+        for j in range(i + 1, n + 1):
+            if rng.random() < 0.85:  # some stages do not fit
+                busy[k, r, i, j] = float(rng.integers(1, 20))
+    send = rng.integers(0, 3, (len(sizes), stages + 1, n + 1)).astype(float)
+    send[:, :, 0] = send[:, :, n] = 0.0
+    found = _best_free_cuts(busy, send, sizes, units, stages, micro, schedule)
+    expected = _exhaustive_free(busy, send, sizes, units, stages, micro, schedule)
+    if math.isinf(expected):
+        assert found is None
+        return
+    value, (cuts, blocks) = found
+    assert value == pytest.approx(expected)
+    assert sum(blocks) == units and all(b in sizes for b in blocks)
+    assert cuts[0][0] == 0 and cuts[-1][1] == n
+    assert [r for _, _, r in cuts] == list(range(stages, 0, -1))
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(cuts))
+    # What it returns is worth what it says.
+    times = [busy[sizes.index(b), r, i, j] for (i, j, r), b in zip(cuts, blocks, strict=True)]
+    sends = [send[sizes.index(b), r, j] for (_, j, r), b in zip(cuts, blocks, strict=True)][:-1]
+    summed, weight = (0.0, micro) if schedule == "2bw" else (1.0, micro - 1)
+    assert summed * (sum(times) + sum(sends)) + weight * max(times) == pytest.approx(value)
+
+
+def test_free_blocks_take_any_size_on_small_machines_and_chosen_sizes_on_large_ones():
+    assert free_block_sizes(8, 3) == (1, 2, 3, 4, 5, 6)
+    assert free_block_sizes(4, 4) == (1,)
+    large = free_block_sizes(64, 4)
+    assert {16, 32, 21, 22, 1, 2} <= set(large) and max(large) <= 61
+    assert 15 not in large  # neither balanced for any stage count nor a power of two
+    assert repr(FreeBlocks(2, (1, 2, 3))) == "FreeBlocks(2 stages of 1, 2, 3 units)"
+
+
 def test_micro_batch_counts_are_multiples_of_the_stages_or_powers_of_two_that_divide_the_batch():
     assert micro_batch_counts(96, 4) == (4, 8, 16, 32)
     assert micro_batch_counts(96, 1) == (1, 2, 4, 8, 16, 32)
@@ -386,7 +460,8 @@ def test_the_search_equals_exhaustive_search_over_cuts_and_stage_plans(
     costs = _Costs(small_transformer, four_nodes, segments, "adam")
     names = list(stage_strategies(4))
     blocks, micro = (2, 1, 1), 4
-    objective, cuts, which, bound = _search_one(costs, names, blocks, micro, "1f1b", 2**62)
+    objective, cuts, which, bound, chosen = _search_one(costs, names, blocks, micro, "1f1b", 2**62)
+    assert chosen == blocks
     n = len(segments)
     runs = {u: set(costs.allowed(u, names)) for u in blocks}
     assert "megatron t=4" in runs[2] and "megatron t=4" not in runs[1]
@@ -551,9 +626,51 @@ def test_a_plan_impossible_on_one_segment_stays_possible_on_the_others():
     costs = Made(model, machine, split_segments(model, 4), "adam")
     assert P._search_one(costs, ["fsdp"], (1, 1), 2, "1f1b", 2**62) is None
     names = ["data parallel", "fsdp"]
-    _, cuts, which, _ = P._search_one(costs, names, (1, 1), 2, "1f1b", 2**62)
+    _, cuts, which, _, _ = P._search_one(costs, names, (1, 1), 2, "1f1b", 2**62)
     assert [names[which[r][i, j]] for i, j, r in cuts] == ["data parallel", "fsdp"]
     assert cuts[0][:2] == (0, 1)  # data parallelism on segment 0 alone, FSDP on the rest
+
+
+def test_free_blocks_give_the_heavier_stage_more_units():
+    """Segment 1 costs six times segment 0, each time shrinking with the units it runs on: on
+    4 nodes, blocks of 2 and 2 leave the second stage the bottleneck (3 against 0.5); the
+    search that chooses the blocks gives it 3 nodes (2 against 1)."""
+    from pcgopt.extract.strategies import pipeline as P
+
+    weights = [1.0, 6.0]
+
+    class Made(P._Costs):
+        def part(self, index, strategy, units, micro):
+            t = weights[min(index, 1)] / units
+            return P._Part(t, 0.0, 0.0, 0, 0, 0, compute_s=t)
+
+        def send_s(self, index, units, micro):
+            return 0.0
+
+    model = build("transformer", batch=8, seq=4, hidden=8, layers=2, heads=2, vocab=11)
+    machine = Machine.preset("dgx-a100", nodes=4, devices_per_node=1)
+    segments = split_segments(model, 4)[:2]  # two segments, as the costs above say
+    costs = Made(model, machine, segments, "adam")
+    names, micro = ["data parallel"], 8
+    balanced, *_ = P._search_one(costs, names, (2, 2), micro, "1f1b", 2**62)
+    free = P._search_one(costs, names, FreeBlocks(2, (1, 2, 3)), micro, "1f1b", 2**62)
+    objective, cuts, _, bound, blocks = free
+    assert blocks == (1, 3) and [c[:2] for c in cuts] == [(0, 1), (1, 2)]
+    assert balanced == pytest.approx(0.5 + 3.0 + (micro - 1) * 3.0)
+    assert objective == pytest.approx(1.0 + 2.0 + (micro - 1) * 2.0)
+    assert objective < balanced
+    assert bound <= objective
+
+
+def test_free_blocks_never_lose_to_balanced_ones(small_transformer, four_nodes):
+    balanced = pipeline_search(small_transformer, four_nodes, min_stages=2, min_ops=4)
+    free = pipeline_search(small_transformer, four_nodes, min_stages=2, min_ops=4, blocks="free")
+    assert free.time_s <= balanced.time_s
+    devices = [d for s in free.stages for d in s.devices]
+    assert devices == list(range(four_nodes.num_devices))
+    assert all(len(s.devices) % 2 == 0 for s in free.stages)  # whole nodes of 2 devices
+    with pytest.raises(PipelineError, match="blocks must be one of balanced, free"):
+        pipeline_search(small_transformer, four_nodes, blocks="any")
 
 
 def test_a_stage_entry_pays_for_its_gradient(small_transformer):
