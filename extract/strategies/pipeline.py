@@ -582,6 +582,8 @@ class _Costs:
         # The e-graph's plans of every segment, per block size (None: none could be made).
         self.egraph: dict[int, SegmentPlans | None] = {}
         self.memo: dict[tuple, _Part] = {}
+        # The parts costed, by the plan's nodes: a plan two strategies make is costed once.
+        self.by_plan: dict[tuple, _Part] = {}
         self.plans: dict[tuple, PCG | None] = {}
         # No part is costed after this (perf_counter seconds): the search's time limit.
         self.deadline = math.inf
@@ -604,11 +606,21 @@ class _Costs:
         return [name for name in found if name in asked]
 
     def part(self, index: int, strategy: str, units: int, micro: int) -> _Part:
-        key = (self.ids[index], strategy, units, micro, index == len(self.segments) - 1)
+        last = index == len(self.segments) - 1
+        key = (self.ids[index], strategy, units, micro, last)
         if key not in self.memo:
             if time.perf_counter() > self.deadline:
                 raise _OutOfTime
-            self.memo[key] = self._part(index, strategy, units, micro)
+            # Two strategies may make the same plan (Megatron with and without sequence
+            # parallelism on a convolutional segment): it is costed once.
+            plan = self.plan(index, strategy, units)
+            same = None if plan is None else (plan.nodes, units, micro, last)
+            if same in self.by_plan:
+                self.memo[key] = self.by_plan[same]
+            else:
+                self.memo[key] = self._part(index, strategy, units, micro)
+                if same is not None:
+                    self.by_plan[same] = self.memo[key]
         return self.memo[key]
 
     def plan(self, index: int, strategy: str, units: int) -> PCG | None:
