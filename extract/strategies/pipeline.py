@@ -914,15 +914,16 @@ def pipeline_search(
     costs = _Costs(pcg, machine, segments, optimizer, runtime)
     deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
     costs.deadline = deadline
-    ranked = _ranked_cuts(costs, tried, strategies, schedule, machine.device.memory_bytes)
+    beat = math.inf if faster_than_s is None else float(faster_than_s)
+    capacity = machine.device.memory_bytes
+    ranked, pruned = _ranked_cuts(costs, tried, strategies, schedule, capacity, beat)
     if ranked is None:
         raise PipelineError(
             f"the time limit ({time_budget_s:.3g} s) ran out before a pipelined plan was costed"
         )
-    beat = math.inf if faster_than_s is None else float(faster_than_s)
     found, given_up = _costed_in_full(costs, ranked, schedule, deadline, beat)
-    if ranked and faster_than_s is not None:
-        found = _faster_than(found, ranked, beat, given_up)
+    if (ranked or math.isfinite(pruned)) and faster_than_s is not None:
+        found = _faster_than(found, ranked, beat, given_up, pruned)
     if not found:
         raise _nothing_costed(machine, strategies, counts, tried, batch)
     fitting = [p for p in found if p.feasible]
@@ -1073,20 +1074,25 @@ def _is_seconds(value: object, in_range: Callable[[float], bool]) -> bool:
 
 def _ranked_cuts(
     costs: _Costs,
-    tried: Sequence[tuple[int, int, tuple[int, ...]]],
+    tried: Sequence[tuple[int, int, tuple[int, ...] | FreeBlocks]],
     strategies: Sequence[str] | None,
     schedule: str,
     capacity: int,
-) -> list[tuple] | None:
+    beat: float = math.inf,
+) -> tuple[list[tuple] | None, float]:
     """The best cuts (:func:`_search_one`) of each stage count, micro-batch count and blocks of
     ``tried`` (:func:`stage_blocks`), in their order, each with its blocks, micro-batches and
     stage plan names; those found before the costs' deadline, or None if it passed before any
-    was."""
+    was. A stage count and blocks whose every pipeline takes at least ``beat`` seconds
+    (:func:`_least_bottleneck`) are given up before their cuts are searched at any
+    micro-batch count; also returned: the least bound of those given up (inf if none was)."""
     ranked: list[tuple] = []
     # The least objective of each (stage count, micro-batch count) on balanced blocks: free
     # blocks (tried last) refine only the FREE_BLOCKS_REFINED best of them.
     balanced: dict[tuple[int, int], float] = {}
     refined: set[tuple[int, int]] | None = None
+    bottleneck: dict[tuple, float] = {}
+    pruned = math.inf
     for count, micro, blocks in tried:
         free = isinstance(blocks, FreeBlocks)
         if free:
@@ -1102,16 +1108,22 @@ def _ranked_cuts(
         if not names:
             continue
         try:
+            if math.isfinite(beat):
+                if (count, blocks) not in bottleneck:
+                    bottleneck[count, blocks] = _least_bottleneck(costs, names, blocks)
+                if bottleneck[count, blocks] >= beat:
+                    pruned = min(pruned, bottleneck[count, blocks])
+                    continue
             found_cuts = _search_one(costs, names, blocks, micro, schedule, capacity)
         except _OutOfTime:
-            return ranked or None
+            return ranked or None, pruned
         if found_cuts is not None:
             objective, cuts, which, bound, chosen = found_cuts
             ranked.append((objective, cuts, which, bound, chosen, micro, names))
             if not free:
                 key = (count, micro)
                 balanced[key] = min(balanced.get(key, math.inf), objective)
-    return ranked
+    return ranked, pruned
 
 
 def _costed_in_full(
@@ -1141,11 +1153,16 @@ def _costed_in_full(
 
 
 def _faster_than(
-    found: list[PipelinePlan], ranked: Sequence[tuple], beat: float, given_up: float
+    found: list[PipelinePlan],
+    ranked: Sequence[tuple],
+    beat: float,
+    given_up: float,
+    pruned: float = math.inf,
 ) -> list[PipelinePlan]:
     """The plans of ``found`` that fit and take less than ``beat`` seconds; raises
     :class:`PipelineError`, saying why, if none does (``given_up``: the least lower bound of
-    the cuts given up while costed in full)."""
+    the cuts given up while costed in full; ``pruned``: of the stage counts and blocks given
+    up before their cuts were searched, :func:`_least_bottleneck`)."""
     faster = [p for p in found if p.feasible and p.time_s < beat]
     if faster:
         return faster
@@ -1162,10 +1179,8 @@ def _faster_than(
     elif math.isfinite(given_up):
         why = f"each one costed takes at least {given_up * 1e3:.4g} ms"
     elif all(r[3] >= beat for r in ranked):
-        why = (
-            "the bottleneck stage's computation alone takes at least "
-            f"{min(r[3] for r in ranked) * 1e3:.4g} ms"
-        )
+        least = min([r[3] for r in ranked] + [pruned])
+        why = f"the bottleneck stage's computation alone takes at least {least * 1e3:.4g} ms"
     else:
         why = "no stage plan of the cuts tried could be costed"
     raise PipelineError(
@@ -1236,6 +1251,64 @@ def free_block_sizes(units: int, stages: int) -> tuple[int, ...]:
     return tuple(sorted(b for b in sizes if 1 <= b <= most))
 
 
+def _spans(values: list[list[float]], n: int) -> np.ndarray:
+    """``[k, i, j]``: strategy ``k``'s sum of ``values[k]`` over segments ``i .. j-1`` of ``n``
+    (inf when j <= i)."""
+    # Finite values and impossible segments (inf) summed apart: one impossible segment rules
+    # out the spans that hold it, not every later one.
+    array = np.asarray(values, dtype=float)
+    impossible = ~np.isfinite(array)
+    zeros = np.zeros((len(values), 1))
+    ends = np.concatenate([zeros, np.cumsum(np.where(impossible, 0.0, array), axis=1)], 1)
+    bad = np.concatenate([zeros, np.cumsum(impossible, axis=1)], axis=1)
+    out = ends[:, None, :] - ends[:, :, None]
+    held_bad = bad[:, None, :] - bad[:, :, None]
+    upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)
+    return np.where(upper[None] & (held_bad == 0), out, math.inf)
+
+
+def _least_bottleneck(
+    costs: _Costs, names: Sequence[str], blocks: Sequence[int] | FreeBlocks
+) -> float:
+    """A lower bound of the iteration of every pipeline on ``blocks`` (any cuts, stage plans
+    of ``names``, micro-batch count): the least, over the cuts, of the bottleneck stage's
+    computation of the whole batch at once. ``M`` micro-batches each compute at least a
+    ``1/M`` share of it (an operator's time grows no slower than its batch shrinks), one
+    after the other on the stage's devices; memory is left out (it only rules plans out)."""
+    n = len(costs.segments)
+    free = isinstance(blocks, FreeBlocks)
+    count = blocks.stages if free else len(blocks)
+    sizes = blocks.sizes if free else tuple(dict.fromkeys(blocks))
+    least: dict[int, np.ndarray] = {}
+    for units in sizes:
+        runs = set(costs.allowed(units, names))
+        rows = [
+            [
+                costs.part(i, name, units, 1).compute_s if name in runs else math.inf
+                for i in range(n)
+            ]
+            for name in names
+        ]
+        least[units] = np.min(_spans(rows, n), axis=0)
+    if free:
+        busy = np.stack([np.broadcast_to(least[b], (count + 1, n + 1, n + 1)) for b in sizes])
+        found = _best_free_cuts(
+            busy,
+            np.zeros((len(sizes), count + 1, n + 1)),
+            sizes,
+            _stage_level(costs.machine)[1].count,
+            count,
+            1,
+            "2bw",
+        )
+    else:
+        busy = np.stack(
+            [least[blocks[0]]] + [least[blocks[count - r]] for r in range(1, count + 1)]
+        )
+        found = _best_cuts(busy, np.zeros((count + 1, n + 1)), count, 1, "2bw")
+    return math.inf if found is None else found[0]
+
+
 def _search_one(
     costs: _Costs,
     names: Sequence[str],
@@ -1255,19 +1328,7 @@ def _search_one(
     sizes = blocks.sizes if free else tuple(dict.fromkeys(blocks))
     versions = 2 if schedule == "2bw" else 1
 
-    def spans(values: list[list[float]]) -> np.ndarray:
-        """``[k, i, j]``: strategy ``k``'s sum over segments ``i .. j-1`` (inf when j <= i)."""
-        # Finite values and impossible segments (inf) summed apart: one impossible segment
-        # rules out the spans that hold it, not every later one.
-        array = np.asarray(values, dtype=float)
-        impossible = ~np.isfinite(array)
-        zeros = np.zeros((len(values), 1))
-        ends = np.concatenate([zeros, np.cumsum(np.where(impossible, 0.0, array), axis=1)], 1)
-        bad = np.concatenate([zeros, np.cumsum(impossible, axis=1)], axis=1)
-        out = ends[:, None, :] - ends[:, :, None]
-        held_bad = bad[:, None, :] - bad[:, :, None]
-        upper = np.triu(np.ones((n + 1, n + 1), dtype=bool), k=1)
-        return np.where(upper[None] & (held_bad == 0), out, math.inf)
+    spans = partial(_spans, n=n)
 
     # Per block size: every strategy's spans (a strategy the block cannot run is impossible).
     spanned: dict[int, tuple[np.ndarray, ...]] = {}

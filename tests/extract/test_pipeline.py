@@ -415,6 +415,53 @@ def test_a_time_to_beat_leaves_out_only_slower_pipelines(small_transformer, four
         pipeline_search(small_transformer, four_nodes, faster_than_s=0)
 
 
+def test_micro_batches_compute_at_least_their_share_of_the_whole_batch(small_transformer):
+    """What lets a stage count be given up before its cuts are searched: ``M`` micro-batches
+    compute no faster than the whole batch at once, under every stage plan and block."""
+    from pcgopt.extract.strategies.pipeline import _NO_PART, _Costs
+
+    machine = Machine.preset("summit", nodes=2)
+    segments = split_segments(small_transformer, 4)
+    costs = _Costs(small_transformer, machine, segments, "adam")
+    checked = 0
+    for units, index in itertools.product((1, 2), range(len(segments))):
+        for name in costs.allowed(units, None):
+            whole = costs.part(index, name, units, 1)
+            for micro in (2, 4, 8):
+                part = costs.part(index, name, units, micro)
+                if _NO_PART in (whole, part):
+                    continue
+                assert micro * part.compute_s >= whole.compute_s * (1 - 1e-9), (name, micro)
+                checked += 1
+    assert checked > 50
+
+
+def test_stage_counts_that_cannot_beat_the_time_are_given_up_before_their_cuts(
+    small_transformer, four_nodes, monkeypatch
+):
+    from pcgopt.extract.strategies import pipeline as P
+
+    plan = pipeline_search(small_transformer, four_nodes, min_stages=2, min_ops=4)
+    segments = split_segments(small_transformer, 4)
+    costs = P._Costs(small_transformer, four_nodes, segments, "adam")
+    units = tuple(len(s.devices) // 2 for s in plan.stages)
+    least = P._least_bottleneck(costs, costs.allowed(max(units), None), units)
+    assert 0 < least <= plan.time_s
+    searched = []
+    search_one = P._search_one
+    monkeypatch.setattr(P, "_search_one", lambda *a: searched.append(a) or search_one(*a))
+    # Nothing on 2 stages of 2 nodes can beat its own bound: no cuts are searched.
+    with pytest.raises(PipelineError, match="bottleneck stage's computation alone takes"):
+        pipeline_search(
+            small_transformer,
+            four_nodes,
+            stage_counts=[2],
+            min_ops=4,
+            faster_than_s=P._least_bottleneck(costs, costs.allowed(2, None), (2, 2)),
+        )
+    assert searched == []
+
+
 def test_the_time_limit_holds_even_before_a_first_plan(small_transformer, four_nodes):
     with pytest.raises(PipelineError, match=r"the time limit \(0 s\) ran out before a pipelined"):
         pipeline_search(small_transformer, four_nodes, min_stages=2, min_ops=4, time_budget_s=0)
