@@ -895,6 +895,9 @@ def pipeline_search(
     (checked before the search when every stage count tried is above 1, else on the plan
     found)."""
     _check_options(schedule, optimizer, min_stages, time_budget_s, faster_than_s, strategies)
+    # The time limit counts from the call: the micro-batch check and the segments' set-up
+    # take seconds on a large model.
+    deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
     if blocks not in BLOCKS:
         raise PipelineError(f"blocks must be one of {', '.join(BLOCKS)}, got {blocks!r}")
     stage_counts = _positive_ints(stage_counts, "stage_counts")
@@ -912,7 +915,6 @@ def pipeline_search(
     batch = batch_size(pcg)
     tried = _candidates(counts, batch, micro_batches, level.count, free=blocks == "free")
     costs = _Costs(pcg, machine, segments, optimizer, runtime)
-    deadline = math.inf if time_budget_s is None else time.perf_counter() + time_budget_s
     costs.deadline = deadline
     beat = math.inf if faster_than_s is None else float(faster_than_s)
     capacity = machine.device.memory_bytes
