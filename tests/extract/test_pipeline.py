@@ -707,6 +707,9 @@ def test_free_blocks_give_the_heavier_stage_more_units():
     assert objective == pytest.approx(1.0 + 2.0 + (micro - 1) * 2.0)
     assert objective < balanced
     assert bound <= objective
+    # Their least bottlenecks (every micro-batch count at once): the larger block's 3 and 2.
+    assert P._least_bottleneck(costs, names, (2, 2)) == pytest.approx(3.0)
+    assert P._least_bottleneck(costs, names, FreeBlocks(2, (1, 2, 3))) == pytest.approx(2.0)
 
 
 def test_free_blocks_never_lose_to_balanced_ones(small_transformer, four_nodes):
