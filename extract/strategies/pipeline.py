@@ -819,6 +819,8 @@ def _best_free_cuts(
         for r in range(1, stages + 1):
             least = np.full((n + 1, units + 1), math.inf)
             for k, b in enumerate(sizes):
+                if b > units:
+                    continue  # no room for it
                 c = np.where(busy[k, r] <= bound, busy[k, r] + send[k, r][None, :], math.inf)
                 after = np.full((n + 1, units + 1), math.inf)  # after[j, u]: f[r-1][j, u - b]
                 after[:, b:] = f[r - 1][:, : units + 1 - b]

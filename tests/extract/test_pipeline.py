@@ -279,6 +279,8 @@ def test_the_program_that_chooses_the_blocks_equals_exhaustive_search(
     rng = np.random.default_rng(seed)
     # Some sizes may be missing, so that some unit counts cannot be made up.
     sizes = [b for b in range(1, spare + 2) if b == 1 or rng.random() < 0.7]
+    if rng.random() < 0.3:
+        sizes.append(units + 2)  # a size no block can have here
     n = segments
     busy = np.full((len(sizes), stages + 1, n + 1, n + 1), math.inf)
     for k, r, i in itertools.product(range(len(sizes)), range(1, stages + 1), range(n)):
