@@ -1,8 +1,9 @@
 """The shipped rules' egglog translation, kept on disk between processes.
 
-Reading a shipped rule file and translating its rules to egglog takes seconds (2.5 s for the
-matrix and transformer rules on the development machine), and gives the same text every time
-for the same rule files and the same pcgopt. So the first process to translate a selection of
+Reading a shipped rule file and translating its rules to egglog takes about a second (BERT-
+Large's rules load in 5.55 s in a fresh process, 4.5 s with the translation cached, on the
+development machine), and gives the same text every time for the same rule files and the same
+pcgopt. So the first process to translate a selection of
 rule files writes the result to a cache file, and later processes read it instead.
 
 The file's name holds a hash of everything the translation depends on: the rule files' bytes,
@@ -18,6 +19,7 @@ The newest :data:`KEPT` files are kept, the older removed.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import hashlib
 import importlib.util
@@ -106,7 +108,7 @@ def write(
     data = {
         "format": FORMAT,
         "key": key,
-        "rules": [[r.name, r.rule, r.direction, r.kind, r.text] for r in rules],
+        "rules": [list(dataclasses.astuple(r)) for r in rules],
         "untranslated": [list(s) for s in skipped],
     }
     temporary = None

@@ -536,9 +536,9 @@ class _Problem:
                     f"{size(whole)}",
                     node=name,
                 )
-        bounds = self._index_bounds(size)
         if not build:
             return None
+        bounds = self._index_bounds(size)
         rebuilt = tuple(self._rebuild(g, pcg, size, bounds) for g, pcg in enumerate(self.pcgs))
         pairs = sorted(
             {(self.full[k], size(k)) for k in self.full if size(k) != self.full[k]},

@@ -524,14 +524,14 @@ CHECK_SECONDS_PER_WINDOWED_NODE = 9e-3
 CHECK_SECONDS_PER_TASK = 17e-6
 CHECK_SECONDS_PER_WINDOWED_TASK = 58e-6
 _WINDOWED_OPS = frozenset({"conv2d", "pool2d", "batch_norm"})
-_WINDOW_SEARCH_OPS = frozenset({"conv2d", "pool2d"})
 
 
 def check_seconds(pcg: PCG, machine: Machine) -> float:
     """The predicted time of checking a plan of ``pcg`` on ``machine`` (every node on every
     device, as a data-parallel plan would), from the constants above."""
     windowed = sum(n.op in _WINDOWED_OPS for n in pcg.nodes)
-    searched = sum(n.op in _WINDOW_SEARCH_OPS for n in pcg.nodes)
+    # Operators with windows (their specs' window_inputs): the scaler searches their image size.
+    searched = sum(bool(getattr(n.spec, "window_inputs", ())) for n in pcg.nodes)
     per_device = (
         windowed * CHECK_SECONDS_PER_WINDOWED_TASK
         + (len(pcg.nodes) - windowed) * CHECK_SECONDS_PER_TASK

@@ -757,6 +757,12 @@ def _best_cuts(
     return _least_over_bounds(np.unique(busy[np.isfinite(busy)]), solve, micro, schedule)
 
 
+def _objective_weights(schedule: str, micro: int) -> tuple[float, float]:
+    """The dynamic program's objective as ``summed * sum + weight * bottleneck`` (module
+    docstring): 1F1B's closed form, or 2BW's steady state (the sum only breaks ties)."""
+    return (0.0, micro) if schedule == "2bw" else (1.0, micro - 1)
+
+
 def _least_over_bounds(
     bounds: np.ndarray,
     solve: Callable[[float], tuple[float, Any] | None],
@@ -769,7 +775,7 @@ def _least_over_bounds(
     A larger bound allows more, so the least bound that can be met is found by bisection; the
     loop stops once ``weight * T`` alone reaches the best found. Returns the objective and what
     ``solve`` returned with it, or None."""
-    summed, weight = (0.0, micro) if schedule == "2bw" else (1.0, micro - 1)
+    summed, weight = _objective_weights(schedule, micro)
     loosest = solve(float(bounds[-1])) if len(bounds) else None
     if loosest is None:
         return None
@@ -1050,7 +1056,7 @@ def _nothing_costed(
     machine: Machine,
     strategies: Sequence[str] | None,
     counts: Sequence[int],
-    tried: Sequence[tuple[int, int, tuple[int, ...]]],
+    tried: Sequence[tuple[int, int, tuple[int, ...] | FreeBlocks]],
     batch: int,
 ) -> PipelineError:
     """Why no candidate could be costed, naming the stage counts no micro-batch count fits."""
@@ -1113,10 +1119,10 @@ def _ranked_cuts(
             continue
         try:
             if math.isfinite(beat):
-                if (count, blocks) not in bottleneck:
-                    bottleneck[count, blocks] = _least_bottleneck(costs, names, blocks)
-                if bottleneck[count, blocks] >= beat:
-                    pruned = min(pruned, bottleneck[count, blocks])
+                if blocks not in bottleneck:
+                    bottleneck[blocks] = _least_bottleneck(costs, names, blocks)
+                if bottleneck[blocks] >= beat:
+                    pruned = min(pruned, bottleneck[blocks])
                     continue
             found_cuts = _search_one(costs, names, blocks, micro, schedule, capacity)
         except _OutOfTime:
@@ -1271,6 +1277,17 @@ def _spans(values: list[list[float]], n: int) -> np.ndarray:
     return np.where(upper[None] & (held_bad == 0), out, math.inf)
 
 
+def _part_rows(costs: _Costs, names: Sequence[str], units: int, micro: int) -> list[list[_Part]]:
+    """Every segment's part under each of ``names`` on a block of ``units`` (:data:`_NO_PART`
+    under a plan the block cannot run), a row per name."""
+    runs = set(costs.allowed(units, names))
+    n = len(costs.segments)
+    return [
+        [costs.part(i, name, units, micro) if name in runs else _NO_PART for i in range(n)]
+        for name in names
+    ]
+
+
 def _least_bottleneck(
     costs: _Costs, names: Sequence[str], blocks: Sequence[int] | FreeBlocks
 ) -> float:
@@ -1285,14 +1302,7 @@ def _least_bottleneck(
     sizes = blocks.sizes if free else tuple(dict.fromkeys(blocks))
     least: dict[int, np.ndarray] = {}
     for units in sizes:
-        runs = set(costs.allowed(units, names))
-        rows = [
-            [
-                costs.part(i, name, units, 1).compute_s if name in runs else math.inf
-                for i in range(n)
-            ]
-            for name in names
-        ]
+        rows = [[p.compute_s for p in row] for row in _part_rows(costs, names, units, 1)]
         least[units] = np.min(_spans(rows, n), axis=0)
     if free:
         busy = np.stack([np.broadcast_to(least[b], (count + 1, n + 1, n + 1)) for b in sizes])
@@ -1337,11 +1347,7 @@ def _search_one(
     # Per block size: every strategy's spans (a strategy the block cannot run is impossible).
     spanned: dict[int, tuple[np.ndarray, ...]] = {}
     for units in sizes:
-        runs = set(costs.allowed(units, names))
-        parts = [
-            [costs.part(i, name, units, micro) if name in runs else _NO_PART for i in range(n)]
-            for name in names
-        ]
+        parts = _part_rows(costs, names, units, micro)
         spanned[units] = (
             spans([[p.forward_s + p.backward_s for p in row] for row in parts]),
             spans([[p.compute_s for p in row] for row in parts]),
@@ -1421,7 +1427,7 @@ def _search_one(
     ]
     if free:  # the objective with each transfer over the smaller block
         times = [float(per_size[chosen_blocks[s]][0][r, i, j]) for s, (i, j, r) in enumerate(cuts)]
-        summed, weight = (0.0, micro) if schedule == "2bw" else (1.0, micro - 1)
+        summed, weight = _objective_weights(schedule, micro)
         objective = summed * (sum(times) + 2 * sum(sends_each)) + weight * max(times)
     bound = _time_bound(stage_busy, sends_each, micro, schedule)
     return objective, cuts, which, bound, chosen_blocks

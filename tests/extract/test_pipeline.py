@@ -196,19 +196,8 @@ def test_bad_schedules_are_refused_by_name(call, message):
 
 
 def _exhaustive(busy: np.ndarray, send: np.ndarray, stages: int, micro: int) -> float:
-    n = busy.shape[1] - 1
-    best = math.inf
-    for cuts in itertools.combinations(range(1, n), stages - 1):
-        bounds = (0, *cuts, n)
-        parts = [
-            (bounds[k], bounds[k + 1], stages - k) for k in range(stages)
-        ]  # (first, stop, r: stages from the end)
-        times = [busy[r, i, j] for i, j, r in parts]
-        if not all(math.isfinite(t) for t in times):
-            continue
-        value = sum(times) + sum(send[r, j] for _, j, r in parts[:-1]) + (micro - 1) * max(times)
-        best = min(best, value)
-    return best
+    """Every cut of stages on blocks of one size (:func:`_exhaustive_free` with that size)."""
+    return _exhaustive_free(busy[None], send[None], [1], stages, stages, micro, "1f1b")
 
 
 @settings(max_examples=60, deadline=None)
