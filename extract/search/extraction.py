@@ -75,7 +75,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import networkx as nx
@@ -105,13 +105,19 @@ __all__ = [
     "ENodeCosts",
     "Extraction",
     "ExtractionError",
+    "GroupPlacement",
     "class_devices",
     "concurrent_costs",
     "dag_cost",
     "enode_costs",
     "extract_greedy",
     "extract_ilp",
+    "repriced",
 ]
+
+#: Where a collective runs: its device groups for a degree and a width (the shards of the
+#: tensor it moves), as :func:`~pcgopt.extract.costmodel.cost.default_groups` gives them.
+GroupPlacement = Callable[[int, int], tuple[tuple[int, ...], ...]]
 
 # A tie-breaker added to every e-node that is not free, so that equal-cost alternatives prefer
 # fewer operators and zero-cost cycles cannot form.
@@ -144,6 +150,9 @@ class ENodeCosts:
     uncosted: int = 0  # e-nodes that read a tensor without shape facts (never chosen)
     overlap: bool = True  # the sync runs beside the backward (module docstring)
     bucket_bytes: int = 0  # gradients synchronized in buckets of this many bytes (0: each alone)
+    # What repriced() prices again: the e-nodes' keys and each key's costs.
+    layout: _CostLayout | None = field(default=None, repr=False)
+    key_costs: np.ndarray | None = field(default=None, repr=False)
 
     @property
     def memory_capacity(self) -> int:
@@ -205,6 +214,16 @@ def _derivable(egraph: EGraphData, allowed: np.ndarray) -> np.ndarray:
 #: much time per e-node of the e-graph it hands over (:class:`~pcgopt.egraph.Budget`).
 EXTRACTION_SECONDS_PER_ENODE = 20e-6
 
+#: What the whole-model search does with each e-node of its e-graph after saturation: the
+#: branch views, costing it (the first costing on a machine also synthesizes its collectives'
+#: reduction programs) and three extractions (in sequence, branches at once, on one node).
+#: Measured with ``saturate_and_extract(..., baselines=False, time_budget_s=60)`` on Summit
+#: (scratch, 2026-12-07, phases "branch views" and "extract" over the e-nodes): MLP on 2 and 8
+#: nodes 81 and 76 us (128k and 182k e-nodes), CANDLE-Uno on 4 nodes 94 us, DLRM on 8 nodes
+#: 96 us, XDL on 4 nodes 78 us. With 20 us saturation took the time of the phases after it:
+#: on 4 nodes the MLP's fastest extraction was left unplaced.
+WHOLE_EXTRACTION_SECONDS_PER_ENODE = 85e-6
+
 
 def enode_costs(
     egraph: EGraphData,
@@ -213,6 +232,7 @@ def enode_costs(
     optimizer: str | Optimizer = "adam",
     differentiable_inputs: Collection[str] = (),
     runtime: Runtime = DDP,
+    groups: GroupPlacement = default_groups,
 ) -> ENodeCosts:
     """Every e-node's and e-class's share of a training iteration on ``machine`` (module
     docstring). E-nodes with the same operator, parameters and shapes are costed once.
@@ -220,11 +240,15 @@ def enode_costs(
     segment's entry under graph splitting: the layers before it need that gradient).
     ``runtime``: only whether it overlaps the sync with the backward and its bucket size are
     used (its precision and ZeRO stage are the final costing's,
-    :func:`~pcgopt.extract.costmodel.cost.iteration_cost`)."""
+    :func:`~pcgopt.extract.costmodel.cost.iteration_cost`). ``groups(degree, width)``: the
+    device groups of a collective of ``degree`` on a tensor of ``width`` shards, and of a
+    weight's gradient sync among its copies (default: the cost model's default placement,
+    consecutive devices; for extraction with placement in the loop, a placement's:
+    :func:`~pcgopt.extract.strategies.placement.placement_groups`)."""
     start = time.perf_counter()
     opt = _optimizer(optimizer)
     nodes, shapes = egraph.nodes, egraph.shapes
-    num_nodes, num_classes = egraph.num_enodes, egraph.num_eclasses
+    num_nodes = egraph.num_enodes
 
     ops = [n.op for n in nodes]
     is_source = np.array([op != OUT and get_op(op).kind is OpKind.SOURCE for op in ops], dtype=bool)
@@ -257,13 +281,11 @@ def enode_costs(
         if n.op == OUT and shapes[n.eclass] is not None:
             tuple_outs.setdefault(n.children[0], {})[n.params["index"]] = shapes[n.eclass]
 
-    node_s = np.zeros(num_nodes)
-    backward_s = np.zeros(num_nodes)
-    backward_comm_s = np.zeros(num_nodes)
     free = np.zeros(num_nodes, dtype=bool)
-    backward = np.zeros(num_nodes, dtype=bool)
-    memo: dict[tuple, tuple[float, bool, float, float]] = {}
-    unshaped = 0
+    # Each e-node's costing key (an index into `keys`; -1: free, or never chosen).
+    key_of = np.full(num_nodes, -1, dtype=np.int64)
+    index: dict[tuple, int] = {}
+    unshaped = np.zeros(num_nodes, dtype=bool)
     # Sparse gradients (iteration_cost, "Sources and weight-gradient synchronization"): a
     # trainable weight layout read by a lookup (an embedding table) syncs and updates the rows
     # the lookup touches (the most any one lookup e-node reading it touches); an e-node that
@@ -295,19 +317,115 @@ def enode_costs(
         if not outs or any(s is None for s in ins):
             # A tensor class without shape facts in the export (or a tuple consumed whole):
             # nothing can be costed or built from it, so this e-node is never chosen.
-            node_s[i] = np.inf
-            unshaped += 1
+            unshaped[i] = True
             continue
         grads = tuple(bool(needs_grad[c]) for c in n.children)
-        key = (n.op, n.params, ins, outs, grads)
-        hit = memo.get(key)
-        if hit is None:
-            hit = memo[key] = _local_cost(n.op, n.params, ins, outs, grads, machine)
-        node_s[i], backward[i], backward_s[i], backward_comm_s[i] = hit
-        node_s[i] += _EPSILON_S
+        key_of[i] = index.setdefault((n.op, n.params, ins, outs, grads), len(index))
+    layout = _CostLayout(
+        keys=tuple(index),
+        key_of=key_of,
+        unshaped=unshaped,
+        weight_layout=weight_layout,
+        trainable_layout=trainable_layout,
+        rows=rows,
+        dense_readers={c: np.array(v, dtype=np.int64) for c, v in dense_readers.items()},
+        optimizer=opt,
+    )
+    key_costs = np.array(
+        [_local_cost(*key, machine, groups) for key in layout.keys], dtype=float
+    ).reshape(len(layout.keys), 4)
+    return _costed(
+        egraph, machine, layout, key_costs, free, runtime, groups, time.perf_counter() - start
+    )
+
+
+@dataclass(frozen=True, eq=False)
+class _CostLayout:
+    """What :func:`enode_costs` works out of an e-graph before it prices anything: each
+    e-node's costing key (operator, parameters, shapes, which inputs need a gradient), the
+    classes that hold weight layouts, and the sparse gradients' rows; :func:`repriced` prices
+    it again on other device groups or machines without working it out again."""
+
+    keys: tuple[tuple, ...]
+    key_of: np.ndarray  # per e-node: its index in keys, -1 if free or never chosen
+    unshaped: np.ndarray  # per e-node: reads a tensor without shape facts (never chosen)
+    weight_layout: np.ndarray  # per e-class
+    trainable_layout: np.ndarray  # per e-class
+    rows: Mapping[int, int]  # per sparse trainable layout: the most rows one lookup touches
+    dense_readers: Mapping[int, np.ndarray]  # per sparse trainable layout: its dense readers
+    optimizer: Optimizer
+
+
+def repriced(
+    costs: ENodeCosts,
+    *,
+    groups: GroupPlacement = default_groups,
+    machine: Machine | None = None,
+) -> ENodeCosts:
+    """The e-graph of ``costs`` priced as :func:`enode_costs` prices it, with its collectives
+    and gradient syncs on ``groups`` and, if given, on another ``machine`` (e.g. one node of
+    it): what extraction with placement in the loop costs each round by, and the one-node
+    extraction, at a fraction of a fresh costing (the e-nodes' keys are not worked out again,
+    and on the same machine the computation's costs are kept). ``costs``: as
+    :func:`enode_costs` returned them or any repricing of them (:func:`concurrent_costs`); the
+    result is the plain costing."""
+    start = time.perf_counter()
+    layout = costs.layout
+    if layout is None or costs.key_costs is None:
+        raise ExtractionError("repriced needs costs from enode_costs (they carry no layout)")
+    same = machine is None or machine == costs.machine
+    on = costs.machine if machine is None else machine
+    key_costs = costs.key_costs.copy()
+    for k, key in enumerate(layout.keys):
+        if not same or get_op(key[0]).kind is not OpKind.COMPUTE:
+            key_costs[k] = _local_cost(*key, on, groups)
+    runtime = Runtime(overlap=costs.overlap, bucket_bytes=costs.bucket_bytes)
+    return _costed(
+        costs.egraph,
+        on,
+        layout,
+        key_costs,
+        costs.free,
+        runtime,
+        groups,
+        time.perf_counter() - start,
+    )
+
+
+def _costed(
+    egraph: EGraphData,
+    machine: Machine,
+    layout: _CostLayout,
+    key_costs: np.ndarray,
+    free: np.ndarray,
+    runtime: Runtime,
+    groups: GroupPlacement,
+    seconds: float,
+) -> ENodeCosts:
+    """The costs of :func:`enode_costs` from its layout and each key's (seconds, has a
+    backward, backward computation, backward collectives)."""
+    start = time.perf_counter()
+    opt = layout.optimizer
+    num_nodes, num_classes = egraph.num_enodes, egraph.num_eclasses
+    node_s = np.zeros(num_nodes)
+    backward_s = np.zeros(num_nodes)
+    backward_comm_s = np.zeros(num_nodes)
+    backward = np.zeros(num_nodes, dtype=bool)
+    keyed = layout.key_of >= 0
+    of = layout.key_of[keyed]
+    node_s[keyed] = key_costs[of, 0] + _EPSILON_S
+    backward[keyed] = key_costs[of, 1] > 0
+    backward_s[keyed] = key_costs[of, 2]
+    backward_comm_s[keyed] = key_costs[of, 3]
+    node_s[layout.unshaped] = np.inf
 
     stored_s, sync_s, sync_bytes, stored_mem, act_mem = np.zeros((5, num_classes))
-    for c, shape in enumerate(shapes):
+    weight_layout, trainable_layout, rows = (
+        layout.weight_layout,
+        layout.trainable_layout,
+        layout.rows,
+    )
+    for c, shape in enumerate(egraph.shapes):
         if shape is None:
             continue
         nbytes = shape.shard_nbytes
@@ -320,14 +438,17 @@ def enode_costs(
             continue
         if trainable_layout[c]:
             stored_mem[c] += (1 + opt.states) * nbytes
-            stored_s[c], sync_s[c] = dense, _ = _sync_and_update(shape, nbytes, opt, machine)
+            stored_s[c], sync_s[c] = dense, _ = _sync_and_update(
+                shape, nbytes, opt, machine, groups
+            )
             touched = nbytes
             if c in rows and shape.rank:
                 shard_rows = max(1, shape.sizes[0] // shape.degrees[0])
                 touched = min(nbytes, rows[c] * (nbytes // shard_rows))
-                stored_s[c], sync_s[c] = _sync_and_update(shape, touched, opt, machine)
-                for i in dense_readers.get(c, ()):
-                    node_s[i] += dense - stored_s[c]
+                stored_s[c], sync_s[c] = _sync_and_update(shape, touched, opt, machine, groups)
+                readers = layout.dense_readers.get(c)
+                if readers is not None:
+                    np.add.at(node_s, readers, dense - stored_s[c])
             if shape.copy_degree > 1:
                 sync_bytes[c] = touched
     return ENodeCosts(
@@ -345,22 +466,28 @@ def enode_costs(
         sync_bytes=sync_bytes,
         stored_mem=stored_mem,
         act_mem=act_mem,
-        seconds=time.perf_counter() - start,
-        uncosted=unshaped,
+        seconds=seconds + time.perf_counter() - start,
+        uncosted=int(layout.unshaped.sum()),
         overlap=runtime.overlap,
         bucket_bytes=runtime.bucket_bytes,
+        layout=layout,
+        key_costs=key_costs,
     )
 
 
 def _sync_and_update(
-    shape: ParallelTensorShape, touched: int, opt: Optimizer, machine: Machine
+    shape: ParallelTensorShape,
+    touched: int,
+    opt: Optimizer,
+    machine: Machine,
+    groups: GroupPlacement = default_groups,
 ) -> tuple[float, float]:
     """A stored weight layout's update of ``touched`` bytes per shard and the AllReduce of
     their gradient among its copies: both seconds, and the AllReduce's alone."""
     sync = 0.0
     if shape.copy_degree > 1:
-        groups = default_groups(shape.copy_degree, shape.num_shards)
-        sync = collective_cost("all_reduce", groups, touched, machine).seconds
+        among = groups(shape.copy_degree, shape.num_shards)
+        sync = collective_cost("all_reduce", among, touched, machine).seconds
     return sync + update_s(touched, opt, machine.device), sync
 
 
@@ -371,6 +498,7 @@ def _local_cost(
     outs: tuple[ParallelTensorShape, ...],
     grads: tuple[bool, ...],
     machine: Machine,
+    groups: GroupPlacement = default_groups,
 ) -> tuple[float, bool, float, float]:
     """Seconds of one e-node, whether it has a backward that keeps its inputs, and the seconds
     of that backward's computation and of its collectives."""
@@ -387,9 +515,9 @@ def _local_cost(
     collectives = parallel_collectives(op, grads[0] if grads else False)
     if not collectives:
         return 0.0, False, 0.0, 0.0
-    groups = default_groups(params["degree"], max(ins[0].num_shards, outs[0].num_shards))
+    among = groups(params["degree"], max(ins[0].num_shards, outs[0].num_shards))
     nbytes = max(ins[0].shard_nbytes, outs[0].shard_nbytes)
-    times = [(collective_cost(kind, groups, nbytes, machine).seconds, p) for kind, p in collectives]
+    times = [(collective_cost(kind, among, nbytes, machine).seconds, p) for kind, p in collectives]
     return sum(t for t, _ in times), False, 0.0, sum(t for t, p in times if p == "backward")
 
 

@@ -39,12 +39,13 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from pcgopt.divisors import divisors
 from pcgopt.extract.costmodel.cost import (
     CostBreakdown,
+    collective_cost,
     default_groups,
     iteration_cost,
     source_layouts,
@@ -63,6 +64,7 @@ __all__ = [
     "parallel_nodes",
     "parallelism_matrices",
     "place_plan",
+    "placement_groups",
     "plan_axes",
 ]
 
@@ -596,3 +598,53 @@ def place_plan(
             best = PlanPlacement(axes, m, devices, cost)
     assert best is not None
     return replace(best, tried=tuple(tried), untried=len(candidates) - len(tried))
+
+
+#: The message size :func:`placement_groups` compares a degree's possible groups at.
+_NOMINAL_BYTES = 64 * 2**20
+
+
+def placement_groups(
+    placement: PlanPlacement, machine: Machine
+) -> Callable[[int, int], tuple[tuple[int, ...], ...]]:
+    """The device groups of a collective of ``degree`` on ``width`` shards (and of a weight's
+    gradient sync among its copies) under ``placement``, for any degree, not only the plan's:
+    what extraction with placement in the loop costs the e-graph's other choices by
+    (``enode_costs(..., groups=...)``), so that they are priced on devices the placed plan
+    really has. A degree that is the product of a set of the placement's axes runs in those
+    axes' groups (:meth:`ParallelismMatrix.groups`; of several such sets, the one whose
+    AllReduce of 64 MiB is fastest), on the first ``width // degree`` groups as
+    :func:`place_plan` takes them. A degree no axes make, or a tensor wider than the placed
+    plan, would need a placement of its own: its groups are spread as far apart as the
+    numbering allows (every ``width // degree``-th device), the placement that crosses the
+    outermost levels most, so a choice the placement cannot give is not priced as if it had
+    the closest devices. Without a matrix (the default placement kept), the default's
+    consecutive groups."""
+    matrix = placement.matrix
+    if matrix is None:
+        return default_groups
+    on_machine = [machine.device_at(matrix.coordinates(d)) for d in range(matrix.num_devices)]
+    found: dict[tuple[int, int], tuple[tuple[int, ...], ...]] = {}
+
+    def groups(degree: int, width: int) -> tuple[tuple[int, ...], ...]:
+        key = degree, width
+        if key in found:
+            return found[key]
+        spans = _subsets_with_product(matrix.axes, degree) if width <= matrix.num_devices else []
+        if not spans:
+            stride = max(1, width // degree)
+            found[key] = tuple(tuple(range(g, width, stride)) for g in range(stride))
+            return found[key]
+        best: tuple[float, tuple[tuple[int, ...], ...]] | None = None
+        for span in spans:
+            among = tuple(
+                tuple(on_machine[d] for d in g) for g in matrix.groups(span)[: width // degree]
+            )
+            seconds = collective_cost("all_reduce", among, _NOMINAL_BYTES, machine).seconds
+            if best is None or seconds < best[0]:
+                best = seconds, among
+        assert best is not None
+        found[key] = best[1]
+        return found[key]
+
+    return groups

@@ -23,7 +23,9 @@ from pcgopt.extract import (
     extract_ilp,
     iteration_cost,
 )
+from pcgopt.extract.search.extraction import repriced
 from pcgopt.extract.strategies.baselines import data_parallel, megatron
+from pcgopt.extract.strategies.placement import place_plan, placement_groups
 from pcgopt.models import ZOO, mnist_mlp
 from pcgopt.testing.strategies import small_pcgs
 
@@ -384,3 +386,55 @@ def test_costed_for_fewer_devices_the_wider_enodes_are_never_chosen(mnist):
     plan = eg.to_pcg(extraction.choice)
     assert all(n.spec.kind.name != "PARALLEL" for n in plan.nodes)
     assert_equivalent(MNIST, plan)
+
+
+def test_repricing_an_egraph_equals_costing_it_afresh():
+    """Extraction with placement in the loop and the one-node extraction reprice an e-graph
+    already costed (repriced): on other device groups, or on one node of the machine, the
+    result is what enode_costs gives from scratch, and the groups change what it says."""
+    two_nodes = Machine.preset("summit", nodes=2, devices_per_node=2)
+    b = PCGBuilder()
+    x = b.partition(b.input((64, 32), name="x"), dim=0, degree=2)
+    w = b.replicate(b.weight((32, 32), name="w"), degree=2)
+    # A Combine of degree 2 on a tensor of 4 shards: its groups are a placement's choice.
+    y = b.combine(b.partition(b.matmul(x, w), dim=1, degree=2), dim=1, degree=2)
+    sat = saturate(b.build(b.combine(y, dim=0, degree=2)), two_nodes, budget=Budget(iterations=1))
+    costs = enode_costs(sat.egraph, two_nodes, optimizer="sgd")
+
+    def spread(degree: int, width: int) -> tuple[tuple[int, ...], ...]:
+        stride = width // degree
+        return tuple(tuple(range(g, width, stride)) for g in range(stride))
+
+    node = two_nodes.one_node()
+    assert node is not None
+    fields = ("node_s", "backward_s", "backward_comm_s", "backward", "stored_s", "sync_s")
+    for again, fresh in [
+        (
+            repriced(costs, groups=spread),
+            enode_costs(sat.egraph, two_nodes, optimizer="sgd", groups=spread),
+        ),
+        (repriced(costs, machine=node), enode_costs(sat.egraph, node, optimizer="sgd")),
+        (repriced(repriced(costs, groups=spread)), costs),
+    ]:
+        for name in (*fields, "sync_bytes", "stored_mem", "act_mem", "free"):
+            assert (getattr(again, name) == getattr(fresh, name)).all(), name
+        assert again.machine == fresh.machine
+    # Groups across the nodes cost more than the closest devices for some e-node.
+    assert (repriced(costs, groups=spread).node_s > costs.node_s).any()
+
+
+def test_on_a_placements_groups_extraction_prices_the_placed_plan_at_its_placed_cost():
+    """Extraction with placement in the loop: the e-graph priced on a placement's device
+    groups costs the plan that placement was found for exactly as the cost model costs it
+    placed, where the default groups (each the closest devices) cost it otherwise."""
+    summit = Machine.preset("summit", nodes=2)
+    plan = megatron(ZOO["mlp"].build(small=True), summit)  # 4-way data x 2-way tensor
+    placed = place_plan(plan, summit, runtime=ADDITIVE)
+    assert placed.matrix is not None
+    sat = saturate(plan, summit, budget=Budget(iterations=1))
+    choice = sat.egraph.choice_for(plan)
+    costs = enode_costs(sat.egraph, summit, runtime=ADDITIVE)
+    on_placement = repriced(costs, groups=placement_groups(placed, summit))
+    exact = iteration_cost(plan, summit, runtime=ADDITIVE, devices=placed.devices).total_s
+    assert dag_cost(on_placement, choice).seconds == pytest.approx(exact, rel=1e-6)
+    assert dag_cost(costs, choice).seconds != pytest.approx(exact, rel=1e-3)

@@ -222,3 +222,34 @@ def test_a_weight_copied_in_two_steps_syncs_its_gradient_in_groups_across_all_it
     assert cost.total_s == pytest.approx(placed.cost.total_s)
     _, _, mapped = mapped_cost(pcg, summit)
     assert mapped.feasible
+
+
+def test_placement_groups_give_the_placed_plan_its_groups_and_spread_degrees_it_cannot_make():
+    """Extraction with placement in the loop prices the e-graph's other choices on a
+    placement's groups: the plan's own collectives get exactly the groups the placement gave
+    them, and a degree no set of its axes multiplies to is spread across the machine rather
+    than given the closest devices."""
+    from pcgopt.extract.costmodel.cost import default_groups
+    from pcgopt.extract.strategies.baselines import megatron
+    from pcgopt.extract.strategies.placement import (
+        PlanPlacement,
+        parallel_nodes,
+        place_plan,
+        placement_groups,
+    )
+    from pcgopt.machine import Machine
+    from pcgopt.models import ZOO
+
+    summit = Machine.preset("summit", nodes=2)  # [node 2, socket 2, gpu 3]
+    plan = megatron(ZOO["mlp"].build(), summit)
+    placed = place_plan(plan, summit)  # axes (4, 2) on 8 of the 12 GPUs
+    groups = placement_groups(placed, summit)
+    widths = {name: (degree, width) for name, degree, width in parallel_nodes(plan)}
+    assert placed.devices
+    for name, among in placed.devices.items():
+        assert groups(*widths[name]) == among
+    # 3 is no product of the axes (4, 2), and 12 devices are more than the plan's 8.
+    assert groups(3, 12) == ((0, 4, 8), (1, 5, 9), (2, 6, 10), (3, 7, 11))
+    assert groups(3, 12) != default_groups(3, 12)
+    kept = PlanPlacement((), None, {}, placed.cost, reason="no axes")
+    assert placement_groups(kept, summit) is default_groups
