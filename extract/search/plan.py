@@ -20,7 +20,13 @@ Phases, each timed in :attr:`Plan.stats`:
    "e-graph, branches at once", whose branches the mapping then runs side by side (not yet
    under graph splitting, whose segments are extracted in sequence). On a machine of several
    nodes a third extraction costs the e-graph on one node ("e-graph on one node": e-nodes
-   wider than a node are out), for models where crossing nodes costs more than it gains;
+   wider than a node are out), for models where crossing nodes costs more than it gains.
+   Extraction prices every collective on the closest devices, which no placement of a plan
+   mixing degrees gives them all at once; so the first two are extracted again with
+   placement in the loop (within the extraction phases' shares): the plan is placed and
+   mapped, the e-graph priced again on that placement's device groups
+   (:func:`~pcgopt.extract.strategies.placement.placement_groups`) and extracted again, and
+   the plan of the least placed cost kept;
 4. **baselines**: data parallelism, Megatron-style tensor parallelism and sequential optimization
    (:mod:`pcgopt.extract.strategies.baselines`), costed by the same model, and the branch-parallel
    plan (:func:`~pcgopt.extract.strategies.branches.branch_parallel`: data parallelism whose degree
@@ -87,6 +93,7 @@ from pcgopt.extract.costmodel.simulate import DDP, Runtime
 from pcgopt.extract.search import report
 from pcgopt.extract.search.extraction import (
     EXTRACTION_SECONDS_PER_ENODE,
+    WHOLE_EXTRACTION_SECONDS_PER_ENODE,
     ENodeCosts,
     Extraction,
     ExtractionError,
@@ -95,6 +102,7 @@ from pcgopt.extract.search.extraction import (
     enode_costs,
     extract_greedy,
     extract_ilp,
+    repriced,
 )
 from pcgopt.extract.search.mapping import MachineMapping, MappingCache, map_machine
 from pcgopt.extract.search.splitting import MIN_SEGMENT_OPS, split_search, split_segments
@@ -114,6 +122,7 @@ from pcgopt.extract.strategies.placement import (
     batch_split_only,
     default_placement,
     place_plan,
+    placement_groups,
 )
 from pcgopt.graph import PCG
 from pcgopt.machine import Machine, MachineError
@@ -547,11 +556,14 @@ def check_seconds(pcg: PCG, machine: Machine) -> float:
 class _Clock:
     """The search's time budget as a deadline: a phase may use what is left of the budget less
     the shares of the phases after it, that is its own share plus what the phases before it
-    left unused, less what they overran; the phases after it keep their shares whole. Each
+    left unused, less what they overran; the phases after it keep their shares whole, but
+    for those that will not run (``skipped``: the branch-parallel search without baselines,
+    the pipeline for a model without cuts), whose shares go to the phases before them. Each
     still gets at least 2% of the budget."""
 
     budget_s: float
     deadline: float
+    skipped: frozenset[str] = frozenset()
 
     @classmethod
     def untimed(cls) -> _Clock:
@@ -559,12 +571,14 @@ class _Clock:
         return cls(math.inf, math.inf)
 
     @classmethod
-    def start(cls, budget_s: float, check_s: float = 0.0) -> _Clock:
+    def start(
+        cls, budget_s: float, check_s: float = 0.0, skipped: frozenset[str] = frozenset()
+    ) -> _Clock:
         """The phases share the budget less :data:`RESERVE_SHARE` and the predicted time of
         the check beyond it (``check_s``), but at least :data:`MIN_SEARCH_SHARE` of it."""
         reserved = max(RESERVE_SHARE * budget_s, check_s)
         planned = max(MIN_SEARCH_SHARE * budget_s, budget_s - reserved)
-        return cls(planned, time.perf_counter() + planned)
+        return cls(planned, time.perf_counter() + planned, skipped)
 
     def limit(self, phase: str) -> float:
         """Seconds for ``phase`` (one of :data:`PHASE_SHARES`): what is left of the budget,
@@ -584,8 +598,15 @@ class _Clock:
     def _own(self, phase: str) -> float:
         """What is left of the budget less the shares of the phases after ``phase``."""
         names = list(PHASE_SHARES)
-        after = sum(PHASE_SHARES[n] for n in names[names.index(phase) + 1 :])
+        after = sum(
+            PHASE_SHARES[n] for n in names[names.index(phase) + 1 :] if n not in self.skipped
+        )
         return self.deadline - time.perf_counter() - after * self.budget_s
+
+    def fits(self, phase: str, seconds: float) -> bool:
+        """Whether ``seconds`` of work fit in what ``phase`` has left (always, in a
+        deterministic search)."""
+        return math.isinf(self.deadline) or self._own(phase) >= seconds
 
     def left(self) -> float:
         if math.isinf(self.deadline):
@@ -597,6 +618,13 @@ class _Clock:
 #: phase's limit (limits are checked between steps), the check and assembling the Plan. In
 #: ``python bench/run.py --budget 20`` at 030240b one search ended 0.5 s after its budget.
 RESERVE_SHARE = 0.05
+
+#: A pipeline's check (every stage's plan against its part of the model, and the model on
+#: micro-batches against the whole batch) takes about this many times the model's predicted
+#: check (:func:`check_seconds`): on BERT-Large on 8 Summit nodes, two stages and the
+#: micro-batches 2.43 s against 2.12 s predicted for the model (1.92 s measured; scratch,
+#: 2026-12-07). Unbudgeted, it took that search 13% past a 20 s budget.
+PIPELINE_CHECK_SHARE = 1.3
 
 #: Saturation and the pipeline phase start only if at least this part of their share of
 #: the budget is left for them (:meth:`_Clock.spent`): their first steps (loading the seeds
@@ -670,7 +698,8 @@ def saturate_and_extract(
     rest as :data:`PHASE_SHARES` says (the layer-wise searches 18%, saturation 42% with
     building the baselines and the rest of loading the rules before it and exporting the
     e-graph after it, extraction 20%, the branch-parallel plan 8%, placement and mapping 8%,
-    the pipeline 4%).
+    the pipeline 4%; the shares of the branch-parallel plan without ``baselines`` and of the
+    pipeline where it cannot run go to the phases before them).
     Saturation runs into greedy extraction's share as long as its e-graph leaves the time to
     cost and extract it, and stops before an iteration predicted not to leave that time (the
     first one included). Time a phase leaves unused goes to the next one; time it overruns
@@ -729,6 +758,10 @@ def saturate_and_extract(
         legal_degrees(machine.num_devices, degrees)  # a clear error now, not after the seeds
     # The shipped rules load (once per process) on the second core while the layer-wise
     # searches run; saturation waits for them, and its share pays for what is left.
+    # The shares of the phases that will not run go to those before them.
+    skipped = set() if baselines else {"branch parallel"}
+    if not pipeline or not _may_pipeline(pcg, machine, min_segment_ops):
+        skipped.add("pipeline")
     search = _Search(
         pcg,
         machine,
@@ -736,7 +769,9 @@ def saturate_and_extract(
         runtime,
         _Clock.untimed()
         if deterministic
-        else _Clock.start(time_budget_s, check_seconds(pcg, machine) if check else 0.0),
+        else _Clock.start(
+            time_budget_s, check_seconds(pcg, machine) if check else 0.0, frozenset(skipped)
+        ),
         _reporter(progress),
         bool(progress),
         rules,
@@ -770,7 +805,7 @@ def saturate_and_extract(
 
     chosen, (best, best_cost) = _best(candidates, failed)
     say(f"chose {chosen}: {best_cost.total_s * 1e3:.4g} ms per iteration")
-    piped = _pipeline_phase(search, best_cost, min_segment_ops) if pipeline else None
+    piped = _pipeline_phase(search, best_cost, min_segment_ops, check) if pipeline else None
     verdict = _check_phase(search, best, check, check_flops_limit, piped)
     stats = _with_pipeline(explored.stats(candidates, chosen, phases, unplaced), piped)
     return Plan(
@@ -805,7 +840,13 @@ def _placement_phase(
     search.say(f"placing and mapping {distinct} distinct candidate plans on the machine")
     keys = {k: (v[0], v[1].runtime) for k, v in candidates.items() if v is not None}
     placements, mappings, failed = _place_and_map(
-        candidates, search.machine, search.optimizer, search.clock, search.say, model=search.pcg
+        candidates,
+        search.machine,
+        search.optimizer,
+        search.clock,
+        search.say,
+        model=search.pcg,
+        cache=search.mapping_cache,
     )
     search.phases["placement and mapping"] = time.perf_counter() - start
     unplaced = frozenset(k for k, key in keys.items() if failed.get(key) == UNPLACED)
@@ -828,18 +869,27 @@ def _pipeline_name(piped: PipelinePlan) -> str:
     return f"pipeline ({len(piped.stages)} stages x {piped.micro_batches} micro-batches)"
 
 
+def _may_pipeline(pcg: PCG, machine: Machine, min_segment_ops: int) -> bool:
+    """Whether the pipeline phase can run: several devices, and a model with cuts."""
+    return machine.num_devices >= 2 and len(split_segments(pcg, min_segment_ops)) >= 2
+
+
 def _pipeline_phase(
-    search: _Search, best_cost: CostBreakdown, min_segment_ops: int
+    search: _Search, best_cost: CostBreakdown, min_segment_ops: int, check: bool
 ) -> PipelinePlan | None:
     """Phase 6 (module docstring): the fastest pipelined plan, kept if it has several stages
-    and beats ``best_cost`` (fits where it does not, or is faster)."""
+    and beats ``best_cost`` (fits where it does not, or is faster). A pipeline kept is checked
+    too (``check``): that check's predicted time (:data:`PIPELINE_CHECK_SHARE`) comes out of
+    the phase's."""
     machine = search.machine
-    if machine.num_devices < 2:
+    if not _may_pipeline(search.pcg, machine, min_segment_ops):
         return None
-    if len(split_segments(search.pcg, min_segment_ops)) < 2:
-        return None
-    if search.clock.spent("pipeline", MIN_START_PART):
-        search.say("no pipeline: the time budget ran out before its phase")
+    checking = PIPELINE_CHECK_SHARE * check_seconds(search.pcg, machine) if check else 0.0
+    limit = search.clock.limit("pipeline") - checking
+    if search.clock.spent("pipeline", MIN_START_PART) or (
+        limit < MIN_START_PART * PHASE_SHARES["pipeline"] * search.clock.budget_s
+    ):
+        search.say("no pipeline: the time budget ran out before its phase and its check")
         search.phases["pipeline"] = 0.0
         return None
     start = time.perf_counter()
@@ -852,7 +902,7 @@ def _pipeline_phase(
             runtime=search.runtime,
             min_ops=min_segment_ops,
             min_stages=2,
-            time_budget_s=None if search.deterministic else search.clock.limit("pipeline"),
+            time_budget_s=None if search.deterministic else limit,
             faster_than_s=best_cost.total_s if best_cost.feasible else None,
         )
     except (PipelineError, BaselineError, CostError) as e:
@@ -1198,6 +1248,7 @@ def _place_and_map(
     clock: _Clock,
     say: Callable[[str], None],
     model: PCG | None = None,
+    cache: MappingCache | None = None,
 ) -> tuple[dict[str, PlanPlacement], dict[str, MachineMapping], dict[tuple[PCG, Runtime], str]]:
     """Places every candidate's parallelism axes on the hierarchy (P^2's parallelism matrices,
     reductions priced with synthesized programs), then maps each onto the machine (branches at
@@ -1216,7 +1267,7 @@ def _place_and_map(
     second. Returns the placements, the mappings and why plans failed or were not placed."""
     placements: dict[str, PlanPlacement] = {}
     mappings: dict[str, MachineMapping] = {}
-    cache = MappingCache(machine)
+    cache = cache or MappingCache(machine)
     # Searches often agree (metropolis-hastings keeps coordinate descent's plan): one
     # placement per distinct plan.
     # A candidate is costed under the runtime its cost carries (ZeRO's baselines carry their
@@ -1340,6 +1391,12 @@ class _Search:
     phases: dict[str, float] = field(default_factory=dict)
     # branch_views' answer (or why there is none), once computed.
     _views: list[tuple[ElasticViews | None, PCGError | None]] = field(default_factory=list)
+    # The machine mapping's memo table, shared by every phase that maps plans.
+    mapping_cache: MappingCache | None = None
+
+    def __post_init__(self) -> None:
+        if self.mapping_cache is None:
+            object.__setattr__(self, "mapping_cache", MappingCache(self.machine))
 
     def cost(self, plan: PCG) -> CostBreakdown:
         """``plan``'s cost under the search's optimizer and runtime."""
@@ -1374,7 +1431,9 @@ class _Search:
             raise error
         return found
 
-    def saturation_budget(self, seconds: float) -> Budget:
+    def saturation_budget(
+        self, seconds: float, after_seconds_per_enode: float = EXTRACTION_SECONDS_PER_ENODE
+    ) -> Budget:
         """Saturation's budget: ``seconds`` (with the time to cost and extract what it
         leaves), or in a deterministic search :data:`DETERMINISTIC_BUDGET`. No speculative
         iterations: they would use up the whole share whenever the next iteration is
@@ -1387,7 +1446,7 @@ class _Search:
             seconds=seconds,
             memory_bytes=self.memory_budget,
             speculate=False,
-            after_seconds_per_enode=EXTRACTION_SECONDS_PER_ENODE,
+            after_seconds_per_enode=after_seconds_per_enode,
         )
 
 
@@ -1450,7 +1509,9 @@ def _whole_phase(
         rules=search.rules,
         # Saturation runs into greedy extraction's share as long as its e-graph leaves the
         # time to cost and extract it.
-        budget=search.saturation_budget(clock.limit("extract greedy")),
+        budget=search.saturation_budget(
+            clock.limit("extract greedy"), WHOLE_EXTRACTION_SECONDS_PER_ENODE
+        ),
         progress=search.progress,
         seeds=list(dict.fromkeys(seed_plans)),
         **search.rewrite_options,
@@ -1472,24 +1533,45 @@ def _whole_phase(
     extracted: dict[str, PCG | None] = {}
     texts = []
     variants = [("e-graph", costs)]
+    concurrent_share: Callable[[ENodeCosts], ENodeCosts] | None = None
     if views is not None and views.narrowed:
         devices = class_devices(sat.egraph, pcg, views.views, machine.num_devices)
-        variants.append(("e-graph, branches at once", concurrent_costs(costs, devices)))
+
+        def concurrent_share(costs: ENodeCosts) -> ENodeCosts:
+            return concurrent_costs(costs, devices)
+
+        variants.append(("e-graph, branches at once", concurrent_share(costs)))
     node = machine.one_node()
     if node is not None:
         # Costed on one node, the extraction keeps within it where crossing nodes costs more
         # than it gains (per-e-node costs cannot see that a sync at once on several nodes
         # is what makes a whole-machine plan slower).
-        variants.append(
-            (
-                "e-graph on one node",
-                enode_costs(sat.egraph, node, optimizer=search.optimizer, runtime=search.runtime),
-            )
-        )
+        variants.append(("e-graph on one node", repriced(costs, machine=node)))
+    took: dict[str, float] = {}
     for name, variant in variants:
+        begun = time.perf_counter()
         extracted[name], text = _extract(search, sat.egraph, variant)
+        took[name] = time.perf_counter() - begun
         texts.append(text if name == "e-graph" else f"{name}: {text}")
         say(f"extracted: {texts[-1]}")
+    # Placement in the loop, for the whole-machine extractions (the one-node costs keep to
+    # one node, whose groups need no placement), within the exact extraction's share: the
+    # time the phases before left goes to the branch-parallel search (on 8 Summit nodes the
+    # MLP's branch-parallel plan was 8% slower with 2.7 s instead of 6 s).
+    until = (
+        math.inf
+        if search.deterministic
+        else time.perf_counter() + PHASE_SHARES["extract exact"] * clock.budget_s
+    )
+    for name, _ in variants[:2]:
+        share = None if name == "e-graph" else concurrent_share
+        # A round reprices and extracts: predicted by the first costing and extraction.
+        round_s = costs.seconds + took[name]
+        found = _placed_rounds(search, costs, extracted[name], share, round_s, until)
+        if found is not None and found[0] is not extracted[name]:
+            extracted[name] = found[0]
+            texts.append(f"{name}, placed in the loop: {found[1]}")
+            say(f"extracted: {texts[-1]}")
     phases["extract"] = time.perf_counter() - start
     return extracted, _Explored(
         sat.num_enodes,
@@ -1499,6 +1581,73 @@ def _whole_phase(
         "; ".join(texts),
         sat.peak_rss_bytes,
     )
+
+
+#: Extraction with placement in the loop: at most this many extractions after the first, each
+#: costing the e-graph on the groups of the last one's placement.
+PLACEMENT_ROUNDS = 3
+
+
+def _placed_rounds(
+    search: _Search,
+    base: ENodeCosts,
+    plan: PCG | None,
+    share: Callable[[ENodeCosts], ENodeCosts] | None,
+    round_s: float,
+    until: float,
+) -> tuple[PCG, str] | None:
+    """Extraction with placement in the loop (Unity 5.2's aim: the extractor ranks a choice by
+    its cost as placed). Extraction costs every collective on the default placement's
+    consecutive devices, each group the closest devices at once, which no placement of a plan
+    mixing degrees gives them all: on 8 Summit nodes, the e-graph's MLP plan estimated at
+    231 ms was 475 ms placed. So the extracted ``plan`` is placed and mapped
+    (:func:`mapped_cost`), the e-graph costed again (``base``: its costs,
+    :func:`~pcgopt.extract.search.extraction.repriced`) on that placement's groups
+    (:func:`~pcgopt.extract.strategies.placement.placement_groups`: a degree the placement
+    has no axes for is priced spread across the machine) and extracted again, up to
+    :data:`PLACEMENT_ROUNDS` times, until an extraction repeats one before it or another
+    round would not end by ``until`` (``time.perf_counter()``) and within the extraction
+    phases' time (``round_s``: predicted from the first costing and extraction, then the
+    last round's).
+    ``share``: how the variant reprices the costs (branches at once), or None. Returns the
+    plan of the least placed and mapped cost with its extraction's text, or None if there
+    were no rounds."""
+    # The rounds take the exact extraction's share too: it runs on small e-graphs only.
+    if plan is None or search.clock.spent("extract exact"):
+        return None
+    seen: dict[PCG, CostBreakdown] = {}
+    best: tuple[PCG, str] | None = None
+    text = "the first extraction"
+    for _ in range(PLACEMENT_ROUNDS):
+        try:
+            placed, _mapping, cost = mapped_cost(
+                plan,
+                search.machine,
+                optimizer=search.optimizer,
+                runtime=search.runtime,
+                cost=search.cost(plan),
+                cache=search.mapping_cache,
+                time_limit_s=search.clock.limit("extract exact") / 4,
+            )
+        except CostError:
+            break  # the placement phase reports it, and keeps the other candidates
+        seen[plan] = cost
+        if best is None or _rank(cost) < _rank(seen[best[0]]):
+            best = plan, text
+        if (
+            placed.matrix is None
+            or not search.clock.fits("extract exact", round_s)
+            or time.perf_counter() + round_s > until
+        ):
+            break
+        start = time.perf_counter()
+        costs = repriced(base, groups=placement_groups(placed, search.machine))
+        found, text = _extract(search, base.egraph, costs if share is None else share(costs))
+        round_s = time.perf_counter() - start
+        if found is None or found in seen:
+            break
+        plan = found
+    return best
 
 
 def _extract(search: _Search, egraph: EGraphData, costs: ENodeCosts) -> tuple[PCG | None, str]:

@@ -263,6 +263,15 @@ def test_each_phase_gets_what_the_phases_before_it_left_and_the_next_keep_theirs
     now[0] = 99.5  # every phase overran: the next still gets 2% of the planned time
     assert clock.limit("branch parallel") == pytest.approx(2.0)
     assert clock.left() == pytest.approx(2.0)
+    # Without baselines and without cuts, the branch-parallel search and the pipeline do not
+    # run: their 8 s and 4 s go to the phases before them.
+    now[0] = 0.0
+    lean = _Clock.start(
+        100.0 / (1 - RESERVE_SHARE), skipped=frozenset({"branch parallel", "pipeline"})
+    )
+    now[0] = 10.0
+    assert lean.limit("saturate") == pytest.approx(50.0 + 12.0)
+    assert lean.limit("placement and mapping") == clock.limit("placement and mapping") + 4.0
 
 
 def test_phases_the_phases_before_them_left_no_time_are_cut_short(monkeypatch):
@@ -432,7 +441,8 @@ def test_a_deterministic_search_is_limited_by_work_not_time(monkeypatch):
     assert budgets == [
         plan_module.replace(plan_module.DETERMINISTIC_BUDGET, memory_bytes=4 * 2**30)
     ]
-    assert limits == [float("inf")]
+    # Every extraction (the first, and those with placement in the loop) has no time limit.
+    assert limits and all(limit == float("inf") for limit in limits)
     assert plan.stats.iterations <= plan_module.DETERMINISTIC_BUDGET.iterations
 
 
