@@ -80,6 +80,7 @@ from pathlib import Path
 from typing import Any
 
 from pcgopt.egraph import Budget, EGraphData, saturate, warm_up_in_background
+from pcgopt.egraph.saturate import ALGEBRA_ONSET_NEXT_GROWTH
 from pcgopt.egraph.translate import legal_degrees
 from pcgopt.errors import NotEquivalentError, PCGError
 from pcgopt.evaluate import assert_equivalent
@@ -1432,7 +1433,10 @@ class _Search:
         return found
 
     def saturation_budget(
-        self, seconds: float, after_seconds_per_enode: float = EXTRACTION_SECONDS_PER_ENODE
+        self,
+        seconds: float,
+        after_seconds_per_enode: float = EXTRACTION_SECONDS_PER_ENODE,
+        onset_growth: float | None = None,
     ) -> Budget:
         """Saturation's budget: ``seconds`` (with the time to cost and extract what it
         leaves), or in a deterministic search :data:`DETERMINISTIC_BUDGET`. No speculative
@@ -1447,6 +1451,7 @@ class _Search:
             memory_bytes=self.memory_budget,
             speculate=False,
             after_seconds_per_enode=after_seconds_per_enode,
+            onset_growth=onset_growth,
         )
 
 
@@ -1510,7 +1515,9 @@ def _whole_phase(
         # Saturation runs into greedy extraction's share as long as its e-graph leaves the
         # time to cost and extract it.
         budget=search.saturation_budget(
-            clock.limit("extract greedy"), WHOLE_EXTRACTION_SECONDS_PER_ENODE
+            clock.limit("extract greedy"),
+            WHOLE_EXTRACTION_SECONDS_PER_ENODE,
+            ALGEBRA_ONSET_NEXT_GROWTH,
         ),
         progress=search.progress,
         seeds=list(dict.fromkeys(seed_plans)),
