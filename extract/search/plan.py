@@ -1268,7 +1268,8 @@ def _place_and_map(
     second. Returns the placements, the mappings and why plans failed or were not placed."""
     placements: dict[str, PlanPlacement] = {}
     mappings: dict[str, MachineMapping] = {}
-    cache = cache or MappingCache(machine)
+    if cache is None:  # (an empty cache is falsy: it has a length)
+        cache = MappingCache(machine)
     # Searches often agree (metropolis-hastings keeps coordinate descent's plan): one
     # placement per distinct plan.
     # A candidate is costed under the runtime its cost carries (ZeRO's baselines carry their
