@@ -752,26 +752,21 @@ def saturate_and_extract(
     bug) is left out with a warning, and the others still compete; if none is left, the
     :class:`CostError` says why.
     """
-    machine = _checked_arguments(pcg, machine, time_budget_s, seeds)
-    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1:
-        raise PCGError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
-    if degrees is not None:
-        legal_degrees(machine.num_devices, degrees)  # a clear error now, not after the seeds
+    machine = _checked_arguments(pcg, machine, time_budget_s, seeds, memory_budget, degrees)
     # The shipped rules load (once per process) on the second core while the layer-wise
     # searches run; saturation waits for them, and its share pays for what is left.
-    # The shares of the phases that will not run go to those before them.
-    skipped = set() if baselines else {"branch parallel"}
-    if not pipeline or not _may_pipeline(pcg, machine, min_segment_ops):
-        skipped.add("pipeline")
     search = _Search(
         pcg,
         machine,
         optimizer,
         runtime,
-        _Clock.untimed()
-        if deterministic
-        else _Clock.start(
-            time_budget_s, check_seconds(pcg, machine) if check else 0.0, frozenset(skipped)
+        _search_clock(
+            pcg,
+            machine,
+            None if deterministic else time_budget_s,
+            check=check,
+            baselines=baselines,
+            pipeline=pipeline and _may_pipeline(pcg, machine, min_segment_ops),
         ),
         _reporter(progress),
         bool(progress),
@@ -792,16 +787,14 @@ def saturate_and_extract(
     fixed, baseline_plans = _baseline_phase(search, baselines)
     extracted, explored = _explore(search, seed_plans, baseline_plans, split, min_segment_ops)
 
-    candidates: dict[str, tuple[PCG, CostBreakdown] | None] = {
-        name: None if plan is None else (plan, search.cost(plan))
-        for name, plan in extracted.items()
+    candidates = {
+        **{k: None if p is None else (p, search.cost(p)) for k, p in extracted.items()},
+        "input as given": (pcg, input_cost),
+        **fixed,
+        **({"branch parallel": _branch_parallel(search)} if baselines else {}),
+        **layerwise,
+        **extra,
     }
-    candidates["input as given"] = (pcg, input_cost)
-    candidates.update(fixed)
-    if baselines:
-        candidates["branch parallel"] = _branch_parallel(search)
-    candidates.update(layerwise)
-    candidates.update(extra)
     placements, mappings, failed, unplaced = _placement_phase(search, candidates)
 
     chosen, (best, best_cost) = _best(candidates, failed)
@@ -988,7 +981,12 @@ def _check_phase(
 
 
 def _checked_arguments(
-    pcg: Any, machine: Any, time_budget_s: float, seeds: Sequence[Any]
+    pcg: Any,
+    machine: Any,
+    time_budget_s: float,
+    seeds: Sequence[Any],
+    memory_budget: Any,
+    degrees: Sequence[int] | None,
 ) -> Machine:
     """The machine to plan for (the default for None), after checking the arguments' types."""
     if not isinstance(pcg, PCG):
@@ -1022,7 +1020,33 @@ def _checked_arguments(
                 f"saturate_and_extract plans whole batches and cuts micro-batches itself "
                 f"(pipeline=True): give it the model without Pipeline and Batch"
             )
+    if isinstance(memory_budget, bool) or not isinstance(memory_budget, int) or memory_budget < 1:
+        raise PCGError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
+    if degrees is not None:
+        legal_degrees(machine.num_devices, degrees)  # a clear error now, not after the seeds
     return machine
+
+
+def _search_clock(
+    pcg: PCG,
+    machine: Machine,
+    time_budget_s: float | None,
+    *,
+    check: bool,
+    baselines: bool,
+    pipeline: bool,
+) -> _Clock:
+    """The search's clock: untimed for a deterministic search (``time_budget_s`` None), else
+    the budget less the check's predicted time, with the shares of the phases that will not
+    run (the branch-parallel plan without ``baselines``, the pipeline without ``pipeline``)
+    given to those before them."""
+    if time_budget_s is None:
+        return _Clock.untimed()
+    skipped = set() if baselines else {"branch parallel"}
+    if not pipeline:
+        skipped.add("pipeline")
+    check_s = check_seconds(pcg, machine) if check else 0.0
+    return _Clock.start(time_budget_s, check_s, frozenset(skipped))
 
 
 def _best(

@@ -541,6 +541,24 @@ def batch_split_only(plan: PCG) -> bool:
     return True
 
 
+def _on_machine(matrix: ParallelismMatrix, machine: Machine) -> list[int]:
+    """The machine device of each device of ``matrix``'s (sub-)machine: the one with the same
+    coordinates."""
+    return [machine.device_at(matrix.coordinates(d)) for d in range(matrix.num_devices)]
+
+
+def _span_groups(
+    matrix: ParallelismMatrix,
+    on_machine: Sequence[int],
+    span: tuple[int, ...],
+    degree: int,
+    width: int,
+) -> tuple[tuple[int, ...], ...]:
+    """The groups of a collective of ``degree`` over the axes ``span`` on a tensor of ``width``
+    shards: the first ``width // degree`` of the matrix's groups, as machine devices."""
+    return tuple(tuple(on_machine[d] for d in g) for g in matrix.groups(span)[: width // degree])
+
+
 def place_plan(
     pcg: PCG,
     machine: Machine,
@@ -578,16 +596,14 @@ def place_plan(
     for m in candidates:
         if tried and time_limit_s is not None and time.perf_counter() - start > time_limit_s:
             break
-        # A device of the sub-machine is the machine device with the same coordinates.
-        on_machine = [machine.device_at(m.coordinates(d)) for d in range(m.num_devices)]
+        on_machine = _on_machine(m, machine)
         devices: dict[str, tuple[tuple[int, ...], ...]] = {}
         # One tuple per (degree, width), shared by the nodes that have it: the cost model
         # checks each distinct group list once.
         shared: dict[tuple[int, int], tuple[tuple[int, ...], ...]] = {}
         for name, degree, w in nodes:
             if (degree, w) not in shared:
-                groups = m.groups(spans[degree])[: w // degree]
-                shared[degree, w] = tuple(tuple(on_machine[d] for d in g) for g in groups)
+                shared[degree, w] = _span_groups(m, on_machine, spans[degree], degree, w)
             devices[name] = shared[degree, w]
         cost = iteration_cost(pcg, machine, devices=devices, optimizer=optimizer, runtime=runtime)
         tried.append((m, cost.total_s))
@@ -623,7 +639,7 @@ def placement_groups(
     matrix = placement.matrix
     if matrix is None:
         return default_groups
-    on_machine = [machine.device_at(matrix.coordinates(d)) for d in range(matrix.num_devices)]
+    on_machine = _on_machine(matrix, machine)
     found: dict[tuple[int, int], tuple[tuple[int, ...], ...]] = {}
 
     def groups(degree: int, width: int) -> tuple[tuple[int, ...], ...]:
@@ -637,9 +653,7 @@ def placement_groups(
             return found[key]
         best: tuple[float, tuple[tuple[int, ...], ...]] | None = None
         for span in spans:
-            among = tuple(
-                tuple(on_machine[d] for d in g) for g in matrix.groups(span)[: width // degree]
-            )
+            among = _span_groups(matrix, on_machine, span, degree, width)
             seconds = collective_cost("all_reduce", among, _NOMINAL_BYTES, machine).seconds
             if best is None or seconds < best[0]:
                 best = seconds, among
