@@ -20,6 +20,7 @@ from pcgopt.shapes import ParallelTensorShape
 
 __all__ = [
     "MIN_SEGMENT_OPS",
+    "RepeatedRun",
     "Segment",
     "SegmentProblem",
     "apply_chain",
@@ -29,6 +30,7 @@ __all__ = [
     "is_parallel",
     "is_source",
     "layout_chain",
+    "repeated_run",
     "seed_owners",
     "seed_slice",
     "segment_pcg",
@@ -131,6 +133,70 @@ def split_segments(pcg: PCG, min_ops: int = MIN_SEGMENT_OPS) -> tuple[Segment, .
         begin, entry = i + 1, ref
     segments.append(Segment(len(chosen), tuple(n.name for n in computed[begin:]), entry, None))
     return tuple(segments)
+
+
+@dataclass(frozen=True)
+class RepeatedRun:
+    """The longest run of consecutive segments of ``pcg`` equal up to names (the layers of a
+    transformer): ``segments[start : start + length]``, all with an entry and an exit."""
+
+    pcg: PCG
+    segments: tuple[Segment, ...]
+    start: int
+    length: int
+
+    def __repr__(self) -> str:
+        return f"RepeatedRun({self.length} x segment {self.start} of {len(self.segments)})"
+
+    def shortened(self, repeats: int) -> PCG:
+        """``pcg`` with only the run's first ``repeats`` segments: what came after the run
+        reads the last kept segment's exit (which has the run's exit shape, the segments being
+        equal) instead of the run's. The nodes kept keep their names; sources only the dropped
+        segments read are dropped with them."""
+        if not 1 <= repeats <= self.length:
+            raise PCGError(
+                f"repeats must be 1 to {self.length} (the run's length), got {repeats!r}"
+            )
+        dropped = {
+            name
+            for seg in self.segments[self.start + repeats : self.start + self.length]
+            for name in seg.nodes
+        }
+        old = self.segments[self.start + self.length - 1].exit
+        new = self.segments[self.start + repeats - 1].exit
+        assert old is not None and new is not None  # a run's segments have exits
+        kept = [n for n in self.pcg.nodes if n.name not in dropped]
+        read = {r.node for n in kept if not is_source(n) for r in n.inputs}
+        read.update(r.node for r in self.pcg.outputs)
+        nodes = [
+            replace(n, inputs=tuple(new if r == old else r for r in n.inputs))
+            for n in kept
+            if not is_source(n) or n.name in read
+        ]
+        return PCG(nodes, tuple(new if r == old else r for r in self.pcg.outputs))
+
+
+def repeated_run(pcg: PCG, min_ops: int = MIN_SEGMENT_OPS) -> RepeatedRun | None:
+    """The longest run of at least two consecutive segments (:func:`split_segments`) equal up
+    to names, or None if no two neighbours are equal. The first and last segments (which read
+    the model's inputs and return its outputs) are never part of a run."""
+    segments = split_segments(pcg, min_ops)
+    keys = [
+        canonical(segment_pcg(pcg, seg))[0] if seg.entry is not None and seg.exit else None
+        for seg in segments
+    ]
+    best: tuple[int, int] | None = None
+    k = 0
+    while k < len(keys):
+        end = k + 1
+        while keys[k] is not None and end < len(keys) and keys[end] == keys[k]:
+            end += 1
+        if end - k >= 2 and (best is None or end - k > best[1]):
+            best = (k, end - k)
+        k = end
+    if best is None:
+        return None
+    return RepeatedRun(pcg, segments, best[0], best[1])
 
 
 # -- layouts ---------------------------------------------------------------------------------

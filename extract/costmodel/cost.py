@@ -153,7 +153,7 @@ from __future__ import annotations
 import functools
 import math
 from collections import Counter, defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from types import MappingProxyType
@@ -182,6 +182,7 @@ __all__ = [
     "CostBreakdown",
     "CostError",
     "DevicePlacement",
+    "FitsMemory",
     "MemoryBreakdown",
     "NodeCost",
     "Optimizer",
@@ -189,8 +190,10 @@ __all__ = [
     "collective_cost",
     "compute_times",
     "default_groups",
+    "fewest_micro_batches",
     "flat_coefficients",
     "iteration_cost",
+    "micro_batch_counts",
     "parallel_collectives",
     "roofline_s",
     "update_s",
@@ -1689,19 +1692,73 @@ def _check_micro_batches(pcg: PCG, micro_batches: int) -> int:
         raise CostError(f"micro_batches must be a positive integer, got {micro_batches!r}")
     if micro_batches == 1:
         return 1
+    for name, shape in _data_blocks(pcg):
+        if shape.rank == 0 or shape.dims[0].block % micro_batches:
+            block = shape.dims[0].block if shape.rank else "a scalar"
+            raise CostError(
+                f"node {name!r} ({pcg.node(name).op}): {micro_batches} micro-batches must divide "
+                f"every data input's dimension-0 blocks, but this one's is {block}",
+                node=name,
+            )
+    return micro_batches
+
+
+class FitsMemory(Protocol):
+    """What :func:`fewest_micro_batches` reads of a cost (a :class:`CostBreakdown`, or an
+    estimate of one)."""
+
+    @property
+    def feasible(self) -> bool: ...
+
+    @property
+    def memory(self) -> MemoryBreakdown: ...
+
+    @property
+    def memory_capacity(self) -> int: ...
+
+
+def _data_blocks(pcg: PCG) -> list[tuple[str, ParallelTensorShape]]:
+    """The data inputs of ``pcg`` and the layouts of them (the tensors micro-batches cut)."""
     sources = {n.name for n in pcg.nodes if n.op == "input"}
+    out = []
     for n in pcg.nodes:
         if n.name in sources or (n.op in LAYOUT_OPS and n.inputs[0].node in sources):
             sources.add(n.name)
-            shape = pcg.shape(n.name)
-            if shape.rank == 0 or shape.dims[0].block % micro_batches:
-                block = shape.dims[0].block if shape.rank else "a scalar"
-                raise CostError(
-                    f"node {n.name!r} ({n.op}): {micro_batches} micro-batches must divide every "
-                    f"data input's dimension-0 blocks, but this one's is {block}",
-                    node=n.name,
-                )
-    return micro_batches
+            out.append((n.name, pcg.shape(n.name)))
+    return out
+
+
+def micro_batch_counts(pcg: PCG, max_micro_batches: int = 64) -> tuple[int, ...]:
+    """The micro-batch counts above 1 and up to ``max_micro_batches`` that ``pcg`` can be
+    costed in: those dividing every data input's dimension-0 blocks (and its layouts')."""
+    blocks = [shape.dims[0].block if shape.rank else 1 for _, shape in _data_blocks(pcg)]
+    return tuple(m for m in range(2, max_micro_batches + 1) if all(b % m == 0 for b in blocks))
+
+
+def fewest_micro_batches[C: FitsMemory](
+    first: C, counts: Sequence[int], trial: Callable[[int], C | None]
+) -> C:
+    """:func:`accumulate_to_fit`'s choice given the single-batch cost ``first`` and
+    ``trial(m)``, the cost in ``m`` micro-batches (None where it cannot be costed): ``first``
+    if it fits, else the cost with the fewest of ``counts`` (ascending) that fits, else the one
+    with the most (the least memory). Memory falls as the micro-batches grow (they shrink only
+    the activations), so no count below ``activations / (capacity - the rest)`` is tried."""
+    if first.feasible:
+        return first
+    mem = first.memory
+    room = first.memory_capacity - (mem.total - mem.activations)
+    least: C | None = None
+    for m in counts:
+        if m * room < mem.activations and m != counts[-1]:
+            continue
+        found = trial(m)
+        if found is not None:
+            if found.feasible:
+                return found
+            least = found
+    if least is None:  # the most micro-batches could not be costed: the most that can
+        least = next((c for m in reversed(counts) if (c := trial(m)) is not None), None)
+    return first if least is None else least
 
 
 def accumulate_to_fit(
@@ -1723,16 +1780,6 @@ def accumulate_to_fit(
     first = (
         cost if cost is not None else iteration_cost(pcg, machine, optimizer=optimizer, **options)
     )
-    if first.feasible:
-        return first
-    blocks = [
-        pcg.shape(n.name).dims[0].block
-        for n in pcg.nodes
-        if n.op == "input" and pcg.shape(n.name).rank
-    ]
-    if not blocks:
-        return first
-    limit = min(max_micro_batches, *blocks)
 
     def trial(m: int) -> CostBreakdown | None:
         try:
@@ -1740,20 +1787,7 @@ def accumulate_to_fit(
         except CostError:
             return None  # m does not divide some layout's batch blocks
 
-    # Micro-batches shrink only the activations: if the rest does not fit, nothing will; else
-    # at least activations / (capacity - rest) micro-batches are needed.
-    mem = first.memory
-    room = first.memory_capacity - (mem.total - mem.activations)
-    if room > 0:
-        for m in range(max(2, math.ceil(mem.activations / room)), limit + 1):
-            found = trial(m)
-            if found is not None and found.feasible:
-                return found
-    for m in range(limit, 1, -1):
-        least = trial(m)
-        if least is not None:
-            return least
-    return first
+    return fewest_micro_batches(first, micro_batch_counts(pcg, max_micro_batches), trial)
 
 
 # --- Readable numbers -----------------------------------------------------------------------------

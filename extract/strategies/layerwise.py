@@ -39,6 +39,16 @@ batch is costed with gradient accumulation over the fewest micro-batches that fi
 (:func:`~pcgopt.extract.costmodel.cost.accumulate_to_fit`, AutoDDL section 5.2), so the micro-batch
 count is chosen with the strategies. Repeated evaluations are cached.
 
+**Repeated layers.** With tied layers (below) on a model whose layers repeat (a run of segments
+equal up to names, :func:`pcgopt.segments.repeated_run`: 21 of BERT-Large's 24 layers), an
+evaluation costs the model shortened to one and to two of the run's repeats and extrapolates
+linearly to the run's length (time and memory per device), so its time grows with the distinct
+layers, not the layers. The extrapolation is checked on the first assignment against the whole
+model's cost (off by more than :data:`PROXY_TOLERANCE`: every assignment is costed on the whole
+model); an assignment whose extrapolated memory does not fit is costed on the whole model (its
+micro-batch count is the whole model's); and the :data:`PROXY_FINALISTS` best are costed on the
+whole model at the end, the result the best of those.
+
 * :func:`coordinate_descent`: from a start, set each layer in turn to its best strategy with the
   others fixed, sweep until no layer changes, then restart from a random assignment; keep the
   best (``restarts`` starts in all, the first the best uniform assignment).
@@ -56,13 +66,21 @@ import random
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field
 from typing import Any
 
 from pcgopt.builder import Tensor
 from pcgopt.divisors import divisors, largest_divisor
 from pcgopt.errors import PCGError
-from pcgopt.extract.costmodel.cost import CostBreakdown, CostError, accumulate_to_fit
+from pcgopt.extract.costmodel.cost import (
+    CostBreakdown,
+    CostError,
+    MemoryBreakdown,
+    accumulate_to_fit,
+    fewest_micro_batches,
+    iteration_cost,
+    micro_batch_counts,
+)
 from pcgopt.extract.costmodel.simulate import DDP, Runtime
 from pcgopt.extract.strategies.baselines import (
     BaselineError,
@@ -73,6 +91,7 @@ from pcgopt.extract.strategies.baselines import (
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.machine import Machine
 from pcgopt.sbp import SBP
+from pcgopt.segments import RepeatedRun, repeated_run
 
 __all__ = [
     "LayerwiseResult",
@@ -533,7 +552,10 @@ class LayerwiseResult:
     """The best assignment a search found: its ``pcg``, ``strategies`` per dense layer and
     ``cost``; ``evaluations`` (distinct assignments costed), ``seconds`` of search, and
     ``history``, the best time that fits memory after each evaluation (inf before one does;
-    for convergence plots)."""
+    for convergence plots; the depth proxy's times where it stood in). ``proxy_error``: the
+    depth proxy's relative error on the first assignment (module docstring, "Repeated
+    layers"), None if the search had none; the search used it if the error was at most
+    :data:`PROXY_TOLERANCE`."""
 
     pcg: PCG
     strategies: Mapping[str, MatmulStrategy]
@@ -542,6 +564,7 @@ class LayerwiseResult:
     seconds: float
     method: str
     history: tuple[float, ...] = field(default=(), repr=False)
+    proxy_error: float | None = None
 
     def __repr__(self) -> str:
         return (
@@ -590,6 +613,97 @@ def _layer_options(
 
 _INFEASIBLE = (True, math.inf)
 
+#: The depth proxy's largest relative error in time on a search's first assignment; more, and
+#: the search costs every assignment on the whole model.
+PROXY_TOLERANCE = 0.02
+
+#: How many of the depth proxy's best assignments are costed on the whole model at the end.
+PROXY_FINALISTS = 3
+
+
+@dataclass(frozen=True)
+class _DepthProxy:
+    """A deep model's cost from the model shortened to one and two repeats of its repeated run
+    (module docstring, "Repeated layers"); ``layers``: each short model's dense layers."""
+
+    run: RepeatedRun
+    short: tuple[PCG, PCG]
+    layers: tuple[tuple[str, ...], tuple[str, ...]]
+
+    @classmethod
+    def of(
+        cls, pcg: PCG, layers: Sequence[str], groups: Sequence[Sequence[int]]
+    ) -> _DepthProxy | None:
+        """The proxy of ``pcg`` for a search over ``layers`` tied in ``groups``, or None where
+        it saves nothing (no run of 3 or more) or cannot stand for every group (a role only the
+        dropped repeats have)."""
+        run = repeated_run(pcg)
+        if run is None or run.length < 3:
+            return None
+        short = (run.shortened(1), run.shortened(2))
+        names = (dense_layers(short[0]), dense_layers(short[1]))
+        index = {name: i for i, name in enumerate(layers)}
+        if any(n not in index for n in (*names[0], *names[1])):
+            return None
+        present = {index[n] for n in names[0]}
+        if any(not present.intersection(members) for members in groups):
+            return None
+        return cls(run, short, names)
+
+    def estimate(
+        self,
+        machine: Machine,
+        strategies: Mapping[str, MatmulStrategy],
+        optimizer: str,
+        runtime: Runtime,
+    ) -> _Estimate:
+        """The whole model's time and memory per device under ``strategies``, extrapolated from
+        the short models', with the micro-batch count :func:`accumulate_to_fit` would choose on
+        the extrapolated memory."""
+        plans = [
+            lower(short, machine, {n: strategies[n] for n in names})
+            for short, names in zip(self.short, self.layers, strict=True)
+        ]
+        more = self.run.length - 1
+
+        def at(m: int) -> _Estimate | None:
+            try:
+                one, two = (
+                    iteration_cost(
+                        plan, machine, optimizer=optimizer, runtime=runtime, micro_batches=m
+                    )
+                    for plan in plans
+                )
+            except CostError:
+                return None  # m does not divide some layout's batch blocks
+            pairs = zip(astuple(one.memory), astuple(two.memory), strict=True)
+            parts = [a + more * (b - a) for a, b in pairs]
+            seconds = one.total_s + more * (two.total_s - one.total_s)
+            return _Estimate(seconds, MemoryBreakdown(*parts), one.memory_capacity)
+
+        first = at(1)
+        if first is None:
+            raise CostError("the short models cannot be costed in one batch")
+        return fewest_micro_batches(first, micro_batch_counts(plans[0]), at)
+
+
+@dataclass(frozen=True)
+class _Estimate:
+    """The depth proxy's extrapolated time and memory per device."""
+
+    total_s: float
+    memory: MemoryBreakdown
+    memory_capacity: int
+
+    @property
+    def feasible(self) -> bool:
+        return self.memory.total <= self.memory_capacity
+
+    @property
+    def key(self) -> tuple[bool, float]:
+        return (False, self.total_s) if self.feasible else (True, float(self.memory.total))
+
+
 #: With more dense layers than this, the searches tie layers of one role by default (a sweep
 #: over every layer of a deep model costs minutes; the roles of a Transformer are a handful).
 TIE_ABOVE = 16
@@ -608,6 +722,7 @@ class _Search:
         devices: int | None,
         tie: bool | None,
         allow: Callable[[MatmulStrategy], bool] | None = None,
+        depth_proxy: bool = True,
     ) -> None:
         _check_sequential(pcg)
         self.pcg, self.machine, self.optimizer = pcg, machine, optimizer
@@ -648,7 +763,16 @@ class _Search:
                     node=self.layers[members[0]],
                 )
             self.group_options.append(tuple(common))
-        self.cache: dict[tuple[MatmulStrategy, ...], tuple[tuple[bool, float], Any]] = {}
+        # The search's keys (the depth proxy's where it stands in) and the whole model's.
+        self.cache: dict[tuple[MatmulStrategy, ...], tuple[bool, float]] = {}
+        self.exact: dict[tuple[MatmulStrategy, ...], tuple[tuple[bool, float], Any]] = {}
+        self.exact_seconds = 0.0  # the longest whole-model evaluation
+        self.proxy = (
+            _DepthProxy.of(pcg, self.layers, self.groups)
+            if depth_proxy and tie and layers is None
+            else None
+        )
+        self.proxy_error: float | None = None
         self.history: list[float] = []
         self.best_s = math.inf
         self.start = time.perf_counter()
@@ -657,7 +781,22 @@ class _Search:
     def evaluate(self, assignment: tuple[MatmulStrategy, ...]) -> tuple[bool, float]:
         hit = self.cache.get(assignment)
         if hit is not None:
+            return hit
+        key = self._estimated(assignment) if self.proxy is not None else None
+        if key is None:
+            key = self._exact(assignment)
+        self.cache[assignment] = key
+        if not key[0]:
+            self.best_s = min(self.best_s, key[1])
+        self.history.append(self.best_s)
+        return key
+
+    def _exact(self, assignment: tuple[MatmulStrategy, ...]) -> tuple[bool, float]:
+        """``assignment``'s key from the whole model's lowering and cost."""
+        hit = self.exact.get(assignment)
+        if hit is not None:
             return hit[0]
+        began = time.perf_counter()
         try:
             plan = lower(self.pcg, self.machine, dict(zip(self.layers, assignment, strict=True)))
             cost = accumulate_to_fit(
@@ -669,14 +808,34 @@ class _Search:
             value: Any = (plan, cost)
         except (PCGError, CostError):
             key, value = _INFEASIBLE, None
-        self.cache[assignment] = (key, value)
-        if not key[0]:
-            self.best_s = min(self.best_s, key[1])
-        self.history.append(self.best_s)
+        self.exact[assignment] = (key, value)
+        self.exact_seconds = max(self.exact_seconds, time.perf_counter() - began)
+        return key
+
+    def _estimated(self, assignment: tuple[MatmulStrategy, ...]) -> tuple[bool, float] | None:
+        """``assignment``'s key from the depth proxy (None: cost it on the whole model). The
+        first assignment is costed both ways, and the proxy is dropped if they disagree."""
+        assert self.proxy is not None
+        strategies = dict(zip(self.layers, assignment, strict=True))
+        try:
+            found = self.proxy.estimate(self.machine, strategies, self.optimizer, self.runtime).key
+        except (PCGError, CostError):
+            return None
+        if self.exact:
+            return found
+        key = self._exact(assignment)
+        self.proxy_error = abs(found[1] - key[1]) / key[1] if found[0] == key[0] else math.inf
+        if self.proxy_error > PROXY_TOLERANCE:
+            self.proxy = None
         return key
 
     def result(self, method: str) -> LayerwiseResult:
-        assignment, (_, value) = min(self.cache.items(), key=lambda kv: kv[1][0])
+        if self.proxy is not None:
+            ranked = sorted((k, a) for a, k in self.cache.items() if a not in self.exact)
+            for key, assignment in ranked[:PROXY_FINALISTS]:
+                if key != _INFEASIBLE:
+                    self._exact(assignment)
+        assignment, (_, value) = min(self.exact.items(), key=lambda kv: kv[1][0])
         if value is None:
             raise BaselineError(
                 f"{method}: no assignment of strategies could be lowered and costed "
@@ -690,6 +849,7 @@ class _Search:
             seconds=time.perf_counter() - self.start,
             method=method,
             history=tuple(self.history),
+            proxy_error=self.proxy_error,
         )
 
     def per_group(
@@ -758,10 +918,15 @@ class _Search:
         return tuple(out)
 
     def over(self, time_limit_s: float | None) -> bool:
-        """Whether the search is out of time or of evaluations (:attr:`max_evaluations`)."""
+        """Whether the search is out of time or of evaluations (:attr:`max_evaluations`). With
+        the depth proxy, the time its finalists take on the whole model is kept back."""
         if self.max_evaluations is not None and len(self.cache) >= self.max_evaluations:
             return True
-        return time_limit_s is not None and time.perf_counter() - self.start > time_limit_s
+        if time_limit_s is None:
+            return False
+        if self.proxy is not None:
+            time_limit_s -= PROXY_FINALISTS * self.exact_seconds
+        return time.perf_counter() - self.start > time_limit_s
 
     def random_start(self, rng: random.Random) -> tuple[MatmulStrategy, ...]:
         return self.per_group(lambda _, options: rng.choice(options))
@@ -788,6 +953,7 @@ def coordinate_descent(
     tie: bool | None = None,
     allow: Callable[[MatmulStrategy], bool] | None = None,
     max_evaluations: int | None = None,
+    depth_proxy: bool = True,
 ) -> LayerwiseResult:
     """AutoDDL's coordinate descent (section 4.4) over per-layer SBP matmul strategies: from
     each start (the first the best uniform assignment, :meth:`uniform_start`, then random ones
@@ -802,10 +968,12 @@ def coordinate_descent(
     and ``layer5/ffn1``, with the same weight shape) share a strategy: one coordinate per role
     instead of per layer, for deep models; the default (None) ties when there are more than
     :data:`TIE_ABOVE` dense layers. ``allow``: keeps only the strategies it accepts
-    (e.g. ``lambda s: s.batch == 1``)."""
+    (e.g. ``lambda s: s.batch == 1``). ``depth_proxy``: with tied layers, cost a deep model's
+    assignments on it shortened to one and two repeats of its layers (module docstring,
+    "Repeated layers"); False costs every one on the whole model."""
     if not isinstance(restarts, int) or restarts < 1:
         raise BaselineError(f"restarts must be a positive integer, got {restarts!r}")
-    search = _Search(pcg, machine, optimizer, runtime, layers, devices, tie, allow)
+    search = _Search(pcg, machine, optimizer, runtime, layers, devices, tie, allow, depth_proxy)
     search.max_evaluations = max_evaluations
     rng = random.Random(seed)
     for k in range(restarts):
@@ -846,6 +1014,7 @@ def metropolis_hastings(
     tie: bool | None = None,
     allow: Callable[[MatmulStrategy], bool] | None = None,
     start: Mapping[str, MatmulStrategy] | None = None,
+    depth_proxy: bool = True,
 ) -> LayerwiseResult:
     """Metropolis-Hastings over per-layer strategies (AutoDDL section 4.4, FlexFlow's MCMC):
     from the data-parallel start, ``steps`` proposals each change one random layer to a random
@@ -853,9 +1022,10 @@ def metropolis_hastings(
     seconds; an assignment that does not fit memory is never accepted from one that does, and
     among ones that do not fit only a move to less memory is accepted). Default ``beta``:
     ``100 /`` the first fitting cost, so a proposal 1% slower is accepted with probability 1/e.
-    ``tie``, ``allow``: as for :func:`coordinate_descent`; ``start``: the assignment to start
-    from (default: data parallel), e.g. a coordinate-descent result's ``strategies``."""
-    search = _Search(pcg, machine, optimizer, runtime, layers, devices, tie, allow)
+    ``tie``, ``allow``, ``depth_proxy``: as for :func:`coordinate_descent`; ``start``: the
+    assignment to start from (default: data parallel), e.g. a coordinate-descent result's
+    ``strategies``."""
+    search = _Search(pcg, machine, optimizer, runtime, layers, devices, tie, allow, depth_proxy)
     rng = random.Random(seed)
     current = search.data_parallel_start()
     if start is not None:
@@ -863,7 +1033,7 @@ def metropolis_hastings(
     key = search.evaluate(current)
     choices = [g for g, options in enumerate(search.group_options) if len(options) > 1]
     for _ in range(steps if choices else 0):
-        if time_limit_s is not None and time.perf_counter() - search.start > time_limit_s:
+        if search.over(time_limit_s):
             break
         g = rng.choice(choices)
         now = current[search.groups[g][0]]

@@ -5,6 +5,7 @@ coordinate descent, Metropolis-Hastings, memory-aware pruning and gradient accum
 import contextlib
 import itertools
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import assume, given, settings
@@ -20,8 +21,9 @@ from pcgopt.extract import (
     iteration_cost,
     saturate_and_extract,
 )
+from pcgopt.extract.costmodel.simulate import DDP
 from pcgopt.extract.search.plan import placed_cost
-from pcgopt.extract.strategies import baselines
+from pcgopt.extract.strategies import baselines, layerwise
 from pcgopt.extract.strategies.layerwise import (
     MatmulStrategy,
     coordinate_descent,
@@ -455,6 +457,47 @@ def test_seed_plans_are_candidates_of_the_joint_optimizer():
     assert plan.cost.total_s <= plan.stats.candidates["seed 0"]
     with pytest.raises(PCGError, match=r"seeds\[0\] must be a pcgopt.PCG"):
         saturate_and_extract(pcg, FOUR, time_budget_s=5, seeds=["plan"])
+
+
+# -- repeated layers: the depth proxy -------------------------------------------------------------
+
+#: Six equal BERT layers (a run of 3 between the first two and the last), 39 dense layers, tied.
+DEEP = build("bert_large", layers=6, seq=32, hidden=64, heads=4, batch=8)
+
+
+@pytest.mark.parametrize(
+    ("machine", "runtime"),
+    [(EIGHT, ADDITIVE), (EIGHT, DDP), (flat_machine(8, memory_gib=0.02), DDP)],
+    ids=["additive", "overlapped", "accumulating"],
+)
+def test_a_deep_model_costed_from_two_short_ones_is_costed_as_the_whole(machine, runtime):
+    """Every assignment's time extrapolated from the model with one and two of its repeated
+    layers is the whole model's (the history holds each evaluation's best), the micro-batch
+    count (0.02 GiB devices) included, so the search goes the same way and ends on the same
+    plan."""
+    kwargs = {"restarts": 1, "max_evaluations": 10, "runtime": runtime}
+    short = coordinate_descent(DEEP, machine, **kwargs)
+    whole = coordinate_descent(DEEP, machine, depth_proxy=False, **kwargs)
+    assert short.proxy_error is not None and short.proxy_error < 1e-9
+    assert whole.proxy_error is None
+    assert short.history == pytest.approx(whole.history, rel=1e-9)
+    assert short.strategies == whole.strategies and short.cost == whole.cost
+    if machine is not EIGHT:
+        assert short.cost.micro_batches > 1
+
+
+def test_a_depth_proxy_that_misses_the_first_assignment_is_not_used(monkeypatch):
+    estimate = layerwise._DepthProxy.estimate
+
+    def twice(self, *args):
+        found = estimate(self, *args)
+        return replace(found, total_s=2 * found.total_s)
+
+    monkeypatch.setattr(layerwise._DepthProxy, "estimate", twice)
+    off = metropolis_hastings(DEEP, EIGHT, steps=6, seed=1)
+    assert off.proxy_error == pytest.approx(1.0)
+    whole = metropolis_hastings(DEEP, EIGHT, steps=6, seed=1, depth_proxy=False)
+    assert off.history == whole.history and off.strategies == whole.strategies
 
 
 def test_the_joint_optimizer_accumulates_gradients_when_the_batch_does_not_fit():

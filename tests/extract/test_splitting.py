@@ -22,7 +22,10 @@ from pcgopt.extract.search.splitting import (
     split_search,
     split_segments,
 )
+from pcgopt.extract.strategies.layerwise import dense_layers
 from pcgopt.graph import PCG, Node, TensorRef
+from pcgopt.models import build
+from pcgopt.segments import repeated_run
 from pcgopt.shapes import ParallelTensorShape
 
 TWO_GPUS = Machine.preset("summit", nodes=1, devices_per_node=2)
@@ -98,6 +101,29 @@ def test_min_ops_must_be_positive():
 
 
 # -- a segment and a seed's slice of it ---------------------------------------------------------
+
+
+def test_the_longest_run_of_equal_segments_shortens_to_fewer_repeats_of_the_same_layer():
+    g = build("bert_large", layers=6, seq=32, hidden=64, heads=4, batch=8)
+    run = repeated_run(g)
+    assert run is not None and (run.start, run.length) == (2, 3)
+    assert run.shortened(run.length) == g
+    one, two = run.shortened(1), run.shortened(2)
+    dense = dense_layers(g)
+    # The short models keep their layers' names: the first repeats' dense layers, and the rest.
+    assert set(dense_layers(one)) < set(dense_layers(two)) < set(dense)
+    per_layer = len(dense_layers(two)) - len(dense_layers(one))
+    assert len(dense) - len(dense_layers(two)) == per_layer * (run.length - 2)
+    assert one.outputs == g.outputs and one.shape(one.outputs[0]) == g.shape(g.outputs[0])
+    with pytest.raises(PCGError, match="repeats must be 1 to 3"):
+        run.shortened(4)
+
+
+def test_the_first_and_last_segments_are_never_in_a_run_and_unequal_ones_make_none():
+    run = repeated_run(chain(8), min_ops=2)  # a segment per layer; the last returns the output
+    assert run is not None and (run.start, run.length) == (1, 6)
+    assert repeated_run(chain(3), min_ops=2) is None  # only one segment between first and last
+    assert repeated_run(residual_block(), min_ops=1) is None
 
 
 def test_a_segment_reads_its_entry_as_an_input_and_returns_its_exit_in_each_layout():
