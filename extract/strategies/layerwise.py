@@ -43,7 +43,8 @@ count is chosen with the strategies. Repeated evaluations are cached.
 equal up to names, :func:`pcgopt.segments.repeated_run`: 21 of BERT-Large's 24 layers), an
 evaluation costs the model shortened to one and to two of the run's repeats and extrapolates
 linearly to the run's length (time and memory per device), so its time grows with the distinct
-layers, not the layers. The extrapolation is checked on the first assignment against the whole
+layers, not the layers (where the two short models are small enough to save time:
+:data:`PROXY_MAX_SIZE`). The extrapolation is checked on the first assignment against the whole
 model's cost (off by more than :data:`PROXY_TOLERANCE`: every assignment is costed on the whole
 model); an assignment whose extrapolated memory does not fit is costed on the whole model (its
 micro-batch count is the whole model's); and the :data:`PROXY_FINALISTS` best are costed on the
@@ -620,6 +621,11 @@ PROXY_TOLERANCE = 0.02
 #: How many of the depth proxy's best assignments are costed on the whole model at the end.
 PROXY_FINALISTS = 3
 
+#: The depth proxy is used only where its two short models together have at most this fraction
+#: of the whole model's nodes (BERT-Large: 0.40 at 24 layers, 0.79 at 12): each evaluation
+#: costs both, and the first and the finalists are costed whole as well.
+PROXY_MAX_SIZE = 0.75
+
 
 @dataclass(frozen=True)
 class _DepthProxy:
@@ -635,12 +641,14 @@ class _DepthProxy:
         cls, pcg: PCG, layers: Sequence[str], groups: Sequence[Sequence[int]]
     ) -> _DepthProxy | None:
         """The proxy of ``pcg`` for a search over ``layers`` tied in ``groups``, or None where
-        it saves nothing (no run of 3 or more) or cannot stand for every group (a role only the
-        dropped repeats have)."""
+        it saves too little (:data:`PROXY_MAX_SIZE`) or cannot stand for every group (a role
+        only the dropped repeats have)."""
         run = repeated_run(pcg)
         if run is None or run.length < 3:
             return None
         short = (run.shortened(1), run.shortened(2))
+        if len(short[0].nodes) + len(short[1].nodes) > PROXY_MAX_SIZE * len(pcg.nodes):
+            return None
         names = (dense_layers(short[0]), dense_layers(short[1]))
         index = {name: i for i, name in enumerate(layers)}
         if any(n not in index for n in (*names[0], *names[1])):

@@ -461,21 +461,22 @@ def test_seed_plans_are_candidates_of_the_joint_optimizer():
 
 # -- repeated layers: the depth proxy -------------------------------------------------------------
 
-#: Six equal BERT layers (a run of 3 between the first two and the last), 39 dense layers, tied.
-DEEP = build("bert_large", layers=6, seq=32, hidden=64, heads=4, batch=8)
+#: Thirteen equal BERT layers (a run of 10 between the first two and the last), 81 dense
+#: layers, tied; the short models have 0.73 of its nodes.
+DEEP = build("bert_large", layers=13, seq=32, hidden=64, heads=4, batch=8)
 
 
 @pytest.mark.parametrize(
     ("machine", "runtime"),
-    [(EIGHT, ADDITIVE), (EIGHT, DDP), (flat_machine(8, memory_gib=0.02), DDP)],
-    ids=["additive", "overlapped", "accumulating"],
+    [(EIGHT, DDP), (flat_machine(8, memory_gib=0.02), DDP)],
+    ids=["overlapped", "accumulating"],
 )
 def test_a_deep_model_costed_from_two_short_ones_is_costed_as_the_whole(machine, runtime):
     """Every assignment's time extrapolated from the model with one and two of its repeated
     layers is the whole model's (the history holds each evaluation's best), the micro-batch
     count (0.02 GiB devices) included, so the search goes the same way and ends on the same
     plan."""
-    kwargs = {"restarts": 1, "max_evaluations": 10, "runtime": runtime}
+    kwargs = {"restarts": 1, "max_evaluations": 6, "runtime": runtime}
     short = coordinate_descent(DEEP, machine, **kwargs)
     whole = coordinate_descent(DEEP, machine, depth_proxy=False, **kwargs)
     assert short.proxy_error is not None and short.proxy_error < 1e-9
@@ -494,9 +495,9 @@ def test_a_depth_proxy_that_misses_the_first_assignment_is_not_used(monkeypatch)
         return replace(found, total_s=2 * found.total_s)
 
     monkeypatch.setattr(layerwise._DepthProxy, "estimate", twice)
-    off = metropolis_hastings(DEEP, EIGHT, steps=6, seed=1)
+    off = metropolis_hastings(DEEP, EIGHT, steps=4, seed=1)
     assert off.proxy_error == pytest.approx(1.0)
-    whole = metropolis_hastings(DEEP, EIGHT, steps=6, seed=1, depth_proxy=False)
+    whole = metropolis_hastings(DEEP, EIGHT, steps=4, seed=1, depth_proxy=False)
     assert off.history == whole.history and off.strategies == whole.strategies
 
 
