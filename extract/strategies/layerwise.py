@@ -45,10 +45,11 @@ evaluation costs the model shortened to one and to two of the run's repeats and 
 linearly to the run's length (time and memory per device), so its time grows with the distinct
 layers, not the layers (where the two short models are small enough to save time:
 :data:`PROXY_MAX_SIZE`). The extrapolation is checked on the first assignment against the whole
-model's cost (off by more than :data:`PROXY_TOLERANCE`: every assignment is costed on the whole
-model); an assignment whose extrapolated memory does not fit is costed on the whole model (its
-micro-batch count is the whole model's); and the :data:`PROXY_FINALISTS` best are costed on the
-whole model at the end, the result the best of those.
+model's cost (off by more than :data:`PROXY_TOLERANCE`, or a time limit too short for the
+proxy to pay off: every assignment is costed on the whole model); the micro-batch count is
+chosen as :func:`~pcgopt.extract.costmodel.cost.accumulate_to_fit` would on the extrapolated
+memory; and the :data:`PROXY_FINALISTS` best are costed on the whole model at the end, the
+result the best of those.
 
 * :func:`coordinate_descent`: from a start, set each layer in turn to its best strategy with the
   others fixed, sweep until no layer changes, then restart from a random assignment; keep the
@@ -555,8 +556,9 @@ class LayerwiseResult:
     ``history``, the best time that fits memory after each evaluation (inf before one does;
     for convergence plots; the depth proxy's times where it stood in). ``proxy_error``: the
     depth proxy's relative error on the first assignment (module docstring, "Repeated
-    layers"), None if the search had none; the search used it if the error was at most
-    :data:`PROXY_TOLERANCE`."""
+    layers"), None if the search had none; ``proxy_used``: whether the search used it (the
+    error was at most :data:`PROXY_TOLERANCE`, and within ``time_limit_s`` it made more
+    evaluations than costing each on the whole model)."""
 
     pcg: PCG
     strategies: Mapping[str, MatmulStrategy]
@@ -566,6 +568,7 @@ class LayerwiseResult:
     method: str
     history: tuple[float, ...] = field(default=(), repr=False)
     proxy_error: float | None = None
+    proxy_used: bool = False
 
     def __repr__(self) -> str:
         return (
@@ -781,6 +784,7 @@ class _Search:
             else None
         )
         self.proxy_error: float | None = None
+        self.time_limit_s: float | None = None  # the search's, for the proxy's pay-off
         self.history: list[float] = []
         self.best_s = math.inf
         self.start = time.perf_counter()
@@ -824,6 +828,7 @@ class _Search:
         """``assignment``'s key from the depth proxy (None: cost it on the whole model). The
         first assignment is costed both ways, and the proxy is dropped if they disagree."""
         assert self.proxy is not None
+        began = time.perf_counter()
         strategies = dict(zip(self.layers, assignment, strict=True))
         try:
             found = self.proxy.estimate(self.machine, strategies, self.optimizer, self.runtime).key
@@ -831,11 +836,21 @@ class _Search:
             return None
         if self.exact:
             return found
+        short_s = time.perf_counter() - began
         key = self._exact(assignment)
         self.proxy_error = abs(found[1] - key[1]) / key[1] if found[0] == key[0] else math.inf
-        if self.proxy_error > PROXY_TOLERANCE:
+        if self.proxy_error > PROXY_TOLERANCE or not self._proxy_pays(short_s):
             self.proxy = None
         return key
+
+    def _proxy_pays(self, short_s: float) -> bool:
+        """Whether, in the time left, the depth proxy (evaluations of ``short_s``, then the
+        finalists costed whole) makes more evaluations than costing each on the whole model."""
+        if self.time_limit_s is None:
+            return True
+        left = self.time_limit_s - (time.perf_counter() - self.start)
+        whole_s = self.exact_seconds
+        return (left - PROXY_FINALISTS * whole_s) / max(short_s, 1e-9) > left / whole_s
 
     def result(self, method: str) -> LayerwiseResult:
         if self.proxy is not None:
@@ -858,6 +873,7 @@ class _Search:
             method=method,
             history=tuple(self.history),
             proxy_error=self.proxy_error,
+            proxy_used=self.proxy is not None,
         )
 
     def per_group(
@@ -982,7 +998,7 @@ def coordinate_descent(
     if not isinstance(restarts, int) or restarts < 1:
         raise BaselineError(f"restarts must be a positive integer, got {restarts!r}")
     search = _Search(pcg, machine, optimizer, runtime, layers, devices, tie, allow, depth_proxy)
-    search.max_evaluations = max_evaluations
+    search.max_evaluations, search.time_limit_s = max_evaluations, time_limit_s
     rng = random.Random(seed)
     for k in range(restarts):
         if k and search.over(time_limit_s):
@@ -1034,6 +1050,7 @@ def metropolis_hastings(
     assignment to start from (default: data parallel), e.g. a coordinate-descent result's
     ``strategies``."""
     search = _Search(pcg, machine, optimizer, runtime, layers, devices, tie, allow, depth_proxy)
+    search.time_limit_s = time_limit_s
     rng = random.Random(seed)
     current = search.data_parallel_start()
     if start is not None:

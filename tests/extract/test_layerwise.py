@@ -479,8 +479,8 @@ def test_a_deep_model_costed_from_two_short_ones_is_costed_as_the_whole(machine,
     kwargs = {"restarts": 1, "max_evaluations": 6, "runtime": runtime}
     short = coordinate_descent(DEEP, machine, **kwargs)
     whole = coordinate_descent(DEEP, machine, depth_proxy=False, **kwargs)
-    assert short.proxy_error is not None and short.proxy_error < 1e-9
-    assert whole.proxy_error is None
+    assert short.proxy_used and short.proxy_error is not None and short.proxy_error < 1e-9
+    assert not whole.proxy_used and whole.proxy_error is None
     assert short.history == pytest.approx(whole.history, rel=1e-9)
     assert short.strategies == whole.strategies and short.cost == whole.cost
     if machine is not EIGHT:
@@ -496,9 +496,14 @@ def test_a_depth_proxy_that_misses_the_first_assignment_is_not_used(monkeypatch)
 
     monkeypatch.setattr(layerwise._DepthProxy, "estimate", twice)
     off = metropolis_hastings(DEEP, EIGHT, steps=4, seed=1)
-    assert off.proxy_error == pytest.approx(1.0)
+    assert off.proxy_error == pytest.approx(1.0) and not off.proxy_used
     whole = metropolis_hastings(DEEP, EIGHT, steps=4, seed=1, depth_proxy=False)
     assert off.history == whole.history and off.strategies == whole.strategies
+
+
+def test_a_time_limit_too_short_for_the_depth_proxy_to_pay_off_leaves_it_out():
+    found = coordinate_descent(DEEP, EIGHT, restarts=1, time_limit_s=0.0)
+    assert found.proxy_error is not None and not found.proxy_used
 
 
 def test_the_joint_optimizer_accumulates_gradients_when_the_batch_does_not_fit():
