@@ -846,7 +846,7 @@ class _Search:
     def _proxy_pays(self, short_s: float) -> bool:
         """Whether, in the time left, the depth proxy (evaluations of ``short_s``, then the
         finalists costed whole) makes more evaluations than costing each on the whole model."""
-        if self.time_limit_s is None:
+        if self.time_limit_s is None or math.isinf(self.time_limit_s):
             return True
         left = self.time_limit_s - (time.perf_counter() - self.start)
         whole_s = self.exact_seconds

@@ -476,7 +476,7 @@ def test_a_deep_model_costed_from_two_short_ones_is_costed_as_the_whole(machine,
     layers is the whole model's (the history holds each evaluation's best), the micro-batch
     count (0.02 GiB devices) included, so the search goes the same way and ends on the same
     plan."""
-    kwargs = {"restarts": 1, "max_evaluations": 6, "runtime": runtime}
+    kwargs = {"restarts": 1, "max_evaluations": 6, "runtime": runtime, "time_limit_s": math.inf}
     short = coordinate_descent(DEEP, machine, **kwargs)
     whole = coordinate_descent(DEEP, machine, depth_proxy=False, **kwargs)
     assert short.proxy_used and short.proxy_error is not None and short.proxy_error < 1e-9
