@@ -11,7 +11,7 @@ and :mod:`pcgopt.extract.search.splitting` extracts them one by one and stitches
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from pcgopt.errors import PCGError
 from pcgopt.graph import PCG, Node, TensorRef
@@ -138,12 +138,15 @@ def split_segments(pcg: PCG, min_ops: int = MIN_SEGMENT_OPS) -> tuple[Segment, .
 @dataclass(frozen=True)
 class RepeatedRun:
     """The longest run of consecutive segments of ``pcg`` equal up to names (the layers of a
-    transformer): ``segments[start : start + length]``, all with an entry and an exit."""
+    transformer): ``segments[start : start + length]``, all with an entry and an exit;
+    ``counterparts``: each node of the run (its sources included) to the node in the same
+    place of the run's first segment."""
 
     pcg: PCG
     segments: tuple[Segment, ...]
     start: int
     length: int
+    counterparts: Mapping[str, str] = field(repr=False, compare=False, default_factory=dict)
 
     def __repr__(self) -> str:
         return f"RepeatedRun({self.length} x segment {self.start} of {len(self.segments)})"
@@ -181,10 +184,11 @@ def repeated_run(pcg: PCG, min_ops: int = MIN_SEGMENT_OPS) -> RepeatedRun | None
     to names, or None if no two neighbours are equal. The first and last segments (which read
     the model's inputs and return its outputs) are never part of a run."""
     segments = split_segments(pcg, min_ops)
-    keys = [
-        canonical(segment_pcg(pcg, seg))[0] if seg.entry is not None and seg.exit else None
+    forms = [
+        canonical(segment_pcg(pcg, seg)) if seg.entry is not None and seg.exit else None
         for seg in segments
     ]
+    keys = [None if form is None else form[0] for form in forms]
     best: tuple[int, int] | None = None
     k = 0
     while k < len(keys):
@@ -196,7 +200,16 @@ def repeated_run(pcg: PCG, min_ops: int = MIN_SEGMENT_OPS) -> RepeatedRun | None
         k = end
     if best is None:
         return None
-    return RepeatedRun(pcg, segments, best[0], best[1])
+    first = forms[best[0]]
+    assert first is not None
+    run = range(best[0], best[0] + best[1])
+    counterparts = {
+        real: first[1][v]
+        for k in run
+        for v, real in forms[k][1].items()  # type: ignore[index]
+        if real != segments[k].entry.node  # type: ignore[union-attr]
+    }
+    return RepeatedRun(pcg, segments, best[0], best[1], counterparts)
 
 
 # -- layouts ---------------------------------------------------------------------------------

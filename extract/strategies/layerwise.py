@@ -645,7 +645,8 @@ class _DepthProxy:
     ) -> _DepthProxy | None:
         """The proxy of ``pcg`` for a search over ``layers`` tied in ``groups``, or None where
         it saves too little (:data:`PROXY_MAX_SIZE`) or cannot stand for every group (a role
-        only the dropped repeats have)."""
+        only the dropped repeats have, or a layer tied to another role than its counterpart
+        in the first repeat)."""
         run = repeated_run(pcg)
         if run is None or run.length < 3:
             return None
@@ -659,6 +660,12 @@ class _DepthProxy:
         present = {index[n] for n in names[0]}
         if any(not present.intersection(members) for members in groups):
             return None
+        # Every repeat's layer must share its strategy with its counterpart in the first
+        # repeat (tied by role), or the repeats dropped would not cost what the kept ones do.
+        group_of = {j: g for g, members in enumerate(groups) for j in members}
+        for name, twin in run.counterparts.items():
+            if name in index and group_of[index[name]] != group_of.get(index.get(twin, -1)):
+                return None
         return cls(run, short, names)
 
     def estimate(

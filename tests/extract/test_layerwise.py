@@ -34,6 +34,7 @@ from pcgopt.extract.strategies.layerwise import (
     summa_like,
     uniform_strategy,
 )
+from pcgopt.graph import PCG
 from pcgopt.machine import DeviceSpec, Level, Link
 from pcgopt.models import build
 
@@ -499,6 +500,28 @@ def test_a_depth_proxy_that_misses_the_first_assignment_is_not_used(monkeypatch)
     assert off.proxy_error == pytest.approx(1.0) and not off.proxy_used
     whole = metropolis_hastings(DEEP, EIGHT, steps=4, seed=1, depth_proxy=False)
     assert off.history == whole.history and off.strategies == whole.strategies
+
+
+def _roles_chain(swapped: bool) -> PCG:
+    """120 dense layers in 10 segments of 12 (graph splitting's), each layer of role ``odd`` or
+    ``even`` by its place; ``swapped``: the roles change places in every other segment."""
+    b = PCGBuilder()
+    x = b.input((64, 64), name="x")
+    for i in range(120):
+        segment, place = divmod(i, 12)
+        role = "odd" if (place + (segment % 2 if swapped else 0)) % 2 else "even"
+        w = b.weight((64, 64), name=f"{role}{i}/w")
+        x = b.relu(b.matmul(x, w, name=f"{role}{i}/mm"), name=f"{role}{i}/relu")
+    return b.build(b.reduce_sum(x, axes=(0, 1), name="loss"))
+
+
+def test_the_depth_proxy_needs_every_repeat_tied_as_the_first_one():
+    """Tied by role, the repeats of a model cost alike only if each layer has the role of its
+    counterpart in the first repeat: where the roles change places, no proxy."""
+    kwargs = {"restarts": 1, "max_evaluations": 2, "tie": True}
+    same = coordinate_descent(_roles_chain(False), EIGHT, **kwargs)
+    assert same.proxy_error is not None
+    assert coordinate_descent(_roles_chain(True), EIGHT, **kwargs).proxy_error is None
 
 
 def test_a_time_limit_too_short_for_the_depth_proxy_to_pay_off_leaves_it_out():
