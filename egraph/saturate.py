@@ -811,6 +811,9 @@ class _RunState:
     initial_rss: int = 0
     last_end: float = 0.0  # when the last iteration ended
     peak_footprint: int = 0  # the most this process added to the memory (:func:`_footprint`)
+    # The last iteration left more e-nodes than the budget (the e-graph must be rebuilt without
+    # it); a NODES stop without it was a prediction, the e-graph as it is fits.
+    overshot: bool = False
 
 
 def _export_seconds(nodes: float, export_scale: float) -> tuple[float, float]:
@@ -890,7 +893,7 @@ def _run(
         footprint = rss if not _speculative_child else _footprint()
         state.peak_footprint = max(state.peak_footprint, footprint)
         if max_iterations is None and nodes > budget.enodes:
-            reason = StopReason.NODES
+            reason, state.overshot = StopReason.NODES, True
             break
         state.rewrites += matches
         history.append(IterationStats(it, nodes, elapsed, rss))
@@ -1079,7 +1082,7 @@ def saturate_together(
         outcome: _Outcome | None = None
         if fit is None:
             reason, state = _run(base, budget, progress=bar, started=t0, export_scale=export_scale)
-            if reason is StopReason.NODES:
+            if reason is StopReason.NODES and state.overshot:
                 # The last iteration overshot: rebuild the e-graph that fit (egglog is
                 # deterministic, so replaying gives the same e-graph).
                 fit = len(state.history)
@@ -1312,7 +1315,7 @@ def _speculation_worker(
             state=state,
             deliver_by=deliver_by,
         )
-        if reason is StopReason.NODES:  # this e-graph is past the budget; the parent's is not
+        if reason is StopReason.NODES and state.overshot:  # past the budget; the parent's is not
             conn.send(("stop", reason))
             return
         if reason is StopReason.TIME:

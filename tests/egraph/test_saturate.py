@@ -578,6 +578,21 @@ def test_the_node_budget_keeps_the_last_egraph_that_fit():
     assert sat.history[-1].enodes == sat.num_enodes  # the replay rebuilt the same e-graph
 
 
+def test_an_iteration_that_would_pass_the_node_budget_even_at_the_least_growth_is_not_run(
+    monkeypatch,
+):
+    """After one iteration of ``n`` e-nodes and a budget under ``2n``, the next is not run
+    (it could only be undone), and the e-graph is kept as it is, not rebuilt and replayed."""
+    first = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(iterations=1)).num_enodes
+    starts = []
+    start = saturate_module._start
+    monkeypatch.setattr(saturate_module, "_start", lambda *args: starts.append(1) or start(*args))
+    budget = Budget(enodes=int(first * saturate_module.LEAST_ITERATION_GROWTH) - 1)
+    sat = saturate(blowing_up_model(), TWO_GPUS, budget=budget)
+    assert (sat.stop_reason, sat.iterations, sat.num_enodes) == (StopReason.NODES, 1, first)
+    assert len(starts) == 1
+
+
 def test_the_iteration_budget_is_reported():
     sat = saturate(blowing_up_model(), TWO_GPUS, budget=Budget(iterations=1))
     assert (sat.stop_reason, sat.iterations) == (StopReason.ITERATIONS, 1)
