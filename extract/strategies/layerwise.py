@@ -845,7 +845,8 @@ class _Search:
             return found
         short_s = time.perf_counter() - began
         key = self._exact(assignment)
-        self.proxy_error = abs(found[1] - key[1]) / key[1] if found[0] == key[0] else math.inf
+        comparable = found[0] == key[0] and 0 < key[1] < math.inf
+        self.proxy_error = abs(found[1] - key[1]) / key[1] if comparable else math.inf
         if self.proxy_error > PROXY_TOLERANCE or not self._proxy_pays(short_s):
             self.proxy = None
         return key
