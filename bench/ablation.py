@@ -60,6 +60,30 @@ print(json.dumps({
 """
 
 
+def _table(args: argparse.Namespace, mode: str, header: list[str], cells) -> tuple[list, int, int]:
+    """The rows of each model and node count: the full search's call and ``mode``'s, the
+    second's cells from ``cells(full, alone, ratio)``; with how many rows are within 5%."""
+    rows = list(header)
+    within = total = 0
+    for name in args.models:
+        for nodes in args.nodes:
+            full = run_child(CHILD, name, nodes, args.budget, "full")
+            alone = run_child(CHILD, name, nodes, args.budget, mode)
+            if isinstance(full, str) or isinstance(alone, str):
+                rows.append(f"| {name} | {nodes} | {6 * nodes} | failed: {full} / {alone} |")
+                continue
+            ratio = alone["total_s"] / full["total_s"]
+            total += 1
+            within += ratio <= 1.05
+            rows.append(
+                f"| {name} | {nodes} | {6 * nodes} | {full['total_s'] * 1e3:.2f} ms | "
+                f"{cells(full, alone, ratio)} | "
+                f"{full['seconds']:.1f} s, {alone['seconds']:.1f} s |"
+            )
+            print(rows[-1], flush=True)
+    return rows, within, total
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", nargs="+", choices=UNITY_MODELS, default=list(UNITY_MODELS))
@@ -68,89 +92,59 @@ def main() -> None:
     parser.add_argument("--deterministic", action="store_true")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
-    if args.deterministic:
-        deterministic(args)
-        return
-    rows = [
-        "| model | nodes | GPUs | full search | chosen | e-graph alone | chosen | e-graph alone / "
-        "full | graph split | search time (full, alone) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
     start = time.perf_counter()
-    within = total = 0
-    for name in args.models:
-        for nodes in args.nodes:
-            full = run_child(CHILD, name, nodes, args.budget, "full")
-            alone = run_child(CHILD, name, nodes, args.budget, "alone")
-            if isinstance(full, str) or isinstance(alone, str):
-                rows.append(f"| {name} | {nodes} | {6 * nodes} | failed: {full} / {alone} |")
-                continue
-            ratio = alone["total_s"] / full["total_s"]
-            total += 1
-            within += ratio <= 1.05
-            split = f"{alone['segments']} segments" if alone["segments"] > 1 else "no"
-            rows.append(
-                f"| {name} | {nodes} | {6 * nodes} | {full['total_s'] * 1e3:.2f} ms | "
+    if args.deterministic:
+        rows, within, total = _table(
+            args,
+            "deterministic",
+            [
+                "| model | nodes | GPUs | full search | e-graph alone, deterministic | chosen | "
+                "iterations | e-nodes | alone / full | search time (full, alone) |",
+                "|---|---|---|---|---|---|---|---|---|---|",
+            ],
+            lambda full, alone, ratio: (
+                f"{alone['total_s'] * 1e3:.2f} ms | {alone['chosen']} | {alone['iterations']} | "
+                f"{alone['enodes']:,} | {ratio:.2f}x"
+            ),
+        )
+        heading = DETERMINISTIC_HEADING
+        about = (
+            "The e-graph alone as in the section above (`baselines=False`), with "
+            "`deterministic=True`: saturation limited by iterations and e-nodes "
+            "(`DETERMINISTIC_BUDGET`) instead of time, every later phase run to its end; the "
+            f"full search with `time_budget_s={args.budget:g}`. 'e-nodes': of the e-graph "
+            "extracted (under graph splitting, of the distinct segments')."
+        )
+    else:
+        rows, within, total = _table(
+            args,
+            "alone",
+            [
+                "| model | nodes | GPUs | full search | chosen | e-graph alone | chosen | "
+                "e-graph alone / full | graph split | search time (full, alone) |",
+                "|---|---|---|---|---|---|---|---|---|---|",
+            ],
+            lambda full, alone, ratio: (
                 f"{full['chosen']} | {alone['total_s'] * 1e3:.2f} ms | {alone['chosen']} | "
-                f"{ratio:.2f}x | {split} | {full['seconds']:.1f} s, {alone['seconds']:.1f} s |"
-            )
-            print(rows[-1], flush=True)
-    publish(
-        HEADING,
-        [
-            command_sentence(start),
-            "",
+                f"{ratio:.2f}x | "
+                + (f"{alone['segments']} segments" if alone["segments"] > 1 else "no")
+            ),
+        )
+        heading = HEADING
+        about = (
             "Issue 42's ablation: on the Unity table's rows (bench/run.py's setting), the plan "
             "of the e-graph alone (`saturate_and_extract(..., baselines=False)`: no layer-wise "
             "searches, baselines or branch-parallel plan; graph splitting still seeds the "
             "data-parallel and Megatron plans for the layouts at its cuts) against the full "
             f"search, both with `time_budget_s={args.budget:g}` and rules loaded ahead. The "
-            "aim: within 5% on every row.",
-            "",
-            *rows,
-            "",
-            f"Within 5%: {within} of {total} rows.",
-            "",
-        ],
-        write=not args.no_write,
-    )
-
-
-def deterministic(args: argparse.Namespace) -> None:
-    rows = [
-        "| model | nodes | GPUs | full search | e-graph alone, deterministic | chosen | "
-        "iterations | e-nodes | alone / full | search time (full, alone) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    start = time.perf_counter()
-    within = total = 0
-    for name in args.models:
-        for nodes in args.nodes:
-            full = run_child(CHILD, name, nodes, args.budget, "full")
-            alone = run_child(CHILD, name, nodes, args.budget, "deterministic")
-            if isinstance(full, str) or isinstance(alone, str):
-                rows.append(f"| {name} | {nodes} | {6 * nodes} | failed: {full} / {alone} |")
-                continue
-            ratio = alone["total_s"] / full["total_s"]
-            total += 1
-            within += ratio <= 1.05
-            rows.append(
-                f"| {name} | {nodes} | {6 * nodes} | {full['total_s'] * 1e3:.2f} ms | "
-                f"{alone['total_s'] * 1e3:.2f} ms | {alone['chosen']} | {alone['iterations']} | "
-                f"{alone['enodes']:,} | {ratio:.2f}x | "
-                f"{full['seconds']:.1f} s, {alone['seconds']:.1f} s |"
-            )
-            print(rows[-1], flush=True)
+            "aim: within 5% on every row."
+        )
     publish(
-        DETERMINISTIC_HEADING,
+        heading,
         [
             command_sentence(start),
             "",
-            "The e-graph alone as in the section above (`baselines=False`), with "
-            "`deterministic=True`: saturation limited by iterations and e-nodes "
-            "(`DETERMINISTIC_BUDGET`) instead of time, every later phase run to its end; the "
-            f"full search with `time_budget_s={args.budget:g}`. 'e-nodes': of the e-graph "
-            "extracted (under graph splitting, of the distinct segments').",
+            about,
             "",
             *rows,
             "",
