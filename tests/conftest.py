@@ -2,7 +2,9 @@ import atexit
 import os
 import shutil
 import tempfile
+from dataclasses import replace
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 from pcgopt.lower.run import host_devices
@@ -32,3 +34,14 @@ settings.register_profile(
     "thorough", max_examples=2000, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def two_iterations(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deterministic search's limits with two saturation iterations instead of the
+    shipped three: for the tests of other behaviour, which the third makes about twice as
+    slow (the deterministic-search tests and bench/ablation.py keep the shipped limits)."""
+    import pcgopt.extract.search.plan as plan_module
+
+    budget = replace(plan_module.DETERMINISTIC_BUDGET, iterations=2)
+    monkeypatch.setattr(plan_module, "DETERMINISTIC_BUDGET", budget)

@@ -204,7 +204,7 @@ def test_saturate_and_extract_proposes_the_branch_parallel_plan():
     assert plan.check.startswith("equivalent")
 
 
-def test_the_egraph_alone_runs_branches_at_once():
+def test_the_egraph_alone_runs_branches_at_once(two_iterations):
     """Extraction with branches priced by their share of the machine (the mapping DP's views)
     finds, in the e-graph alone (no baselines, no side generators), towers narrow enough to run
     side by side: faster than the extraction costed in sequence, the input and the

@@ -449,7 +449,7 @@ def test_the_joint_optimizer_is_never_worse_than_coordinate_descent():
     assert equivalent(pcg, plan.pcg)
 
 
-def test_seed_plans_are_candidates_of_the_joint_optimizer():
+def test_seed_plans_are_candidates_of_the_joint_optimizer(two_iterations):
     pcg = build("mnist_mlp", small=True)
     seed = lower(pcg, FOUR, dict.fromkeys(dense_layers(pcg), MatmulStrategy(1, 2, 2)))
     # Work limits, not time: run alone, the rules' loading would take the time to place it.

@@ -220,7 +220,7 @@ def test_a_candidate_that_cannot_be_placed_is_left_out_with_a_warning(monkeypatc
         saturate_and_extract(MNIST, TWO_GPUS, time_budget_s=4)
 
 
-def test_candidates_that_are_the_same_plan_are_placed_once(monkeypatch):
+def test_candidates_that_are_the_same_plan_are_placed_once(monkeypatch, two_iterations):
     from pcgopt.extract.strategies.baselines import data_parallel
 
     placed: list[tuple[pcgopt.PCG, dict]] = []
@@ -348,7 +348,7 @@ def test_a_data_parallel_plan_is_placed_late_when_the_placed_ones_came_out_slowe
     assert list(failed.values()) == [plan_module.UNPLACED]
 
 
-def test_plans_for_one_node_of_several_are_candidates_on_the_whole_machine():
+def test_plans_for_one_node_of_several_are_candidates_on_the_whole_machine(two_iterations):
     # On two Summit nodes of two GPUs, the MNIST MLP's gradients cost more to all-reduce across
     # the nodes than the second node's compute saves: data parallelism on one node is faster.
     machine = Machine.preset("summit", nodes=2, devices_per_node=2)
@@ -464,7 +464,7 @@ def test_a_plan_runs_on_jax_as_it_was_costed(mnist_plan):
         assert float(abs(grads[name] - g).max()) <= 1e-4 * max(1.0, float(abs(g).max()))
 
 
-def test_the_rewrite_options_of_saturate_are_options_of_the_search(monkeypatch):
+def test_the_rewrite_options_of_saturate_are_options_of_the_search(monkeypatch, two_iterations):
     machine = Machine.preset("dgx-a100", nodes=2, devices_per_node=2)
     given, saturate = {}, plan_module.saturate
 

@@ -295,7 +295,7 @@ def test_a_graph_without_two_big_segments_is_not_split():
     assert split_search(chain(2), TWO_GPUS, min_ops=4) is None
 
 
-def test_saturate_and_extract_splits_on_request_and_reports_the_segments():
+def test_saturate_and_extract_splits_on_request_and_reports_the_segments(two_iterations):
     g = chain(8)
     # Deterministic: under a time budget the rules' load could leave saturation no time.
     plan = saturate_and_extract(g, TWO_GPUS, deterministic=True, split=True, min_segment_ops=4)
