@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 from _results import command_sentence, publish, run_child
 from baselines import UNITY_MODELS
@@ -60,7 +61,12 @@ print(json.dumps({
 """
 
 
-def _table(args: argparse.Namespace, mode: str, header: list[str], cells) -> tuple[list, int, int]:
+def _table(
+    args: argparse.Namespace,
+    mode: str,
+    header: list[str],
+    cells: Callable[[dict, dict, float], str],
+) -> tuple[list[str], int, int]:
     """The rows of each model and node count: the full search's call and ``mode``'s, the
     second's cells from ``cells(full, alone, ratio)``; with how many rows are within 5%."""
     rows = list(header)

@@ -146,7 +146,7 @@ class RepeatedRun:
     segments: tuple[Segment, ...]
     start: int
     length: int
-    counterparts: Mapping[str, str] = field(repr=False, compare=False, default_factory=dict)
+    counterparts: Mapping[str, str] = field(repr=False, compare=False)
 
     def __repr__(self) -> str:
         return f"RepeatedRun({self.length} x segment {self.start} of {len(self.segments)})"

@@ -36,12 +36,24 @@ settings.register_profile(
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
+def _pin_two_iterations(patch: pytest.MonkeyPatch) -> None:
+    import pcgopt.extract.search.plan as plan_module
+
+    budget = replace(plan_module.DETERMINISTIC_BUDGET, iterations=2)
+    patch.setattr(plan_module, "DETERMINISTIC_BUDGET", budget)
+
+
 @pytest.fixture
 def two_iterations(monkeypatch: pytest.MonkeyPatch) -> None:
     """The deterministic search's limits with two saturation iterations instead of the
     shipped three: for the tests of other behaviour, which the third makes about twice as
     slow (the deterministic-search tests and bench/ablation.py keep the shipped limits)."""
-    import pcgopt.extract.search.plan as plan_module
+    _pin_two_iterations(monkeypatch)
 
-    budget = replace(plan_module.DETERMINISTIC_BUDGET, iterations=2)
-    monkeypatch.setattr(plan_module, "DETERMINISTIC_BUDGET", budget)
+
+@pytest.fixture(scope="module")
+def two_iterations_in_module():
+    """:func:`two_iterations` for a module's fixtures."""
+    with pytest.MonkeyPatch.context() as patch:
+        _pin_two_iterations(patch)
+        yield

@@ -657,11 +657,10 @@ class _DepthProxy:
         index = {name: i for i, name in enumerate(layers)}
         if any(n not in index for n in (*names[0], *names[1])):
             return None
-        present = {index[n] for n in names[0]}
-        if any(not present.intersection(members) for members in groups):
-            return None
         # Every repeat's layer must share its strategy with its counterpart in the first
         # repeat (tied by role), or the repeats dropped would not cost what the kept ones do.
+        # (Then every group has a layer in the shortest model: the layers outside the run and
+        # the first repeat's are there.)
         group_of = {j: g for g, members in enumerate(groups) for j in members}
         for name, twin in run.counterparts.items():
             if name in index and group_of[index[name]] != group_of.get(index.get(twin, -1)):
@@ -833,7 +832,8 @@ class _Search:
 
     def _estimated(self, assignment: tuple[MatmulStrategy, ...]) -> tuple[bool, float] | None:
         """``assignment``'s key from the depth proxy (None: cost it on the whole model). The
-        first assignment is costed both ways, and the proxy is dropped if they disagree."""
+        first assignment it can cost is costed both ways, and the proxy is dropped if they
+        disagree."""
         assert self.proxy is not None
         began = time.perf_counter()
         strategies = dict(zip(self.layers, assignment, strict=True))
@@ -841,7 +841,7 @@ class _Search:
             found = self.proxy.estimate(self.machine, strategies, self.optimizer, self.runtime).key
         except (PCGError, CostError):
             return None
-        if self.exact:
+        if self.proxy_error is not None:
             return found
         short_s = time.perf_counter() - began
         key = self._exact(assignment)

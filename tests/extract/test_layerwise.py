@@ -524,6 +524,20 @@ def test_the_depth_proxy_needs_every_repeat_tied_as_the_first_one():
     assert coordinate_descent(_roles_chain(True), EIGHT, **kwargs).proxy_error is None
 
 
+def test_the_depth_proxy_is_checked_on_the_first_assignment_it_can_cost(monkeypatch):
+    estimate, calls = layerwise._DepthProxy.estimate, []
+
+    def first_fails(self, *args):
+        calls.append(1)
+        if len(calls) == 1:
+            raise CostError("the short models cannot be costed")
+        return estimate(self, *args)
+
+    monkeypatch.setattr(layerwise._DepthProxy, "estimate", first_fails)
+    found = coordinate_descent(DEEP, EIGHT, restarts=1, max_evaluations=3)
+    assert len(calls) > 1 and found.proxy_error is not None and found.proxy_error < 1e-9
+
+
 def test_a_time_limit_too_short_for_the_depth_proxy_to_pay_off_leaves_it_out():
     found = coordinate_descent(DEEP, EIGHT, restarts=1, time_limit_s=0.0)
     assert found.proxy_error is not None and not found.proxy_used

@@ -13,7 +13,6 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import pcgopt.extract.search.plan as plan_module
 from pcgopt import Machine, PCGBuilder
 from pcgopt.errors import PCGError
 from pcgopt.evaluate import assert_equivalent
@@ -744,14 +743,9 @@ def _wide_chain():
 
 
 @pytest.fixture(scope="module")
-def pipelined_search():
+def pipelined_search(two_iterations_in_module):
     machine = Machine.preset("dgx-a100", nodes=2, devices_per_node=1)
-    # Two iterations, not the shipped three: this is about the pipeline (conftest.py's
-    # two_iterations, for a fixture of the module).
-    with pytest.MonkeyPatch.context() as patch:
-        budget = dataclasses.replace(plan_module.DETERMINISTIC_BUDGET, iterations=2)
-        patch.setattr(plan_module, "DETERMINISTIC_BUDGET", budget)
-        return saturate_and_extract(_wide_chain(), machine, deterministic=True, min_segment_ops=2)
+    return saturate_and_extract(_wide_chain(), machine, deterministic=True, min_segment_ops=2)
 
 
 def test_saturate_and_extract_keeps_a_faster_pipeline_and_checks_its_stages(pipelined_search):
@@ -796,6 +790,8 @@ def test_a_pipeline_whose_check_would_overrun_the_budget_is_not_searched(monkeyp
     """Budgets are limits: a pipeline kept is checked too, so the phase's time is what its
     check leaves (on BERT-Large on 8 Summit nodes the check of two stages took 2.4 s and the
     call 13% past its budget before it was counted)."""
+    from pcgopt.extract.search import plan as plan_module
+
     monkeypatch.setattr(plan_module, "check_seconds", lambda pcg, machine: 2.0)
     model = _wide_chain()
     two = Machine.preset("dgx-a100", nodes=2, devices_per_node=1)
