@@ -571,15 +571,25 @@ def concurrent_costs(costs: ENodeCosts, devices: np.ndarray) -> ENodeCosts:
     costed exactly like any other."""
     egraph = costs.egraph
     total = costs.machine.num_devices
-    width = np.array([1 if s is None else s.num_shards for s in egraph.shapes], dtype=np.int64)
+    shapes, nodes, readers = egraph.shapes, egraph.nodes, egraph.readers()
+    width = np.array([1 if s is None else s.num_shards for s in shapes], dtype=np.int64)
+    parallel = {
+        op: op != OUT and get_op(op).kind is OpKind.PARALLEL for op in {n.op for n in nodes}
+    }
     share = devices / total
     node_share = np.ones(egraph.num_enodes)
-    for i, n in enumerate(egraph.nodes):
+    for i, n in enumerate(nodes):
         c = n.eclass
         if share[c] < 1:
             spans = max([width[c], *(width[k] for k in n.children)])
-            if spans <= devices[c]:
-                node_share[i] = share[c]
+            view = devices[c]
+            if parallel[n.op] and _widens(n, shapes, width):
+                # The mapping runs a widening layout change with its reader (a branch's
+                # output partitioned for the join runs on the join's devices, after the
+                # branches): it shares the widest reader's view, not its producer's.
+                view = max((devices[nodes[r].eclass] for r in readers[c]), default=view)
+            if spans <= view < total:
+                node_share[i] = view / total
     class_share = np.where((share < 1) & (width <= devices), share, 1.0)
     return replace(
         costs,
@@ -589,6 +599,18 @@ def concurrent_costs(costs: ENodeCosts, devices: np.ndarray) -> ENodeCosts:
         stored_s=costs.stored_s * class_share,
         sync_s=costs.sync_s * class_share,
     )
+
+
+def _widens(node: Any, shapes: Sequence[ParallelTensorShape | None], width: np.ndarray) -> bool:
+    """Whether the parallel e-node ``node`` leaves its tensor on more devices than it found
+    it, reducing no partial sums: the machine mapping runs such a node in its reader's unit
+    (:func:`~pcgopt.extract.search.mapping.map_machine`; the others run with their
+    producer)."""
+    if not node.children:
+        return False
+    if any(shapes[k] is not None and shapes[k].is_partial for k in node.children):
+        return False
+    return bool(width[node.eclass] > max(width[k] for k in node.children))
 
 
 # --- The cost of a choice ---------------------------------------------------------------------

@@ -278,3 +278,36 @@ def test_splits_come_out_of_copies_so_the_plan_fits_the_machine():
     assert max(s.num_shards for n in plan.nodes for s in plan.output_shapes(n.name)) <= 4
     assert iteration_cost(plan, FOUR).devices_used == 4
     assert equivalent(pcg, plan)
+
+
+def test_a_layout_change_for_the_join_pays_its_whole_time():
+    """The machine mapping runs a layout change that widens a branch's output with its reader
+    (the join, after the branches), so extraction must not price it as running beside the
+    other branch: widened for a join on the whole machine, it pays its whole time, while the
+    branches' own e-nodes pay their share."""
+    model = fork(2, rows=8, width=16)
+    towers = [n.name for n in model.nodes if n.name[1:2] in "01" and n.spec.kind is OpKind.COMPUTE]
+    views = {n.name: 4 for n in model.nodes if n.spec.kind is OpKind.COMPUTE}
+    views.update(dict.fromkeys(towers, 2))
+    seed = lower_degrees(model, FOUR, {**dict.fromkeys(towers, 1), "join": 2, "loss": 2})
+    egraph = saturate(model, FOUR, rules=[], seeds=[seed]).egraph
+    costs = enode_costs(egraph, FOUR)
+    devices = class_devices(egraph, model, views, FOUR.num_devices)
+    at_once = concurrent_costs(costs, devices)
+    shapes, readers = egraph.shapes, egraph.readers()
+    widening = [
+        i
+        for i, n in enumerate(egraph.nodes)
+        if n.op in ("partition", "replicate")
+        and devices[n.eclass] == 2
+        and shapes[n.eclass].num_shards > max(shapes[k].num_shards for k in n.children)
+        and costs.node_s[i] > 0
+    ]
+    assert widening, "the seed widens the towers' outputs for the join"
+    for i in widening:
+        assert {devices[egraph.nodes[r].eclass] for r in readers[egraph.nodes[i].eclass]} == {4}
+        assert at_once.node_s[i] == costs.node_s[i]
+    towers_in_seed = [egraph.classes_of(seed)[seed.node(name).output()] for name in towers]
+    for c in towers_in_seed:
+        i = next(i for i, n in enumerate(egraph.nodes) if n.eclass == c and costs.node_s[i] > 0)
+        assert at_once.node_s[i] == pytest.approx(costs.node_s[i] / 2)

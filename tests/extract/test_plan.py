@@ -2,6 +2,7 @@
 its errors."""
 
 import json
+import math
 import time
 
 import pytest
@@ -369,6 +370,23 @@ def test_the_predicted_check_time_is_kept_back_from_the_phases(monkeypatch):
     assert _Clock.start(100.0, 30.0).deadline == pytest.approx(70.0)
     # A check longer than the budget leaves the search its least share (the call overruns).
     assert _Clock.start(100.0, 500.0).deadline == pytest.approx(100.0 * MIN_SEARCH_SHARE)
+
+
+def test_placement_rounds_keep_the_branch_parallel_search_its_time_only_where_it_runs(
+    monkeypatch,
+):
+    from pcgopt.extract.search.plan import PHASE_SHARES, _Clock, _rounds_deadline
+
+    monkeypatch.setattr(plan_module.time, "perf_counter", lambda: 5.0)
+    clock = _Clock.start(20.0)
+    # With the branch-parallel search next, the rounds end within the exact extraction's share.
+    assert _rounds_deadline(clock, False, True) == pytest.approx(
+        5.0 + PHASE_SHARES["extract exact"] * clock.budget_s
+    )
+    # Without it (no baselines, no branch to narrow), only the clock's limits bound them; a
+    # deterministic search has none.
+    assert _rounds_deadline(clock, False, False) == math.inf
+    assert _rounds_deadline(_Clock.untimed(), True, True) == math.inf
 
 
 def test_the_check_time_grows_with_the_model_and_the_devices():
