@@ -26,7 +26,7 @@ from pcgopt.egraph.language import (
     within_arity,
 )
 from pcgopt.errors import PCGError
-from pcgopt.graph import PCG, Node, TensorRef
+from pcgopt.graph import PCG, Node, TensorRef, layout_changes_late
 from pcgopt.ops import OpKind, Params, get_op
 from pcgopt.shapes import DType, ParallelTensorShape
 
@@ -205,7 +205,7 @@ class EGraphData:
             if n.name is not None and n.name not in names:
                 made.append(Node(n.name, n.op, (), n.params))
                 names.add(n.name)
-        return PCG(made, outputs)
+        return PCG(layout_changes_late(made), outputs)
 
     # -- is a PCG represented? -------------------------------------------------------------------
 

@@ -169,3 +169,31 @@ def test_renaming_keeps_the_graph_and_its_shapes():
         g.renamed({**names, "w": "a"})
     with pytest.raises(PCGError, match="no new name for node 'z'"):
         g.renamed({"x": "a", "w": "b", "y": "c"})
+
+
+def test_layout_changes_are_listed_just_before_their_first_reader():
+    from pcgopt.graph import layout_changes_late
+
+    def part(name, of):
+        return Node(name, "partition", (TensorRef(of),), {"dim": 0, "degree": 2})
+
+    # Two branches over x, joined by an add; each branch's output is laid out for the join
+    # right after the branch (a post-order), and a weight's layout sits at the start.
+    listed = [
+        x(),
+        w("w", (6, 6)),
+        part("w2", "w"),
+        Node("a", "relu", (TensorRef("x"),), {}),
+        part("a2", "a"),
+        Node("b", "relu", (TensorRef("x"),), {}),
+        part("b2", "b"),
+        Node("joined", "add", (TensorRef("a2"), TensorRef("b2")), {}),
+        Node("y", "relu", (TensorRef("w2"),), {}),
+    ]
+    late = layout_changes_late(listed)
+    assert [n.name for n in late] == ["x", "w", "a", "b", "a2", "b2", "joined", "w2", "y"]
+    # A valid order: the PCG keeps it.
+    kept = PCG(late, [TensorRef("joined"), TensorRef("y")]).nodes
+    assert [n.name for n in kept] == [n.name for n in late]
+    # A layout change nothing reads (an output) keeps its place among the last.
+    assert [n.name for n in layout_changes_late(listed[:5])] == ["x", "w", "a", "w2", "a2"]

@@ -55,3 +55,27 @@ def test_a_value_only_a_rewrite_made_holds_no_tensor_of_the_model():
     for node in seed.nodes:
         if node.op == "matmul":  # a product by half of the weight: no tensor of the model
             assert values[where[node.output()]] is None
+
+
+@settings(max_examples=12, deadline=None)
+@given(model=towers(degrees=(1,)), data=st.data())
+def test_an_extraction_lists_each_layout_change_just_before_its_reader(model, data):
+    """A PCG's order is the order a runtime issues its nodes in: an extraction lists a layout
+    change (a parallelization node) just before its first reader, as the lowering does, not
+    where the e-graph's post-order reaches it (after a branch, before the next branch, where
+    its collective holds up the streams the next branch needs)."""
+    compute = [n.name for n in model.nodes if n.spec.kind is OpKind.COMPUTE]
+    degrees = {name: data.draw(st.sampled_from((1, 2, 4)), label=name) for name in compute}
+    seed = lower_degrees(model, FOUR, degrees)
+    egraph = saturate(model, FOUR, rules=[], seeds=[seed]).egraph
+    plan = egraph.to_pcg(egraph.choice_for(seed))
+    nodes, read = plan.nodes, plan.consumers()
+    for k, node in enumerate(nodes):
+        if node.spec.kind is OpKind.PARALLEL and node.output() in read:
+            # The run of layout changes after it, up to the first other node, reads it.
+            end = next(
+                j for j in range(k + 1, len(nodes)) if nodes[j].spec.kind is not OpKind.PARALLEL
+            )
+            assert any(r.node == node.name for n in nodes[k + 1 : end + 1] for r in n.inputs), (
+                node.name
+            )
