@@ -432,18 +432,21 @@ def layout_changes_late(nodes: Iterable[Node]) -> list[Node]:
     out: list[Node] = []
 
     def emit(node: Node) -> None:
-        # Held inputs first, depth first, without recursion (chains of layout changes).
+        # Held inputs first, depth first, without recursion (chains of layout changes). A held
+        # node leaves ``held`` when it is expanded, not when it is pushed: a node reading a
+        # layout change and a layout change of it must find both before it.
         stack: list[tuple[Node, bool]] = [(node, False)]
         while stack:
             current, ready = stack.pop()
             if ready:
                 out.append(current)
                 continue
+            if current is not node:
+                if current.name not in held:
+                    continue  # expanded already, from another reader's entry
+                del held[current.name]
             stack.append((current, True))
-            for ref in reversed(current.inputs):
-                waiting = held.pop(ref.node, None)
-                if waiting is not None:
-                    stack.append((waiting, False))
+            stack.extend((held[r.node], False) for r in reversed(current.inputs) if r.node in held)
 
     for node in ordered:
         if node.spec.kind is OpKind.PARALLEL:

@@ -197,3 +197,13 @@ def test_layout_changes_are_listed_just_before_their_first_reader():
     assert [n.name for n in kept] == [n.name for n in late]
     # A layout change nothing reads (an output) keeps its place among the last.
     assert [n.name for n in layout_changes_late(listed[:5])] == ["x", "w", "a", "w2", "a2"]
+    # A node reading a layout change and a layout change of it comes after both, in order.
+    chained = [
+        x(),
+        Node("a", "relu", (TensorRef("x"),), {}),
+        part("p1", "a"),
+        Node("p2", "replicate", (TensorRef("p1"),), {"degree": 2}),
+        Node("c", "relu", (TensorRef("a"),), {}),
+        Node("d", "add", (TensorRef("p2"), TensorRef("p1")), {}),
+    ]
+    assert [n.name for n in layout_changes_late(chained)] == ["x", "a", "c", "p1", "p2", "d"]

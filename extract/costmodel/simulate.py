@@ -16,9 +16,9 @@ iteration's: the timeline is device 0's, and every task lists how many devices (
 (with explicit device groups, the devices up to the last one its groups name). Under a machine
 mapping ("Mapped" below) every device's streams are tracked apart.
 
-**The program.** Forward: the nodes in the PCG's order (the plan's own: lowered plans and
-extractions list each layout change just before its first reader,
-:func:`pcgopt.graph.layout_changes_late`); a compute node is a task on the compute
+**The program.** Forward: the nodes in the PCG's order (the plan's own; extractions list each
+layout change just before its first reader, :func:`pcgopt.graph.layout_changes_late`); a compute
+node is a task on the compute
 stream, a parallelization node's forward collective a task on the communication stream that its
 readers wait for; sources and the layouts they are loaded or stored in are ready at 0. Backward,
 once the whole forward has run: the nodes in reverse order, as autograd runs them; a node's output

@@ -81,7 +81,7 @@ from typing import Any
 import networkx as nx
 import numpy as np
 
-from pcgopt.egraph import EGraphData
+from pcgopt.egraph import EGraphData, ENode
 from pcgopt.egraph.export import OUT
 from pcgopt.errors import PCGError
 from pcgopt.extract.costmodel.cost import (
@@ -566,7 +566,9 @@ def concurrent_costs(costs: ENodeCosts, devices: np.ndarray) -> ENodeCosts:
     device-seconds they occupy, over the devices): so extraction prefers e-nodes narrow enough
     to run beside the other branches, and the machine mapping
     (:func:`~pcgopt.extract.search.mapping.map_machine`) then runs them at once. An e-node wider
-    than its class's view pays its whole time: it cannot run beside anything. Memory is per
+    than its class's view pays its whole time: it cannot run beside anything. A layout change
+    the mapping runs with its reader (:func:`_widens`: a branch's output laid out wider for the
+    join) takes the view of its widest reader instead of its own class's. Memory is per
     device, so unchanged. An estimate for ranking: the plan extracted with it is mapped and
     costed exactly like any other."""
     egraph = costs.egraph
@@ -601,11 +603,14 @@ def concurrent_costs(costs: ENodeCosts, devices: np.ndarray) -> ENodeCosts:
     )
 
 
-def _widens(node: Any, shapes: Sequence[ParallelTensorShape | None], width: np.ndarray) -> bool:
+def _widens(node: ENode, shapes: Sequence[ParallelTensorShape | None], width: np.ndarray) -> bool:
     """Whether the parallel e-node ``node`` leaves its tensor on more devices than it found
-    it, reducing no partial sums: the machine mapping runs such a node in its reader's unit
-    (:func:`~pcgopt.extract.search.mapping.map_machine`; the others run with their
-    producer)."""
+    it, reducing no partial sums. The machine mapping
+    (:func:`~pcgopt.extract.search.mapping.map_machine`) runs a layout change with its
+    producer where it narrows the tensor or reduces partial sums, and with its reader
+    otherwise: so these run with their reader. (So do layout changes that keep the width, an
+    AllToAll; they keep their producer's view here, which can underprice one that feeds a
+    join.)"""
     if not node.children:
         return False
     if any(shapes[k] is not None and shapes[k].is_partial for k in node.children):
