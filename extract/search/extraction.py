@@ -95,6 +95,7 @@ from pcgopt.extract.costmodel.cost import (
     update_s,
 )
 from pcgopt.extract.costmodel.simulate import DDP, Runtime
+from pcgopt.extract.search.mapping import runs_with_producer
 from pcgopt.graph import PCG, Node, TensorRef
 from pcgopt.machine import Machine
 from pcgopt.ops import OpKind, get_op
@@ -585,7 +586,7 @@ def concurrent_costs(costs: ENodeCosts, devices: np.ndarray) -> ENodeCosts:
         if share[c] < 1:
             spans = max([width[c], *(width[k] for k in n.children)])
             view = devices[c]
-            if parallel[n.op] and _widens(n, shapes, width):
+            if parallel[n.op] and _widens(n, shapes):
                 # The mapping runs a widening layout change with its reader (a branch's
                 # output partitioned for the join runs on the join's devices, after the
                 # branches): it shares the widest reader's view, not its producer's.
@@ -603,19 +604,17 @@ def concurrent_costs(costs: ENodeCosts, devices: np.ndarray) -> ENodeCosts:
     )
 
 
-def _widens(node: ENode, shapes: Sequence[ParallelTensorShape | None], width: np.ndarray) -> bool:
-    """Whether the parallel e-node ``node`` leaves its tensor on more devices than it found
-    it, reducing no partial sums. The machine mapping
-    (:func:`~pcgopt.extract.search.mapping.map_machine`) runs a layout change with its
-    producer where it narrows the tensor or reduces partial sums, and with its reader
-    otherwise: so these run with their reader. (So do layout changes that keep the width, an
-    AllToAll; they keep their producer's view here, which can underprice one that feeds a
-    join.)"""
-    if not node.children:
+def _widens(node: ENode, shapes: Sequence[ParallelTensorShape | None]) -> bool:
+    """Whether the machine mapping runs the parallel e-node ``node`` with its reader
+    (:func:`~pcgopt.extract.search.mapping.runs_with_producer` says it does not run with its
+    producer) and it leaves its tensor on more devices than it found it. (Layout changes that
+    keep the width, an AllToAll, also run with their reader; they keep their producer's view
+    here, which can underprice one that feeds a join.)"""
+    ins = [shapes[k] for k in node.children]
+    out = shapes[node.eclass]
+    if out is None or not ins or any(s is None for s in ins):
         return False
-    if any(shapes[k] is not None and shapes[k].is_partial for k in node.children):
-        return False
-    return bool(width[node.eclass] > max(width[k] for k in node.children))
+    return not runs_with_producer(ins, [out]) and out.num_shards > max(s.num_shards for s in ins)
 
 
 # --- The cost of a choice ---------------------------------------------------------------------

@@ -362,6 +362,17 @@ def _node_width(pcg: PCG, name: str, explicit: Mapping[str, object]) -> int:
     return width
 
 
+def runs_with_producer(
+    inputs: Sequence[ParallelTensorShape], outputs: Sequence[ParallelTensorShape]
+) -> bool:
+    """Whether the machine mapping runs a parallelization node of these input and output
+    shapes in its producer's unit (:func:`_units`): where it leaves its tensor on fewer devices
+    than it found it, or reduces partial sums. The others run in their reader's."""
+    return max(s.num_shards for s in outputs) < max(s.num_shards for s in inputs) or any(
+        s.is_partial for s in inputs
+    )
+
+
 def _units(
     pcg: PCG, cost: CostBreakdown, explicit: Mapping[str, object]
 ) -> tuple[list[_Unit], dict[str, int]]:
@@ -386,11 +397,7 @@ def _units(
         n.name
         for n in nodes
         if n.spec.kind is OpKind.PARALLEL
-        and (
-            max(s.num_shards for s in pcg.output_shapes(n.name))
-            < max(s.num_shards for s in pcg.input_shapes(n.name))
-            or any(s.is_partial for s in pcg.input_shapes(n.name))
-        )
+        and runs_with_producer(pcg.input_shapes(n.name), pcg.output_shapes(n.name))
     }
     rep_of: dict[str, str] = {}
     pending = []
